@@ -1,0 +1,170 @@
+"""Run one case: fresh ranks from the forkserver, a fresh FileStore, the watchdog, a verdict."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance import casefiles
+from conformance.launch.forkserver import ForkServerClient
+from conformance.launch.watchdog import RankProcess, supervise
+from conformance.topology import Device
+from conformance.verdict import Decision, RankReport, decide, rank_report
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    init_timeout: float
+    op_timeout: float
+    case_timeout: float
+    grace: float
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """What to run: a probe on a device set, under one environment rung."""
+
+    nodeid: str
+    probe: str
+    devices: tuple[Device, ...]
+    backend: str
+    link: str | None = None
+    env_name: str = "inherited"
+    env_set: Mapping[str, str] = field(default_factory=dict)
+    env_unset: tuple[str, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CaseResult:
+    spec: CaseSpec
+    decision: Decision
+    reports: list[RankReport]
+    seconds: float
+    case_dir: Path
+    simulated: bool
+    stop_reason: str | None
+    stop_seconds: float
+
+    @property
+    def verdict(self) -> str:
+        return self.decision.verdict
+
+    @property
+    def unkillable(self) -> list[RankReport]:
+        return [r for r in self.reports if r.unkillable]
+
+    @property
+    def bandwidth_gbps(self) -> float | None:
+        values = [r.metrics["bandwidth_gbps"] for r in self.reports if "bandwidth_gbps" in r.metrics]
+        return min(values) if values else None
+
+
+def case_dir_name(nodeid: str) -> str:
+    name = nodeid.split("/")[-1].replace("::", "--")
+    return re.sub(r"[^A-Za-z0-9._\-\[\]]", "_", name)[:180]
+
+
+def rank_environment(spec: CaseSpec) -> tuple[dict[str, str], list[str]]:
+    """Variables the ranks set and unset: the case's rung plus what every rank needs."""
+    env_set = dict(spec.env_set)
+    if any(d.kind == "gpu" for d in spec.devices):
+        env_set.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    return env_set, list(spec.env_unset)
+
+
+class CaseRunner:
+    """Runs cases one at a time for one pytest process and remembers every group it started."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        deadlines: Deadlines,
+        rules: Sequence[Mapping[str, Any]] = (),
+        simulated: bool = False,
+    ) -> None:
+        self.run_dir = run_dir
+        self.deadlines = deadlines
+        self.rules = list(rules)
+        self.simulated = simulated
+        self.server = ForkServerClient(run_dir / "forkserver" / f"{os.getpid()}.log")
+        self.groups: dict[int, list[int]] = {}  # pgid -> pids, for the final sweep
+
+    def _fresh_case_dir(self, nodeid: str) -> Path:
+        base = self.run_dir / "cases" / case_dir_name(nodeid)
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        path.mkdir(parents=True)
+        return path
+
+    def _write_spec(self, spec: CaseSpec, case_dir: Path) -> None:
+        env_set, env_unset = rank_environment(spec)
+        casefiles.write_json_atomic(
+            case_dir / casefiles.CASE_SPEC,
+            {
+                "nodeid": spec.nodeid,
+                "probe": spec.probe,
+                "backend": spec.backend,
+                "world_size": len(spec.devices),
+                "devices": [vars(d) for d in spec.devices],
+                "params": dict(spec.params),
+                "env_set": env_set,
+                "env_unset": env_unset,
+                "init_timeout": self.deadlines.init_timeout,
+                "op_timeout": self.deadlines.op_timeout,
+                "rules": self.rules,
+            },
+        )
+
+    def run(self, spec: CaseSpec) -> CaseResult:
+        case_dir = self._fresh_case_dir(spec.nodeid)
+        self._write_spec(spec, case_dir)
+        begun = time.monotonic()
+        pids, pgid = self.server.spawn(case_dir, len(spec.devices))
+        self.groups[pgid] = pids
+        ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
+        try:
+            supervision = supervise(
+                self.server, ranks, pgid, self.deadlines.case_timeout, self.deadlines.grace
+            )
+        finally:
+            if all(r.exit_code is not None for r in ranks):
+                self.groups.pop(pgid, None)
+            (case_dir / casefiles.STORE).unlink(missing_ok=True)
+        reports = [rank_report(r, spec.devices[r.rank].name, supervision.started) for r in ranks]
+        return CaseResult(
+            spec=spec,
+            decision=decide(reports),
+            reports=reports,
+            seconds=round(time.monotonic() - begun, 3),
+            case_dir=case_dir,
+            simulated=self.simulated,
+            stop_reason=supervision.stop_reason,
+            stop_seconds=round(supervision.stop_seconds, 3),
+        )
+
+    def sweep(self) -> list[int]:
+        """SIGKILL every case group that may still have a rank; return the groups signalled."""
+        signalled = []
+        for pgid, pids in list(self.groups.items()):
+            if all(self.server.exit_of(pid) is not None for pid in pids):
+                continue
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                signalled.append(pgid)
+            except OSError:
+                pass
+        self.groups.clear()
+        return signalled
+
+    def close(self) -> None:
+        self.sweep()
+        self.server.close()

@@ -1,0 +1,223 @@
+"""A warm process that has imported torch (never CUDA) and forks rank processes on request.
+
+Started once per pytest process.  Protocol: JSON lines.  The parent writes requests to the
+server's stdin; the server answers on its stdout:
+
+    -> {"op": "spawn", "case_dir": "...", "world_size": 2}
+    <- {"event": "spawned", "pids": [..], "pgid": N}
+    <- {"event": "exit", "pid": P, "code": C, "t": T}     (C < 0: killed by signal -C)
+
+Each case's ranks share one new process group (the first rank's pid), so the parent can signal
+the whole case with killpg.  The server reaps its children through pidfds and reports every exit.
+It dies with its parent (PR_SET_PDEATHSIG), its ranks die with it, and when the parent closes the
+pipe it SIGKILLs every case group it started that still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import IO, Any
+
+READY_TIMEOUT = 120.0
+
+
+def _send(message: dict[str, Any]) -> None:
+    os.write(1, (json.dumps(message) + "\n").encode())
+
+
+def _fork_rank(case_dir: Path, rank: int, pgid: int, server_pid: int) -> int:
+    pid = os.fork()
+    if pid == 0:  # the rank
+        try:
+            os.closerange(3, 65536)
+            from conformance.rank.main import rank_main
+
+            rank_main(case_dir, rank, pgid, server_pid)
+        finally:
+            os._exit(4)
+    try:
+        os.setpgid(pid, pgid or pid)  # also done by the child: whichever runs first wins the race
+    except OSError:
+        pass
+    return pid
+
+
+class Server:
+    def __init__(self) -> None:
+        self.pidfds: dict[int, int] = {}  # pidfd -> pid
+        self.groups: set[int] = set()
+        self.pending = b""
+
+    def spawn(self, request: dict[str, Any]) -> None:
+        case_dir = Path(request["case_dir"])
+        pids: list[int] = []
+        pgid = 0
+        for rank in range(int(request["world_size"])):
+            pid = _fork_rank(case_dir, rank, pgid, os.getpid())
+            pgid = pgid or pid
+            pids.append(pid)
+            self.pidfds[os.pidfd_open(pid)] = pid
+        self.groups.add(pgid)
+        _send({"event": "spawned", "pids": pids, "pgid": pgid})
+
+    def reap(self, pidfd: int) -> None:
+        pid = self.pidfds.pop(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        _send({"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status), "t": time.time()})
+
+    def kill_all(self) -> None:
+        for pgid in self.groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def handle_input(self) -> bool:
+        """Read requests; False when the parent closed the pipe."""
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return False
+        self.pending += chunk
+        while b"\n" in self.pending:
+            line, self.pending = self.pending.split(b"\n", 1)
+            request = json.loads(line)
+            if request["op"] == "spawn":
+                self.spawn(request)
+            elif request["op"] == "stop":
+                return False
+        return True
+
+    def serve(self) -> None:
+        while True:
+            readable, _, _ = select.select([0, *self.pidfds], [], [])
+            for fd in readable:
+                if fd == 0:
+                    if not self.handle_input():
+                        self.kill_all()
+                        return
+                else:
+                    self.reap(fd)
+
+
+def _preload() -> dict[str, Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
+        import torch.distributed as dist
+    return {"torch": torch.__version__, "distributed": dist.is_available()}
+
+
+def main() -> None:
+    parent = int(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    from conformance.rank.main import die_with_parent
+
+    die_with_parent(parent)
+    versions = _preload()
+    _send({"event": "ready", "pid": os.getpid(), **versions})
+    Server().serve()
+
+
+class ForkServerError(RuntimeError):
+    """The forkserver died or answered something unexpected."""
+
+
+class ForkServerClient:
+    """The parent's handle on its forkserver; not thread-safe (one case at a time)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: dict[int, tuple[int, float]] = {}
+        self.info: dict[str, Any] = {}
+        self._buffer = b""
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "conformance.launch.forkserver", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
+        self.info = self._expect("ready", READY_TIMEOUT)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _stdout(self) -> IO[bytes]:
+        assert self.proc is not None and self.proc.stdout is not None
+        return self.proc.stdout
+
+    def _read_messages(self, timeout: float) -> list[dict[str, Any]]:
+        fd = self._stdout().fileno()
+        readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
+        if not readable:
+            return []
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise ForkServerError(f"the forkserver exited; its log: {self.log_path}")
+        self._buffer += chunk
+        messages = []
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            message = json.loads(line)
+            if message.get("event") == "exit":
+                self.exits[message["pid"]] = (message["code"], message["t"])
+            messages.append(message)
+        return messages
+
+    def _expect(self, event: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for message in self._read_messages(deadline - time.monotonic()):
+                if message.get("event") == event:
+                    return message
+        raise ForkServerError(f"no {event!r} from the forkserver within {timeout:g}s; its log: {self.log_path}")
+
+    def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
+        if not self.running:
+            self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        request = {"op": "spawn", "case_dir": str(case_dir), "world_size": world_size}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        reply = self._expect("spawned", 30.0)
+        return reply["pids"], reply["pgid"]
+
+    def wait_events(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for news (rank exits) from the server."""
+        self._read_messages(timeout)
+
+    def exit_of(self, pid: int) -> tuple[int, float] | None:
+        return self.exits.get(pid)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=timeout)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
+
+
+if __name__ == "__main__":
+    main()

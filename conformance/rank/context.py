@@ -1,0 +1,128 @@
+"""What a probe sees inside a rank: its identity, its group, phase reporting, faults and checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from conformance.scenario import Rule
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+
+class WrongData(AssertionError):
+    """Received data differs from the independently computed reference."""
+
+
+class RankSkip(Exception):
+    """The probe does not apply here; the message is the reason."""
+
+
+class SimulatedError(RuntimeError):
+    """An ``error`` effect from the scenario."""
+
+
+def describe_mismatch(label: str, got: torch.Tensor, expected: torch.Tensor) -> str:
+    import torch
+
+    if got.shape != expected.shape:
+        return f"{label}: shape {tuple(got.shape)} instead of {tuple(expected.shape)}"
+    bad = torch.nonzero(got.reshape(-1) != expected.reshape(-1)).reshape(-1)
+    first = int(bad[0])
+    return (
+        f"{label}: {bad.numel()} of {got.numel()} elements wrong; first at index {first}: "
+        f"got {got.reshape(-1)[first].item()!r}, expected {expected.reshape(-1)[first].item()!r}"
+    )
+
+
+class RankContext:
+    def __init__(self, spec: Mapping[str, Any], rank: int, rank_path: Path) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.world_size: int = spec["world_size"]
+        self.device: dict[str, Any] = spec["devices"][rank]
+        self.backend: str = spec["backend"]
+        self.probe: str = spec["probe"]
+        self.params: dict[str, Any] = spec.get("params", {})
+        self.rules = [Rule.from_dict(r) for r in spec.get("rules", [])]
+        self.fired: set[int] = set()
+        self.metrics: dict[str, Any] = {}
+        self.group: dist.ProcessGroup | None = None
+        self.phase_name = "start"
+        self.step = ""
+        self._phase_log = (rank_path / "phase.jsonl").open("a", encoding="utf-8", buffering=1)
+
+    @property
+    def torch_device(self) -> torch.device:
+        import torch
+
+        if self.device["kind"] == "gpu":
+            return torch.device("cuda", self.device["index"])
+        return torch.device("cpu")
+
+    def phase(self, name: str, step: str = "") -> None:
+        """Report entering a phase (the parent reads this file) and apply the scenario's faults."""
+        self.phase_name, self.step = name, step
+        line = json.dumps({"phase": name, "step": step, "t": time.time()})
+        self._phase_log.write(line + "\n")
+        self._apply_faults(name)
+
+    def _matching_rules(self, phase: str, effect: str | None = None) -> list[tuple[int, Rule]]:
+        return [
+            (i, rule)
+            for i, rule in enumerate(self.rules)
+            if i not in self.fired
+            and (effect is None or rule.effect == effect)
+            and rule.applies(self.rank, self.device["name"], self.probe, phase, os.environ)
+        ]
+
+    def _apply_faults(self, phase: str) -> None:
+        for i, rule in self._matching_rules(phase):
+            if rule.effect == "wrong_data":
+                continue  # applied to received data in verify()
+            self.fired.add(i)
+            apply_effect(rule)
+
+    def verify(self, label: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+        """Check received data exactly against a reference computed independently, on the CPU."""
+        import torch
+
+        self.phase("verify", label)
+        got = got.detach().to("cpu")
+        for i, _rule in self._matching_rules("verify", "wrong_data"):
+            self.fired.add(i)
+            got = got.clone()
+            got.reshape(-1)[0] += 1
+        if got.shape != expected.shape or not torch.equal(got, expected.to(got.dtype)):
+            raise WrongData(describe_mismatch(label, got, expected))
+
+    def skip(self, reason: str) -> None:
+        raise RankSkip(reason)
+
+
+def apply_effect(rule: Rule) -> None:
+    """Carry out one simulated fault in this rank."""
+    if rule.effect == "hang":
+        if rule.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(3600)
+    elif rule.effect == "crash":
+        os.kill(os.getpid(), getattr(signal, rule.signal))
+        time.sleep(5)  # a signal whose default action is not to die (SIGCHLD, ...) must not pass quietly
+        raise SimulatedError(f"signal {rule.signal} did not end the rank")
+    elif rule.effect == "error":
+        raise SimulatedError(rule.message)
+    elif rule.effect == "oom":
+        import torch
+
+        raise torch.OutOfMemoryError(rule.message)
+    elif rule.effect == "slow":
+        time.sleep(rule.seconds)

@@ -1,0 +1,140 @@
+"""The life of one rank, from the fork to os._exit.
+
+start -> control (every rank checks in at the store) -> init (process group) -> probe/verify
+-> teardown.  The result goes to result.json; the exit code only backs it up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+from conformance import casefiles
+from conformance.rank.context import RankContext, RankSkip, WrongData
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(expected_parent: int) -> None:
+    """SIGKILL this rank when the forkserver (its parent) dies; then close the fork race."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the session sweep still covers it
+        pass
+    if os.getppid() != expected_parent:
+        os._exit(casefiles.EXIT_HARNESS)
+
+
+def redirect_output(rank_path: Path) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(rank_path / casefiles.STDOUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    err = os.open(rank_path / casefiles.STDERR, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for src, dst in ((devnull, 0), (out, 1), (err, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def apply_case_env(spec: dict[str, Any]) -> None:
+    for name in spec.get("env_unset", []):
+        os.environ.pop(name, None)
+    os.environ.update(spec.get("env_set", {}))
+
+
+def control(ctx: RankContext, store: Any, timeout: float) -> None:
+    """The control arm: every rank reaches the case's store before any collective."""
+    ctx.phase("control", "store check-in")
+    store.set(f"conformance/control/{ctx.rank}", "1")
+    store.wait([f"conformance/control/{r}" for r in range(ctx.world_size)], datetime.timedelta(seconds=timeout))
+
+
+def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    ctx.phase("init", f"init_process_group({ctx.backend})")
+    kwargs: dict[str, Any] = {}
+    if ctx.backend == "nccl":
+        kwargs["device_id"] = ctx.torch_device
+    dist.init_process_group(
+        backend=ctx.backend,
+        store=store,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=datetime.timedelta(seconds=spec["op_timeout"]),
+        **kwargs,
+    )
+    ctx.group = dist.group.WORLD
+
+
+def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:
+    import torch.distributed as dist
+
+    from conformance.rank.probes import PROBES
+
+    ctx.phase("start")
+    store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)
+    store.set_timeout(datetime.timedelta(seconds=spec["init_timeout"]))
+    control(ctx, store, spec["init_timeout"])
+    init_group(ctx, store, spec)
+    PROBES[spec["probe"]](ctx)
+    ctx.phase("teardown", "destroy_process_group")
+    dist.destroy_process_group()
+
+
+def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, dict[str, Any]]:
+    result: dict[str, Any] = {"t": time.time()}
+    if ctx is not None:
+        result.update(phase=ctx.phase_name, step=ctx.step, metrics=ctx.metrics)
+    if exc is None:
+        return casefiles.EXIT_OK, {**result, "status": "ok"}
+    if isinstance(exc, RankSkip):
+        return casefiles.EXIT_SKIP, {**result, "status": "skip", "message": str(exc)}
+    detail = {
+        "error_type": type(exc).__name__,
+        "message": str(exc).strip() or type(exc).__name__,
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
+    }
+    if isinstance(exc, WrongData):
+        return casefiles.EXIT_WRONG_DATA, {**result, **detail, "status": "fail"}
+    return casefiles.EXIT_ERROR, {**result, **detail, "status": "error"}
+
+
+def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
+    """Entry point in the forked child; never returns."""
+    os.setpgid(0, pgid or 0)
+    die_with_parent(parent)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    rank_path = casefiles.rank_dir(case_dir, rank)
+    rank_path.mkdir(parents=True, exist_ok=True)
+    redirect_output(rank_path)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    ctx: RankContext | None = None
+    error: BaseException | None = None
+    try:
+        spec = casefiles.read_json(case_dir / casefiles.CASE_SPEC)
+        apply_case_env(spec)
+        ctx = RankContext(spec, rank, rank_path)
+        run_case(ctx, spec, case_dir)
+    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is a result
+        error = exc
+        traceback.print_exc()
+    code, result = outcome(ctx, error)
+    try:
+        casefiles.write_json_atomic(rank_path / casefiles.RESULT, result)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

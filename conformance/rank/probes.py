@@ -1,0 +1,218 @@
+"""Probes: what a rank does between set-up and teardown, referred to by name.
+
+Every probe moves rank-dependent, integer-valued data (exact in float32), checks what it received
+against a reference computed independently on the CPU, and measures speed only after that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from conformance.rank.context import RankContext
+
+if TYPE_CHECKING:
+    import torch
+
+Probe = Callable[[RankContext], None]
+PROBES: dict[str, Probe] = {}
+
+
+def probe(name: str) -> Callable[[Probe], Probe]:
+    def register(fn: Probe) -> Probe:
+        PROBES[name] = fn
+        return fn
+
+    return register
+
+
+def pattern(rank: int, numel: int) -> torch.Tensor:
+    """Rank-dependent integer values below 2**24, so float32 sums stay exact."""
+    import torch
+
+    return (torch.arange(numel, dtype=torch.float32) % 251 + 1) * (rank + 1)
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def _numel(nbytes: int) -> int:
+    return max(1, nbytes // 4)
+
+
+def _sizes(ctx: RankContext) -> list[int]:
+    return [int(s) for s in ctx.params.get("sizes", [4])]
+
+
+@probe("all_reduce")
+def all_reduce(ctx: RankContext) -> None:
+    import torch.distributed as dist
+
+    for nbytes in _sizes(ctx):
+        n = _numel(nbytes)
+        label = f"all_reduce {size_label(nbytes)}"
+        ctx.phase("probe", label)
+        data = pattern(ctx.rank, n).to(ctx.torch_device)
+        dist.all_reduce(data, group=ctx.group)
+        expected = sum(pattern(r, n) for r in range(ctx.world_size))
+        ctx.verify(label, data, expected)
+
+
+@probe("barrier")
+def barrier(ctx: RankContext) -> None:
+    """Barrier as the first collective on the group, then proof the group still agrees."""
+    import torch.distributed as dist
+
+    ctx.phase("probe", "barrier")
+    dist.barrier(group=ctx.group)
+    ctx.phase("probe", "all_reduce after barrier")
+    data = pattern(ctx.rank, 1).to(ctx.torch_device)
+    dist.all_reduce(data, group=ctx.group)
+    ctx.verify("all_reduce after barrier", data, sum(pattern(r, 1) for r in range(ctx.world_size)))
+
+
+@probe("broadcast")
+def broadcast(ctx: RankContext) -> None:
+    import torch.distributed as dist
+
+    for root in sorted({0, ctx.world_size - 1}):
+        for nbytes in _sizes(ctx):
+            n = _numel(nbytes)
+            label = f"broadcast from rank {root} {size_label(nbytes)}"
+            ctx.phase("probe", label)
+            data = pattern(ctx.rank, n).to(ctx.torch_device)
+            dist.broadcast(data, src=root, group=ctx.group)
+            ctx.verify(label, data, pattern(root, n))
+
+
+@probe("all_gather")
+def all_gather(ctx: RankContext) -> None:
+    import torch
+    import torch.distributed as dist
+
+    for nbytes in _sizes(ctx):
+        n = _numel(nbytes)
+        label = f"all_gather {size_label(nbytes)}"
+        ctx.phase("probe", label)
+        out = torch.zeros(ctx.world_size * n, device=ctx.torch_device)
+        dist.all_gather_into_tensor(out, pattern(ctx.rank, n).to(ctx.torch_device), group=ctx.group)
+        ctx.verify(label, out, torch.cat([pattern(r, n) for r in range(ctx.world_size)]))
+
+
+@probe("reduce_scatter")
+def reduce_scatter(ctx: RankContext) -> None:
+    import torch
+    import torch.distributed as dist
+
+    for nbytes in _sizes(ctx):
+        n = _numel(nbytes)
+        label = f"reduce_scatter {size_label(nbytes)}"
+        ctx.phase("probe", label)
+        out = torch.zeros(n, device=ctx.torch_device)
+        full = pattern(ctx.rank, n * ctx.world_size).to(ctx.torch_device)
+        dist.reduce_scatter_tensor(out, full, group=ctx.group)
+        total = sum(pattern(r, n * ctx.world_size) for r in range(ctx.world_size))
+        ctx.verify(label, out, total[ctx.rank * n : (ctx.rank + 1) * n])
+
+
+def _exchange(ctx: RankContext, n: int) -> torch.Tensor:
+    """Rank 0 sends first, rank 1 receives first: both directions, no deadlock."""
+    import torch.distributed as dist
+
+    peer = 1 - ctx.rank
+    received = pattern(0, n).to(ctx.torch_device) * 0
+    mine = pattern(ctx.rank, n).to(ctx.torch_device)
+    if ctx.rank == 0:
+        dist.send(mine, dst=peer, group=ctx.group)
+        dist.recv(received, src=peer, group=ctx.group)
+    else:
+        dist.recv(received, src=peer, group=ctx.group)
+        dist.send(mine, dst=peer, group=ctx.group)
+    return received
+
+
+@probe("pair_exchange")
+def pair_exchange(ctx: RankContext) -> None:
+    """Send/recv both ways and all-reduce between two ranks, then bandwidth."""
+    import torch.distributed as dist
+
+    if ctx.world_size != 2:
+        ctx.skip(f"pair_exchange needs exactly 2 ranks, got {ctx.world_size}")
+    for nbytes in _sizes(ctx):
+        n = _numel(nbytes)
+        label = f"send/recv {size_label(nbytes)}"
+        ctx.phase("probe", label)
+        received = _exchange(ctx, n)
+        ctx.verify(label, received, pattern(1 - ctx.rank, n))
+        label = f"all_reduce {size_label(nbytes)}"
+        ctx.phase("probe", label)
+        data = pattern(ctx.rank, n).to(ctx.torch_device)
+        dist.all_reduce(data, group=ctx.group)
+        ctx.verify(label, data, pattern(0, n) + pattern(1, n))
+    _measure_pair_bandwidth(ctx)
+
+
+def _measure_pair_bandwidth(ctx: RankContext) -> None:
+    """GB/s of one direction of a send/recv round trip, after the data was verified."""
+    import torch.distributed as dist
+
+    nbytes = int(ctx.params.get("bandwidth_bytes", 4 << 20))
+    iterations = int(ctx.params.get("bandwidth_iterations", 5))
+    ctx.phase("probe", f"bandwidth {size_label(nbytes)} x{iterations}")
+    n = _numel(nbytes)
+    _exchange(ctx, n)  # warm-up
+    dist.barrier(group=ctx.group)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        _exchange(ctx, n)
+    _synchronize(ctx)
+    elapsed = time.perf_counter() - start
+    # each iteration moves nbytes in each direction
+    ctx.metrics["bandwidth_gbps"] = round(2 * nbytes * iterations / elapsed / 1e9, 4)
+
+
+def _synchronize(ctx: RankContext) -> None:
+    if ctx.device["kind"] == "gpu":
+        import torch
+
+        torch.cuda.synchronize(ctx.torch_device)
+
+
+@probe("fail_one_rank")
+def fail_one_rank(ctx: RankContext) -> None:
+    """One rank raises while the others wait in an all-reduce: the harness must name it."""
+    import torch.distributed as dist
+
+    failing = int(ctx.params.get("failing_rank", ctx.world_size - 1))
+    delay = float(ctx.params.get("delay", 0.2))
+    ctx.phase("probe", "all_reduce while one rank fails")
+    if ctx.rank == failing:
+        time.sleep(delay)  # let the others enter the collective first
+        raise RuntimeError(f"deliberate failure on rank {failing} while the others are in all_reduce")
+    data = pattern(ctx.rank, 1).to(ctx.torch_device)
+    dist.all_reduce(data, group=ctx.group)
+    ctx.verify("all_reduce", data, sum(pattern(r, 1) for r in range(ctx.world_size)))
+
+
+@probe("environment")
+def environment(ctx: RankContext) -> None:
+    """What the rank's torch says about itself: versions and backend availability."""
+    import torch
+    import torch.distributed as dist
+
+    ctx.phase("probe", "versions")
+    ctx.metrics["torch"] = torch.__version__
+    ctx.metrics["distributed_available"] = dist.is_available()
+    ctx.metrics["gloo_available"] = dist.is_gloo_available()
+    ctx.metrics["nccl_available"] = dist.is_nccl_available()
+    if ctx.backend == "nccl":
+        ctx.metrics["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    ctx.phase("probe", "all_reduce 4B")
+    data = pattern(ctx.rank, 1).to(ctx.torch_device)
+    dist.all_reduce(data, group=ctx.group)
+    ctx.verify("all_reduce 4B", data, sum(pattern(r, 1) for r in range(ctx.world_size)))

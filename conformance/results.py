@@ -1,0 +1,129 @@
+"""The run folder and its records: one JSON line per case, written the moment the case ends.
+
+    <reports dir>/<run id>/results.jsonl    appended under an exclusive lock, flushed and fsynced
+    <reports dir>/latest -> <run id>        points at the newest run
+
+xdist workers share the run id (the controller chooses it) and the file; the lock keeps their
+lines whole.  A run killed half-way keeps every line written before the kill.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conformance.launch.case import CaseResult
+
+SCHEMA = 1
+RESULTS_FILE = "results.jsonl"
+LATEST = "latest"
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def point_latest(reports_dir: Path, run_id: str) -> None:
+    """Make ``latest`` point at this run, atomically (a rename over the old link)."""
+    tmp = reports_dir / f".latest-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_id)
+    os.replace(tmp, reports_dir / LATEST)
+
+
+def root_cause(result: CaseResult) -> dict[str, Any] | None:
+    root = result.decision.root
+    if result.verdict in ("pass", "skip"):
+        return None
+    if root is None:
+        return {"rank": None, "kind": result.verdict, "message": result.decision.summary, "phase": None}
+    kind = root.error_type or root.status
+    return {"rank": root.rank, "kind": kind, "message": root.message, "phase": root.phase, "step": root.step}
+
+
+def case_record(result: CaseResult, run_id: str, expected_verdict: str | None = None) -> dict[str, Any]:
+    spec = result.spec
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "nodeid": spec.nodeid,
+        "probe": spec.probe,
+        "devices": [d.name for d in spec.devices],
+        "device_ids": [d.uuid or d.name for d in spec.devices],
+        "link": spec.link,
+        "backend": spec.backend,
+        "env_name": spec.env_name,
+        "env": {**spec.env_set, **{name: None for name in spec.env_unset}},
+        "verdict": result.verdict,
+        "expected_verdict": expected_verdict,
+        "summary": result.decision.summary,
+        "root_cause": root_cause(result),
+        "victims": [r.rank for r in result.decision.victims],
+        "ranks": [
+            {
+                "rank": r.rank,
+                "device": r.device,
+                "phase": r.phase,
+                "step": r.step,
+                "exit": r.exit,
+                "status": r.status,
+                "seconds": r.seconds,
+                "stopped_by": r.stopped_by,
+                "unkillable": r.unkillable,
+            }
+            for r in result.reports
+        ],
+        "bandwidth_gbps": result.bandwidth_gbps,
+        "seconds": result.seconds,
+        "stop_seconds": result.stop_seconds if result.stop_reason else None,
+        "simulated": result.simulated,
+        "case_dir": str(result.case_dir),
+        "time": time.time(),
+    }
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every whole record; a line cut short by a kill is skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return
+    for line in lines:
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
+JUNIT_PROPERTIES = (
+    "probe", "devices", "link", "backend", "env_name", "env", "verdict", "root_cause",
+    "victims", "ranks", "bandwidth_gbps", "seconds", "simulated", "run_id",
+)  # fmt: skip
+
+
+def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """The record's facts as JUnit properties (scalars as text, the rest as JSON)."""
+    properties = []
+    for key in JUNIT_PROPERTIES:
+        value = record.get(key)
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        properties.append((f"conformance.{key}", text))
+    return properties

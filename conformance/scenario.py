@@ -1,0 +1,201 @@
+"""Simulated faults: a TOML scenario of rules applied inside real ranks.
+
+    [scenario]
+    name = "one rank hangs"
+    description = "what real failure this reproduces"
+
+    [[rule]]
+    effect = "hang"            # hang | crash | error | wrong_data | oom | slow
+    phase = "probe"            # start | control | init | probe | verify | teardown
+    ranks = [1]                # optional: only these ranks
+    devices = ["cpu1"]         # optional: only ranks bound to these devices
+    probes = ["all_reduce"]    # optional: only these probes
+    when_env = { NCCL_P2P_DISABLE = "0" }    # optional: only when every variable has this value
+    unless_env = { NCCL_P2P_DISABLE = "1" }  # optional: not when every variable has this value
+    ignore_sigterm = true      # hang only
+    signal = "SIGSEGV"         # crash only
+    message = "text"           # error and oom
+    seconds = 5                # slow only
+
+A rule's ``env`` conditions are checked in the rank, against the environment the case gave it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PHASES = ("start", "control", "init", "probe", "verify", "teardown")
+EFFECTS = ("hang", "crash", "error", "wrong_data", "oom", "slow")
+DEFAULT_PHASE = {"wrong_data": "verify"}
+EFFECT_FIELDS = {
+    "hang": {"ignore_sigterm"},
+    "crash": {"signal"},
+    "error": {"message"},
+    "oom": {"message"},
+    "slow": {"seconds"},
+    "wrong_data": set(),
+}
+COMMON_FIELDS = {"effect", "phase", "ranks", "devices", "probes", "when_env", "unless_env"}
+ALL_EFFECT_FIELDS = set().union(*EFFECT_FIELDS.values())
+
+
+class ScenarioError(ValueError):
+    """The scenario file is unusable; the message names the file and the rule."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    effect: str
+    phase: str
+    ranks: tuple[int, ...] | None = None
+    devices: tuple[str, ...] | None = None
+    probes: tuple[str, ...] | None = None
+    when_env: Mapping[str, str] = field(default_factory=dict)
+    unless_env: Mapping[str, str] = field(default_factory=dict)
+    ignore_sigterm: bool = False
+    signal: str = "SIGSEGV"
+    message: str = "simulated failure"
+    seconds: float = 0.0
+
+    def applies(self, rank: int, device: str, probe: str, phase: str, environ: Mapping[str, str]) -> bool:
+        if phase != self.phase:
+            return False
+        if self.ranks is not None and rank not in self.ranks:
+            return False
+        if self.devices is not None and device not in self.devices:
+            return False
+        if self.probes is not None and probe not in self.probes:
+            return False
+        if any(environ.get(k) != v for k, v in self.when_env.items()):
+            return False
+        return not (self.unless_env and all(environ.get(k) == v for k, v in self.unless_env.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rule:
+        values = dict(data)
+        for key in ("ranks", "devices", "probes"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    path: str
+    rules: tuple[Rule, ...]
+
+
+def _string_list(value: Any, where: str, item_type: type) -> tuple[Any, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, item_type) and not isinstance(v, bool) for v in value
+    ):
+        raise ScenarioError(f"{where}: expected a list of {item_type.__name__}, got {value!r}")
+    return tuple(value)
+
+
+def _env_table(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ScenarioError(f"{where}: expected a table of VARIABLE = \"value\" strings, got {value!r}")
+    return dict(value)
+
+
+def _check_effect_fields(raw: Mapping[str, Any], effect: str, where: str) -> None:
+    for key in raw:
+        if key not in COMMON_FIELDS and key not in ALL_EFFECT_FIELDS:
+            known = ", ".join(sorted(COMMON_FIELDS | ALL_EFFECT_FIELDS))
+            raise ScenarioError(f"{where}: unknown field {key!r} (known fields: {known})")
+        if key in ALL_EFFECT_FIELDS and key not in EFFECT_FIELDS[effect]:
+            raise ScenarioError(f"{where}: field {key!r} does not apply to effect {effect!r}")
+
+
+def _effect_options(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if "ignore_sigterm" in raw:
+        if not isinstance(raw["ignore_sigterm"], bool):
+            raise ScenarioError(f"{where}: ignore_sigterm must be true or false")
+        options["ignore_sigterm"] = raw["ignore_sigterm"]
+    if "signal" in raw:
+        name = str(raw["signal"]).upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if not isinstance(getattr(signal, name, None), signal.Signals):
+            raise ScenarioError(f"{where}: unknown signal {raw['signal']!r}")
+        options["signal"] = name
+    if "message" in raw:
+        if not isinstance(raw["message"], str):
+            raise ScenarioError(f"{where}: message must be a string")
+        options["message"] = raw["message"]
+    if "seconds" in raw:
+        seconds = raw["seconds"]
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ScenarioError(f"{where}: seconds must be a non-negative number, got {seconds!r}")
+        options["seconds"] = float(seconds)
+    return options
+
+
+def parse_rule(raw: Any, where: str) -> Rule:
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: a rule must be a table")
+    effect = raw.get("effect")
+    if effect not in EFFECTS:
+        raise ScenarioError(f"{where}: unknown effect {effect!r}; choose one of {', '.join(EFFECTS)}")
+    _check_effect_fields(raw, effect, where)
+    phase = raw.get("phase", DEFAULT_PHASE.get(effect, "probe"))
+    if phase not in PHASES:
+        raise ScenarioError(f"{where}: unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
+    if effect == "wrong_data" and phase != "verify":
+        raise ScenarioError(f"{where}: wrong_data corrupts received data, so its phase must be 'verify'")
+    return Rule(
+        effect=effect,
+        phase=phase,
+        ranks=_string_list(raw["ranks"], f"{where} ranks", int) if "ranks" in raw else None,
+        devices=_string_list(raw["devices"], f"{where} devices", str) if "devices" in raw else None,
+        probes=_string_list(raw["probes"], f"{where} probes", str) if "probes" in raw else None,
+        when_env=_env_table(raw.get("when_env", {}), f"{where} when_env"),
+        unless_env=_env_table(raw.get("unless_env", {}), f"{where} unless_env"),
+        **_effect_options(raw, where),
+    )
+
+
+def load_scenario(path: Path, where: str) -> Scenario:
+    """Read and validate a scenario file; ``where`` names the setting that pointed at it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{where}: scenario file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{where}: scenario file {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = set(data) - {"scenario", "rule"}
+    if unknown:
+        raise ScenarioError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected [scenario] and [[rule]]")
+    header = data.get("scenario", {})
+    if not isinstance(header, dict) or set(header) - {"name", "description"}:
+        raise ScenarioError(f"{path}: [scenario] takes only name and description")
+    rules_raw = data.get("rule", [])
+    if not isinstance(rules_raw, list) or not rules_raw:
+        raise ScenarioError(f"{path}: no [[rule]] tables; a scenario needs at least one rule")
+    rules = tuple(parse_rule(raw, f"{path} rule {i + 1}") for i, raw in enumerate(rules_raw))
+    return Scenario(
+        name=str(header.get("name", path.stem)),
+        description=str(header.get("description", "")),
+        path=str(path),
+        rules=rules,
+    )

@@ -1,0 +1,261 @@
+"""The state of one pytest run of the suite, registered as a plugin object by ``plugin.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections import Counter
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from conformance import casefiles, results
+from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, Deadlines
+from conformance.matrix import DEVICE_SET_FIXTURES, DeviceSet
+from conformance.scenario import Scenario
+from conformance.settings import Settings
+from conformance.topology import Topology
+from conformance.verdict import VERDICTS
+
+SUMMARY_ORDER = ("hang", "fail", *(v for v in VERDICTS if v not in ("hang", "fail")))
+
+if TYPE_CHECKING:
+    from _pytest.terminal import TerminalReporter
+
+INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
+OUTER_NET_MARGIN = 30.0  # pytest-timeout fires this long after the case watchdog should have
+STACK_EXCERPT_LINES = 12
+# Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
+COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
+
+
+def inherited_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(INHERITED_FAMILIES)}
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def nccl_wheel_version() -> str | None:
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if re.fullmatch(r"nvidia-nccl-cu\d+", name):
+            return f"{dist.version} ({name})"
+    return None
+
+
+def stack_excerpt(stack: str, lines: int = STACK_EXCERPT_LINES) -> str:
+    """The innermost frames of the first thread in a faulthandler dump."""
+    frames = [line for line in stack.splitlines() if line.strip().startswith("File ")]
+    return "\n".join(frames[:lines])
+
+
+def failure_text(result: CaseResult) -> str:
+    """Verdict word first, then the root cause, the phase, victims and a stack excerpt."""
+    decision = result.decision
+    lines = [f"{decision.verdict}: {decision.summary}"]
+    if result.simulated:
+        lines[0] = "[simulated] " + lines[0]
+    root = decision.root
+    if root is not None:
+        lines.append(f"root cause: rank {root.rank} on {root.device}, phase {root.where}, exit {root.exit}")
+    if decision.victims:
+        victims = ", ".join(f"rank {v.rank} ({v.status} in {v.where})" for v in decision.victims)
+        lines.append(f"victims: {victims}")
+    if result.stop_reason:
+        lines.append(f"stopped by the watchdog ({result.stop_reason}); last rank reaped {result.stop_seconds:.2f}s later")
+    for r in result.unkillable:
+        lines.append(f"rank {r.rank} (pid {r.pid}) would not die after SIGKILL: host may need to be recycled")
+    shown = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
+    for r in shown:
+        lines.append(f"stack of rank {r.rank} at the deadline:\n{stack_excerpt(r.stack)}")
+    if root is not None and root.traceback and not root.stack:
+        lines.append(f"traceback of rank {root.rank}:\n{root.traceback.strip()[-1500:]}")
+    lines.append(f"rank logs: {result.case_dir}")
+    return "\n".join(lines)
+
+
+class ConformanceSession:
+    """Plans the cases, runs them, records them and summarises the run."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: Settings,
+        topology: Topology,
+        scenario: Scenario | None,
+        run_id: str,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.topology = topology
+        self.scenario = scenario
+        self.run_id = run_id
+        self.backend = "nccl" if topology.kind == "gpu" else "gloo"
+        self.run_dir = settings.reports_dir / run_id
+        self.results_path = self.run_dir / results.RESULTS_FILE
+        self._runner: CaseRunner | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.scenario is not None
+
+    @property
+    def sizes(self) -> list[int]:
+        return COLLECTIVE_SIZES[self.topology.kind]
+
+    @property
+    def is_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
+
+    # -- run folder and records ------------------------------------------------------------
+    def run_facts(self) -> dict[str, Any]:
+        return {
+            "schema": results.SCHEMA,
+            "run_id": self.run_id,
+            "host": socket.gethostname(),
+            "backend": self.backend,
+            "topology": json.loads(self.topology.to_json()),
+            "torch": package_version("torch"),
+            "nccl": nccl_wheel_version(),
+            "inherited_env": inherited_variables(),
+            "simulated": self.simulated,
+            "scenario": self.scenario.path if self.scenario else None,
+        }
+
+    def ensure_run_dir(self) -> Path:
+        if not self.run_dir.exists():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            run_json = self.run_dir / "run.json"
+            if not run_json.exists():
+                casefiles.write_json_atomic(run_json, self.run_facts())
+            results.point_latest(self.settings.reports_dir, self.run_id)
+        return self.run_dir
+
+    @property
+    def runner(self) -> CaseRunner:
+        if self._runner is None:
+            s = self.settings
+            self._runner = CaseRunner(
+                self.ensure_run_dir(),
+                Deadlines(s.init_timeout, s.op_timeout, s.case_timeout, s.grace),
+                rules=[r.to_dict() for r in self.scenario.rules] if self.scenario else [],
+                simulated=self.simulated,
+            )
+        return self._runner
+
+    def run(
+        self, item: pytest.Item, probe: str, device_set: DeviceSet, expect: str | None = None, **params: Any
+    ) -> CaseResult:
+        """Run one case for ``item`` and record it the moment it ends."""
+        rung = device_set.rung
+        spec = CaseSpec(
+            nodeid=item.nodeid,
+            probe=probe,
+            devices=device_set.devices,
+            backend=self.backend,
+            link=device_set.link,
+            env_name=rung.name,
+            env_set=dict(rung.set),
+            env_unset=rung.unset(os.environ),
+            params=params,
+        )
+        result = self.runner.run(spec)
+        record = results.case_record(result, self.run_id, expect)
+        results.append_record(self.results_path, record)
+        item.user_properties.extend(results.junit_properties(record))
+        if result.verdict not in ("pass", "skip"):
+            self._attach_logs(item, result)
+        return result
+
+    def _attach_logs(self, item: pytest.Item, result: CaseResult) -> None:
+        for report in result.reports:
+            path = casefiles.rank_dir(result.case_dir, report.rank)
+            for name in (casefiles.STDERR, casefiles.STDOUT):
+                text = casefiles.tail(path / name)
+                if text.strip():
+                    item.add_report_section("call", f"rank {report.rank} {name}", text)
+
+    # -- hooks ------------------------------------------------------------------------------
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        t = self.topology
+        devices = ", ".join(f"{d.name}{f' ({d.model})' if d.model else ''}" for d in t.devices)
+        lines = [
+            f"conformance: run {self.run_id}, backend {self.backend}, {len(t.devices)} devices: {devices}",
+            f"conformance: torch {package_version('torch') or 'not installed'}, "
+            f"NCCL {nccl_wheel_version() or 'n/a'}, reports in {self.run_dir}",
+        ]
+        if t.note:
+            lines.append(f"conformance: {t.note}")
+        inherited = inherited_variables()
+        if inherited:
+            lines.append("conformance: inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
+        if self.scenario:
+            lines.append(f"conformance: SIMULATED run, scenario {self.scenario.name!r} ({self.scenario.path})")
+        return lines
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        for fixture, plan in DEVICE_SET_FIXTURES.items():
+            if fixture in metafunc.fixturenames:
+                sets = plan(self.topology)
+                metafunc.parametrize(fixture, sets, ids=[s.id for s in sets])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """pytest-timeout as the outer net, above the case watchdog and its stop ladder."""
+        if not self.config.pluginmanager.hasplugin("timeout"):
+            return
+        outer = self.settings.case_timeout + OUTER_NET_MARGIN
+        for item in items:
+            if "conformance_case" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(outer, method="thread"))
+
+    def pytest_sessionfinish(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+    def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
+        if self.is_worker:
+            return
+        records = [r for r in results.read_records(self.results_path) if r.get("run_id") == self.run_id]
+        if records:
+            for line in summary_lines(records, self.simulated):
+                terminalreporter.write_line(line)
+
+
+def _verdict_cell(records: list[dict[str, Any]], verdict: str) -> str:
+    matching = [r for r in records if r["verdict"] == verdict]
+    expected = sum(1 for r in matching if r.get("expected_verdict") == verdict)
+    return f"{len(matching)}{'e' if expected else ''}"
+
+
+def summary_lines(records: list[dict[str, Any]], simulated: bool) -> list[str]:
+    """Hangs and wrong data first, then probe x verdict counts."""
+    title = "conformance summary" + (" (SIMULATED)" if simulated else "")
+    lines = [f"{'=' * 20} {title} {'=' * 20}"]
+    worst = [r for r in records if r["verdict"] in ("hang", "fail") and r.get("expected_verdict") != r["verdict"]]
+    for r in sorted(worst, key=lambda r: (r["verdict"] != "hang", r["nodeid"])):
+        lines.append(f"{r['verdict'].upper():5} {r['nodeid']}: {r.get('summary', '')}")
+    by_probe: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_probe.setdefault(r["probe"], []).append(r)
+    width = max(len("probe"), *(len(p) for p in by_probe))
+    lines.append("probe".ljust(width) + "".join(f"{v:>{len(v) + 2}}" for v in SUMMARY_ORDER))
+    for probe in sorted(by_probe):
+        cells = (f"{_verdict_cell(by_probe[probe], v):>{len(v) + 2}}" for v in SUMMARY_ORDER)
+        lines.append(probe.ljust(width) + "".join(cells))
+    totals = Counter(r["verdict"] for r in records)
+    lines.append("total".ljust(width) + "".join(f"{totals.get(v, 0):>{len(v) + 2}}" for v in SUMMARY_ORDER))
+    if any(r.get("expected_verdict") for r in records):
+        lines.append("(e: includes cases whose verdict a negative-control test expected)")
+    return lines

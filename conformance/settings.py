@@ -1,0 +1,197 @@
+"""Every setting of the suite, resolved and validated in one place.
+
+Each setting has a command-line option, an ini key (``conformance_<name>``) and an environment
+variable (``CONFORMANCE_<NAME>``).  Priority, from low to high:
+
+    built-in default  <  ini key  <  environment variable  <  command-line option
+
+A bad value raises :class:`SettingError` naming the value and where it came from; the plugin turns
+it into ``pytest.UsageError`` before any case starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class SettingError(ValueError):
+    """A setting's value is unusable; the message names the value and its source."""
+
+
+def _positive_number(raw: str, where: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{where}: {raw!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise SettingError(f"{where}: {raw!r} must be a positive, finite number of seconds")
+    return value
+
+
+def _positive_int(raw: str, where: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{where}: {raw!r} is not a whole number") from None
+    if value <= 0:
+        raise SettingError(f"{where}: {raw!r} must be a positive whole number")
+    return value
+
+
+def _backend(raw: str, where: str) -> str:
+    value = raw.strip().lower()
+    if value not in BACKENDS:
+        raise SettingError(f"{where}: unknown backend {raw!r}; choose one of {', '.join(BACKENDS)}")
+    return value
+
+
+def _text(raw: str, where: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    help: str
+    default: str | None
+    parse: Callable[[str, str], Any]
+    is_path: bool = False
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def ini_key(self) -> str:
+        return f"conformance_{self.name}"
+
+    @property
+    def env_var(self) -> str:
+        return f"CONFORMANCE_{self.name.upper()}"
+
+    @property
+    def dest(self) -> str:
+        return f"conformance_{self.name}"
+
+
+BACKEND_HELP = "torch.distributed backend for the cases: auto (nccl when GPUs are found, else gloo), gloo or nccl."
+VIRTUAL_DEVICES_HELP = "Number of virtual CPU devices (gloo ranks) when no GPU is used."
+INIT_TIMEOUT_HELP = "Seconds a rank waits for rendezvous and process-group set-up (in-rank)."
+OP_TIMEOUT_HELP = "Seconds one collective may take inside a rank (init_process_group(timeout=...))."
+CASE_TIMEOUT_HELP = "Seconds the parent's watchdog gives a whole case before it is a hang."
+GRACE_HELP = "Seconds the other ranks get after one rank fails, before they are stopped."
+SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks the run simulated)."
+REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("backend", BACKEND_HELP, "auto", _backend),
+    Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _positive_int),
+    Setting("init_timeout", INIT_TIMEOUT_HELP, "30", _positive_number),
+    Setting("op_timeout", OP_TIMEOUT_HELP, "30", _positive_number),
+    Setting("case_timeout", CASE_TIMEOUT_HELP, "60", _positive_number),
+    Setting("grace", GRACE_HELP, "3", _positive_number),
+    Setting("scenario", SCENARIO_HELP, None, _text, is_path=True),
+    Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str = "auto"
+    virtual_devices: int = 4
+    init_timeout: float = 30.0
+    op_timeout: float = 30.0
+    case_timeout: float = 60.0
+    grace: float = 3.0
+    scenario: Path | None = None
+    reports_dir: Path = Path("reports")
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "default")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "GPU environment conformance suite")
+    for setting in SETTINGS:
+        default_note = f" Default: {setting.default}." if setting.default else ""
+        group.addoption(
+            setting.option,
+            dest=setting.dest,
+            default=None,
+            metavar=setting.name.upper(),
+            help=f"{setting.help}{default_note} Also ini {setting.ini_key}, env {setting.env_var}.",
+        )
+        parser.addini(setting.ini_key, setting.help, default=None)
+
+
+def _raw_value(
+    setting: Setting, config: pytest.Config, environ: Mapping[str, str]
+) -> tuple[str | None, str, Path]:
+    """Return (raw value, where it came from, directory relative paths are taken from)."""
+    cli = config.getoption(setting.dest)
+    if cli is not None:
+        return str(cli), f"command-line option {setting.option}", config.invocation_params.dir
+    if setting.env_var in environ:
+        where = f"environment variable {setting.env_var}"
+        return environ[setting.env_var], where, config.invocation_params.dir
+    ini = config.getini(setting.ini_key)
+    if ini not in (None, "", []):
+        inifile = config.inipath or "the ini file"
+        base = config.inipath.parent if config.inipath else config.rootpath
+        return str(ini), f"ini key {setting.ini_key} in {inifile}", base
+    return setting.default, "default", config.rootpath
+
+
+def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve every setting by the documented priority and validate it."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        raw, where, base = _raw_value(setting, config, environ)
+        sources[setting.name] = where
+        if raw is None:
+            values[setting.name] = None
+            continue
+        value = setting.parse(raw, where)
+        if setting.is_path:
+            if not str(value).strip():
+                raise SettingError(f"{where}: an empty path is not allowed")
+            value = (base / Path(value).expanduser()).resolve()
+        values[setting.name] = value
+    settings = Settings(**values, sources=sources)
+    check_deadline_layers(settings)
+    check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
+    return settings
+
+
+def check_deadline_layers(settings: Settings) -> None:
+    """In-rank timeouts must fire before the parent's watchdog, or hangs lose their phase."""
+    for inner in ("init_timeout", "op_timeout"):
+        value = getattr(settings, inner)
+        if value >= settings.case_timeout:
+            raise SettingError(
+                f"{settings.source(inner)}: {inner.replace('_', '-')} {value:g}s must be shorter "
+                f"than case-timeout {settings.case_timeout:g}s ({settings.source('case_timeout')}), "
+                "so the in-rank timeout fires before the watchdog"
+            )
+
+
+def check_reports_dir(path: Path, where: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise SettingError(f"{where}: reports dir {str(path)!r} cannot be written: {exc.strerror or exc}") from None

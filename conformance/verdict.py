@@ -1,0 +1,187 @@
+"""One verdict per case, decided here from every rank's report.
+
+Verdicts, worst first: ``fail`` (wrong data) · ``hang`` · ``crash`` · ``error`` · ``inconclusive``
+(the control arm failed, so the probe could not be judged) · ``skip`` · ``pass``.
+
+The root cause is the earliest real failure.  A rank whose error only says that it timed out or
+lost its peer, or that the watchdog had to stop while it waited, is a victim of that root cause.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance import casefiles
+from conformance.launch.watchdog import RankProcess, Supervision
+
+VERDICTS = ("fail", "hang", "crash", "error", "inconclusive", "skip", "pass")
+
+# Errors a rank gets because another rank failed or never arrived.
+VICTIM_PATTERN = re.compile(
+    r"timed? ?out|timeout|connection closed by peer|connection reset by peer|broken pipe"
+    r"|watchdog caught collective operation timeout|communicator was aborted"
+    r"|socket closed|wait timeout|remote worker crash",
+    re.IGNORECASE,
+)
+# Where a waiting rank's Python stack stands while it waits on its peers.
+WAITING_FRAME = re.compile(r"torch/distributed/|store\.wait|\bwait\b", re.IGNORECASE)
+
+
+def exit_label(code: int | None) -> str | int | None:
+    """An exit code, or the signal's name for a rank killed by a signal."""
+    if code is None or code >= 0:
+        return code
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclass
+class RankReport:
+    rank: int
+    device: str
+    pid: int
+    phase: str
+    step: str
+    phase_time: float | None
+    progress: int  # how many phases it reported
+    exit: str | int | None
+    seconds: float
+    status: str  # ok | fail | error | skip | crash | stopped | lost
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    time: float | None = None  # when it failed
+    stopped_by: str | None = None
+    stack: str = ""
+    unkillable: bool = False
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def victim(self) -> bool:
+        return self.status == "stopped" or (
+            self.status in ("error", "crash") and bool(VICTIM_PATTERN.search(self.message))
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in ("ok", "skip")
+
+    @property
+    def where(self) -> str:
+        return f"{self.phase} ({self.step})" if self.step else self.phase
+
+
+def _status_without_result(proc: RankProcess) -> tuple[str, str]:
+    if proc.stopped_by:
+        return "stopped", f"stopped by the watchdog ({proc.stopped_by}) in its current phase"
+    if proc.exit_code is None:
+        return "lost", "no exit status"
+    if proc.exit_code < 0:
+        last_words = [line for line in casefiles.tail(proc.path / casefiles.STDERR).splitlines() if VICTIM_PATTERN.search(line)]
+        said = f"; it last said: {last_words[-1].strip()}" if last_words else ""
+        return "crash", f"killed by {exit_label(proc.exit_code)}{said}"
+    return "error", f"exited with code {proc.exit_code} without a result"
+
+
+def rank_report(proc: RankProcess, device: str, started: float) -> RankReport:
+    phases = casefiles.read_phases(proc.path / casefiles.PHASES)
+    last = phases[-1] if phases else {"phase": "start", "step": "", "t": None}
+    result = casefiles.read_json(proc.path / casefiles.RESULT)
+    report = RankReport(
+        rank=proc.rank,
+        device=device,
+        pid=proc.pid,
+        phase=last["phase"],
+        step=last.get("step", ""),
+        phase_time=last.get("t"),
+        progress=len(phases),
+        exit=exit_label(proc.exit_code),
+        seconds=round((proc.exit_time or started) - started, 3) if proc.exit_time else 0.0,
+        status="lost",
+        stopped_by=proc.stopped_by,
+        stack=proc.stack,
+        unkillable=proc.unkillable,
+    )
+    if isinstance(result, dict) and "status" in result:
+        report.status = result["status"]
+        report.error_type = result.get("error_type", "")
+        report.message = result.get("message", "")
+        report.traceback = result.get("traceback", "")
+        report.time = result.get("t")
+        report.metrics = result.get("metrics", {})
+        report.phase, report.step = result.get("phase", report.phase), result.get("step", report.step)
+    else:
+        report.status, report.message = _status_without_result(proc)
+        report.time = proc.exit_time
+    return report
+
+
+@dataclass
+class Decision:
+    verdict: str
+    root: RankReport | None  # None: no rank stands out (all stuck alike), or nothing failed
+    victims: list[RankReport]
+    summary: str
+
+
+def _hang_root(stuck: Sequence[RankReport]) -> RankReport | None:
+    """The stuck rank that got least far; None when they all wait alike in a collective."""
+
+    def key(r: RankReport) -> tuple[int, bool, float]:
+        return (r.progress, bool(WAITING_FRAME.search(r.stack)), r.phase_time or 0.0)
+
+    ordered = sorted(stuck, key=key)
+    if len(ordered) > 1 and key(ordered[0])[:2] == key(ordered[1])[:2]:
+        return None
+    return ordered[0]
+
+
+def _earliest(reports: Sequence[RankReport]) -> RankReport:
+    return min(reports, key=lambda r: (r.time or float("inf"), r.rank))
+
+
+def _describe(verdict: str, root: RankReport | None, stuck: Sequence[RankReport]) -> str:
+    if root is None:
+        ranks = ",".join(str(r.rank) for r in stuck)
+        phases = sorted({r.where for r in stuck})
+        return f"ranks {ranks} all stuck in {'; '.join(phases)}"
+    text = f"rank {root.rank} ({root.device}) in {root.where}"
+    if root.status == "stopped":
+        return text + f": made no progress and was stopped ({root.stopped_by})"
+    kind = f"{root.error_type}: " if root.error_type else ""
+    return text + f": {kind}{root.message}"
+
+
+def decide(reports: Sequence[RankReport]) -> Decision:
+    """The verdict and root cause for one case."""
+    failed = [r for r in reports if r.failed]
+    wrong = [r for r in failed if r.status == "fail"]
+    real = [r for r in failed if not r.victim and r.status != "fail"]
+    stuck = [r for r in failed if r.victim]
+    root: RankReport | None
+    if wrong:
+        verdict, root = "fail", _earliest(wrong)
+    elif real:
+        root = _earliest(real)
+        verdict = "crash" if root.status == "crash" else "error"
+    elif stuck:
+        stopped = [r for r in stuck if r.status == "stopped"]
+        root = _hang_root(stopped) if stopped else _earliest(stuck)
+        verdict = "hang"
+    else:
+        skipped = [r for r in reports if r.status == "skip"]
+        if skipped:
+            return Decision("skip", None, [], skipped[0].message)
+        return Decision("pass", None, [], "")
+    anchor = root or stuck[0]
+    if anchor.phase == "control":
+        verdict = "inconclusive"
+    victims = [r for r in failed if r is not root]
+    summary = _describe(verdict, root, stuck if root is None else [root])
+    return Decision(verdict, root, victims, summary)
