@@ -1,0 +1,101 @@
+"""Shared helpers for the project's own tests.
+
+Runs of the suite go through ``pytester.runpytest_subprocess`` with ``-p conformance.plugin`` and
+a fresh reports dir.  Every such run is tagged with an environment variable that its forkserver
+and ranks inherit, so a test can prove that nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TAG_VARIABLE = "CONFORMANCE_TEST_TAG"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """PIDs of live processes (not zombies) whose environment carries ``tag``."""
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until_gone(tag: str, seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    left = tagged_processes(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = tagged_processes(tag)
+    return left
+
+
+def read_records(reports_dir: Path) -> list[dict[str, Any]]:
+    path = reports_dir / "latest" / "results.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def run_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Tag every process this test starts; fail the test if any outlives it."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_VARIABLE, tag)
+    yield tag
+    left = wait_until_gone(tag)
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def reports_dir(pytester: pytest.Pytester) -> Path:
+    return pytester.path / "reports"
+
+
+@pytest.fixture
+def run_suite(
+    pytester: pytest.Pytester, reports_dir: Path, run_tag: str
+) -> Callable[..., pytest.RunResult]:
+    """Run pytest on the files already made in ``pytester`` with the conformance plugin."""
+
+    def run(*args: str, timeout: float = 120) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(
+            "-p", "conformance.plugin", "-p", "no:cacheprovider",
+            f"--reports-dir={reports_dir}", *args, timeout=timeout,
+        )  # fmt: skip
+
+    return run
+
+
+def scenario_text(*rules: str, name: str = "test scenario") -> str:
+    """A scenario file from rule bodies, e.g. ``'effect = "hang"\\nranks = [1]'``."""
+    body = "".join(f"\n[[rule]]\n{rule}\n" for rule in rules)
+    return f'[scenario]\nname = "{name}"\n{body}'
+
+
+COLLECTIVE_TEST = """
+from conformance.matrix import DeviceSet
+
+def test_case(conformance_case, conformance):
+    conformance_case("{probe}", DeviceSet(conformance.topology.devices, "all"), sizes=[4])
+"""
