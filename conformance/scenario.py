@@ -32,7 +32,7 @@ from typing import Any
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 PHASES = ("start", "control", "init", "probe", "verify", "teardown")
 EFFECTS = ("hang", "crash", "error", "wrong_data", "oom", "slow")
@@ -101,18 +101,14 @@ class Scenario:
 
 
 def _string_list(value: Any, where: str, item_type: type) -> tuple[Any, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, item_type) and not isinstance(v, bool) for v in value
-    ):
+    if not isinstance(value, list) or not all(isinstance(v, item_type) and not isinstance(v, bool) for v in value):
         raise ScenarioError(f"{where}: expected a list of {item_type.__name__}, got {value!r}")
     return tuple(value)
 
 
 def _env_table(value: Any, where: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ScenarioError(f"{where}: expected a table of VARIABLE = \"value\" strings, got {value!r}")
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ScenarioError(f'{where}: expected a table of VARIABLE = "value" strings, got {value!r}')
     return dict(value)
 
 

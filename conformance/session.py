@@ -73,7 +73,9 @@ def failure_text(result: CaseResult) -> str:
         victims = ", ".join(f"rank {v.rank} ({v.status} in {v.where})" for v in decision.victims)
         lines.append(f"victims: {victims}")
     if result.stop_reason:
-        lines.append(f"stopped by the watchdog ({result.stop_reason}); last rank reaped {result.stop_seconds:.2f}s later")
+        lines.append(
+            f"stopped by the watchdog ({result.stop_reason}); last rank reaped {result.stop_seconds:.2f}s later"
+        )
     for r in result.unkillable:
         lines.append(f"rank {r.rank} (pid {r.pid}) would not die after SIGKILL: host may need to be recycled")
     shown = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]

@@ -135,9 +135,7 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(setting.ini_key, setting.help, default=None)
 
 
-def _raw_value(
-    setting: Setting, config: pytest.Config, environ: Mapping[str, str]
-) -> tuple[str | None, str, Path]:
+def _raw_value(setting: Setting, config: pytest.Config, environ: Mapping[str, str]) -> tuple[str | None, str, Path]:
     """Return (raw value, where it came from, directory relative paths are taken from)."""
     cli = config.getoption(setting.dest)
     if cli is not None:

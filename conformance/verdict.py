@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance import casefiles
-from conformance.launch.watchdog import RankProcess, Supervision
+from conformance.launch.watchdog import RankProcess
 
 VERDICTS = ("fail", "hang", "crash", "error", "inconclusive", "skip", "pass")
 
@@ -83,7 +83,8 @@ def _status_without_result(proc: RankProcess) -> tuple[str, str]:
     if proc.exit_code is None:
         return "lost", "no exit status"
     if proc.exit_code < 0:
-        last_words = [line for line in casefiles.tail(proc.path / casefiles.STDERR).splitlines() if VICTIM_PATTERN.search(line)]
+        stderr = casefiles.tail(proc.path / casefiles.STDERR).splitlines()
+        last_words = [line for line in stderr if VICTIM_PATTERN.search(line)]
         said = f"; it last said: {last_words[-1].strip()}" if last_words else ""
         return "crash", f"killed by {exit_label(proc.exit_code)}{said}"
     return "error", f"exited with code {proc.exit_code} without a result"
@@ -91,14 +92,14 @@ def _status_without_result(proc: RankProcess) -> tuple[str, str]:
 
 def rank_report(proc: RankProcess, device: str, started: float) -> RankReport:
     phases = casefiles.read_phases(proc.path / casefiles.PHASES)
-    last = phases[-1] if phases else {"phase": "start", "step": "", "t": None}
+    last: dict[str, Any] = phases[-1] if phases else {"phase": "start", "step": "", "t": None}
     result = casefiles.read_json(proc.path / casefiles.RESULT)
     report = RankReport(
         rank=proc.rank,
         device=device,
         pid=proc.pid,
-        phase=last["phase"],
-        step=last.get("step", ""),
+        phase=str(last["phase"]),
+        step=str(last.get("step", "")),
         phase_time=last.get("t"),
         progress=len(phases),
         exit=exit_label(proc.exit_code),

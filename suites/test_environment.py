@@ -34,7 +34,7 @@ def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: C
 
 
 def test_hostname_resolves_to_bindable_address(record_property: pytest.RecordProperty) -> None:
-    """gloo (and NCCL's bootstrap) bind to what the host name resolves to."""
+    """Gloo (and NCCL's bootstrap) bind to what the host name resolves to."""
     hostname = socket.gethostname()
     try:
         infos = socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)

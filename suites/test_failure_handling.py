@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.launch.watchdog import STACK_DUMP_WAIT, TERM_WAIT, KILL_WAIT
+from conformance.launch.watchdog import KILL_WAIT, STACK_DUMP_WAIT, TERM_WAIT
 from conformance.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession, failure_text

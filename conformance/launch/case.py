@@ -132,9 +132,7 @@ class CaseRunner:
         self.groups[pgid] = pids
         ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
         try:
-            supervision = supervise(
-                self.server, ranks, pgid, self.deadlines.case_timeout, self.deadlines.grace
-            )
+            supervision = supervise(self.server, ranks, pgid, self.deadlines.case_timeout, self.deadlines.grace)
         finally:
             if all(r.exit_code is not None for r in ranks):
                 self.groups.pop(pgid, None)

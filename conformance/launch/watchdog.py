@@ -144,9 +144,7 @@ def supervise(
         if not alive:
             break
         now = time.monotonic()
-        if grace_deadline is None and any(
-            r.exit_code is not None and r.exit_code not in HEALTHY_EXITS for r in ranks
-        ):
+        if grace_deadline is None and any(r.exit_code is not None and r.exit_code not in HEALTHY_EXITS for r in ranks):
             grace_deadline = now + grace
             supervision.grace_started = time.time()
         limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)

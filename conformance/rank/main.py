@@ -83,7 +83,7 @@ def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:
     from conformance.rank.probes import PROBES
 
     ctx.phase("start")
-    store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)
+    store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)  # type: ignore[attr-defined]
     store.set_timeout(datetime.timedelta(seconds=spec["init_timeout"]))
     control(ctx, store, spec["init_timeout"])
     init_group(ctx, store, spec)
