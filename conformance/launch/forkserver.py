@@ -143,12 +143,16 @@ class ForkServerClient:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        package_root = str(Path(__file__).resolve().parents[2])  # so -m finds us from any cwd
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "conformance.launch.forkserver", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
+                env=env,
                 start_new_session=True,
             )
         self.info = self._expect("ready", READY_TIMEOUT)
