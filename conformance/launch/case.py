@@ -79,6 +79,14 @@ def rank_environment(spec: CaseSpec) -> tuple[dict[str, str], list[str]]:
     return env_set, list(spec.env_unset)
 
 
+def kill_group(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+
+
 class CaseRunner:
     """Runs cases one at a time for one pytest process and remembers every group it started."""
 
@@ -133,6 +141,9 @@ class CaseRunner:
         ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
         try:
             supervision = supervise(self.server, ranks, pgid, self.deadlines.case_timeout, self.deadlines.grace)
+        except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
+            kill_group(pgid)
+            raise
         finally:
             if all(r.exit_code is not None for r in ranks):
                 self.groups.pop(pgid, None)
@@ -155,11 +166,8 @@ class CaseRunner:
         for pgid, pids in list(self.groups.items()):
             if all(self.server.exit_of(pid) is not None for pid in pids):
                 continue
-            try:
-                os.killpg(pgid, signal.SIGKILL)
+            if kill_group(pgid):
                 signalled.append(pgid)
-            except OSError:
-                pass
         self.groups.clear()
         return signalled
 
