@@ -143,6 +143,11 @@ def _raw_value(setting: Setting, config: pytest.Config, environ: Mapping[str, st
     if setting.env_var in environ:
         where = f"environment variable {setting.env_var}"
         return environ[setting.env_var], where, config.invocation_params.dir
+    overrides = config.getoption("override_ini") or []
+    for override in reversed(overrides):
+        if override.startswith(f"{setting.ini_key}="):
+            where = f"command-line option -o {setting.ini_key}"
+            return override.split("=", 1)[1], where, config.invocation_params.dir
     ini = config.getini(setting.ini_key)
     if ini not in (None, "", []):
         inifile = config.inipath or "the ini file"

@@ -1,0 +1,768 @@
+"""Fast unit tests of the harness's parts, without ranks: settings, scenarios, verdicts, records,
+the test-id matrix and the topology (NVML through a fake ``pynvml``)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import results, topology
+from conformance.matrix import DeviceSet, Rung, each_device, each_pair, whole_and_single
+from conformance.scenario import Rule, ScenarioError, load_scenario, parse_rule
+from conformance.settings import SETTINGS, Settings, SettingError, resolve
+from conformance.topology import Device, Topology, cpu_topology, discover, nvml_gpus
+from conformance.verdict import RankReport, decide, exit_label
+
+# --------------------------------------------------------------------------------------------
+# settings
+# --------------------------------------------------------------------------------------------
+
+
+class StubConfig:
+    """The few parts of ``pytest.Config`` that :func:`resolve` reads."""
+
+    def __init__(
+        self,
+        root: Path,
+        cli: Mapping[str, str] | None = None,
+        ini: Mapping[str, str] | None = None,
+        inipath: Path | None = None,
+        invocation_dir: Path | None = None,
+    ) -> None:
+        self._cli = {f"conformance_{k}": v for k, v in (cli or {}).items()}
+        self._ini = {f"conformance_{k}": v for k, v in (ini or {}).items()}
+        self.inipath = inipath
+        self.rootpath = root
+        self.invocation_params = types.SimpleNamespace(dir=invocation_dir or root)
+
+    def getoption(self, dest: str) -> Any:
+        return self._cli.get(dest)
+
+    def getini(self, key: str) -> Any:
+        return self._ini.get(key, "")
+
+
+def resolve_with(root: Path, cli: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                 ini: Mapping[str, str] | None = None, inipath: Path | None = None) -> Settings:  # fmt: skip
+    config = StubConfig(root, cli=cli, ini=ini, inipath=inipath)
+    return resolve(config, environ=dict(env or {}))  # type: ignore[arg-type]
+
+
+def test_settings_defaults(tmp_path: Path) -> None:
+    s = resolve_with(tmp_path)
+    assert (s.backend, s.virtual_devices, s.init_timeout, s.op_timeout, s.case_timeout, s.grace) == (
+        "auto", 4, 30.0, 30.0, 60.0, 3.0,
+    )  # fmt: skip
+    assert s.scenario is None
+    assert s.reports_dir == (tmp_path / "reports").resolve()
+    assert s.reports_dir.is_dir()
+    assert list(s.reports_dir.iterdir()) == []  # the write check cleans up after itself
+    assert all(s.source(x.name) == "default" for x in SETTINGS)
+
+
+def test_settings_priority_and_sources(tmp_path: Path) -> None:
+    ini_file = tmp_path / "tox.ini"
+    ini = {"virtual_devices": "2", "grace": "5", "backend": "gloo"}
+    env = {"CONFORMANCE_VIRTUAL_DEVICES": "3", "CONFORMANCE_GRACE": "6"}
+    cli = {"virtual_devices": "4"}
+    s = resolve_with(tmp_path, cli=cli, env=env, ini=ini, inipath=ini_file)
+    assert (s.virtual_devices, s.grace, s.backend, s.case_timeout) == (4, 6.0, "gloo", 60.0)
+    assert s.source("virtual_devices") == "command-line option --virtual-devices"
+    assert s.source("grace") == "environment variable CONFORMANCE_GRACE"
+    assert s.source("backend") == f"ini key conformance_backend in {ini_file}"
+    assert s.source("case_timeout") == "default"
+    s = resolve_with(tmp_path, env=env, ini=ini, inipath=ini_file)
+    assert s.virtual_devices == 3
+    s = resolve_with(tmp_path, ini=ini, inipath=ini_file)
+    assert (s.virtual_devices, s.grace) == (2, 5.0)
+
+
+def test_settings_relative_paths(tmp_path: Path) -> None:
+    ini_dir = tmp_path / "project"
+    ini_dir.mkdir()
+    s = resolve_with(tmp_path, ini={"reports_dir": "out", "scenario": "faults.toml"}, inipath=ini_dir / "tox.ini")
+    assert s.reports_dir == (ini_dir / "out").resolve()  # relative to the ini file's folder
+    assert s.scenario == (ini_dir / "faults.toml").resolve()
+    s = resolve_with(tmp_path, env={"CONFORMANCE_REPORTS_DIR": "elsewhere"})
+    assert s.reports_dir == (tmp_path / "elsewhere").resolve()  # relative to the invocation dir
+
+
+def test_settings_backend_is_normalised(tmp_path: Path) -> None:
+    assert resolve_with(tmp_path, cli={"backend": " GLOO "}).backend == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "ini", "message"),
+    [
+        ({"backend": "mpi"}, {}, {},
+         "command-line option --backend: unknown backend 'mpi'; choose one of auto, gloo, nccl"),
+        ({}, {"CONFORMANCE_BACKEND": "ucx"}, {},
+         "environment variable CONFORMANCE_BACKEND: unknown backend 'ucx'; choose one of auto, gloo, nccl"),
+        ({}, {}, {"backend": "mpi"},
+         "ini key conformance_backend in {ini}: unknown backend 'mpi'; choose one of auto, gloo, nccl"),
+        ({"case_timeout": "abc"}, {}, {}, "command-line option --case-timeout: 'abc' is not a number"),
+        ({"op_timeout": "0"}, {}, {},
+         "command-line option --op-timeout: '0' must be a positive, finite number of seconds"),
+        ({"init_timeout": "-3"}, {}, {},
+         "command-line option --init-timeout: '-3' must be a positive, finite number of seconds"),
+        ({"grace": "nan"}, {}, {}, "command-line option --grace: 'nan' must be a positive, finite number of seconds"),
+        ({}, {"CONFORMANCE_GRACE": "inf"}, {},
+         "environment variable CONFORMANCE_GRACE: 'inf' must be a positive, finite number of seconds"),
+        ({"virtual_devices": "0"}, {}, {},
+         "command-line option --virtual-devices: '0' must be a positive whole number"),
+        ({"virtual_devices": "two"}, {}, {}, "command-line option --virtual-devices: 'two' is not a whole number"),
+        ({}, {}, {"virtual_devices": "2.5"},
+         "ini key conformance_virtual_devices in {ini}: '2.5' is not a whole number"),
+        ({"init_timeout": "60"}, {}, {},
+         "command-line option --init-timeout: init-timeout 60s must be shorter than case-timeout 60s (default), "
+         "so the in-rank timeout fires before the watchdog"),
+        ({"case_timeout": "10", "init_timeout": "5"}, {"CONFORMANCE_OP_TIMEOUT": "12.5"}, {},
+         "environment variable CONFORMANCE_OP_TIMEOUT: op-timeout 12.5s must be shorter than case-timeout 10s "
+         "(command-line option --case-timeout), so the in-rank timeout fires before the watchdog"),
+        ({"scenario": ""}, {}, {}, "command-line option --scenario: an empty path is not allowed"),
+        ({"reports_dir": "  "}, {}, {}, "command-line option --reports-dir: an empty path is not allowed"),
+    ],
+)  # fmt: skip
+def test_setting_errors(
+    tmp_path: Path, cli: dict[str, str], env: dict[str, str], ini: dict[str, str], message: str
+) -> None:
+    ini_file = tmp_path / "tox.ini"
+    with pytest.raises(SettingError) as caught:
+        resolve_with(tmp_path, cli=cli, env=env, ini=ini, inipath=ini_file)
+    assert str(caught.value) == message.format(ini=ini_file)
+
+
+def test_setting_error_reports_dir_unwritable(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    with pytest.raises(SettingError) as caught:
+        resolve_with(tmp_path, cli={"reports_dir": str(plain / "reports")})
+    assert str(caught.value) == (
+        f"command-line option --reports-dir: reports dir '{plain / 'reports'}' cannot be written: Not a directory"
+    )
+    with pytest.raises(SettingError) as caught:
+        resolve_with(tmp_path, env={"CONFORMANCE_REPORTS_DIR": str(plain)})
+    assert str(caught.value) == (
+        f"environment variable CONFORMANCE_REPORTS_DIR: reports dir '{plain}' cannot be written: File exists"
+    )
+    assert plain.read_text() == "x"
+
+
+# --------------------------------------------------------------------------------------------
+# scenarios
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("effect", "phase"),
+    [("wrong_data", "verify"), ("hang", "probe"), ("crash", "probe"), ("error", "probe"),
+     ("oom", "probe"), ("slow", "probe")],
+)  # fmt: skip
+def test_rule_default_phase(effect: str, phase: str) -> None:
+    rule = parse_rule({"effect": effect}, "f rule 1")
+    assert rule == Rule(effect=effect, phase=phase)
+    assert (rule.ranks, rule.devices, rule.probes) == (None, None, None)
+    assert (rule.when_env, rule.unless_env) == ({}, {})
+    assert (rule.ignore_sigterm, rule.signal, rule.message, rule.seconds) == (
+        False, "SIGSEGV", "simulated failure", 0.0,
+    )  # fmt: skip
+
+
+def test_rule_all_fields() -> None:
+    rule = parse_rule(
+        {
+            "effect": "crash", "phase": "init", "ranks": [1, 3], "devices": ["cpu1"],
+            "probes": ["all_reduce", "barrier"], "when_env": {"NCCL_P2P_DISABLE": "0"},
+            "unless_env": {"NCCL_IB_DISABLE": "1"}, "signal": "abrt",
+        },
+        "f rule 1",
+    )  # fmt: skip
+    assert rule == Rule(
+        effect="crash", phase="init", ranks=(1, 3), devices=("cpu1",), probes=("all_reduce", "barrier"),
+        when_env={"NCCL_P2P_DISABLE": "0"}, unless_env={"NCCL_IB_DISABLE": "1"}, signal="SIGABRT",
+    )  # fmt: skip
+    assert parse_rule({"effect": "slow", "seconds": 2}, "w").seconds == 2.0
+    assert parse_rule({"effect": "hang", "ignore_sigterm": True}, "w").ignore_sigterm is True
+    assert parse_rule({"effect": "oom", "message": "CUDA out of memory"}, "w").message == "CUDA out of memory"
+    assert parse_rule({"effect": "crash", "signal": "SIGKILL"}, "w").signal == "SIGKILL"
+    assert Rule.from_dict(rule.to_dict()) == rule
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("not a table", "W: a rule must be a table"),
+        ({"phase": "probe"}, "W: unknown effect None; choose one of hang, crash, error, wrong_data, oom, slow"),
+        ({"effect": "explode"}, "W: unknown effect 'explode'; choose one of hang, crash, error, wrong_data, oom, slow"),
+        ({"effect": "hang", "phase": "lunch"},
+         "W: unknown phase 'lunch'; choose one of start, control, init, probe, verify, teardown"),
+        ({"effect": "hang", "colour": "red"},
+         "W: unknown field 'colour' (known fields: devices, effect, ignore_sigterm, message, phase, probes, "
+         "ranks, seconds, signal, unless_env, when_env)"),
+        ({"effect": "hang", "signal": "SIGKILL"}, "W: field 'signal' does not apply to effect 'hang'"),
+        ({"effect": "wrong_data", "message": "x"}, "W: field 'message' does not apply to effect 'wrong_data'"),
+        ({"effect": "crash", "signal": "SIGFOO"}, "W: unknown signal 'SIGFOO'"),
+        ({"effect": "crash", "signal": "SIG_DFL"}, "W: unknown signal 'SIG_DFL'"),
+        ({"effect": "hang", "ignore_sigterm": "yes"}, "W: ignore_sigterm must be true or false"),
+        ({"effect": "error", "message": 3}, "W: message must be a string"),
+        ({"effect": "slow", "seconds": -1}, "W: seconds must be a non-negative number, got -1"),
+        ({"effect": "slow", "seconds": True}, "W: seconds must be a non-negative number, got True"),
+        ({"effect": "hang", "ranks": ["1"]}, "W ranks: expected a list of int, got ['1']"),
+        ({"effect": "hang", "ranks": [True]}, "W ranks: expected a list of int, got [True]"),
+        ({"effect": "hang", "devices": "cpu0"}, "W devices: expected a list of str, got 'cpu0'"),
+        ({"effect": "hang", "when_env": {"X": 1}},
+         "W when_env: expected a table of VARIABLE = \"value\" strings, got {'X': 1}"),
+    ],
+)  # fmt: skip
+def test_rule_errors(raw: Any, message: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_rule(raw, "W")
+    assert str(caught.value) == message
+
+
+def test_wrong_data_phase_error_names_the_phase_given() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_rule({"effect": "wrong_data", "phase": "probe"}, "W")
+    text = str(caught.value)
+    assert text.startswith("W: wrong_data")
+    assert "'probe'" in text, f"the message does not name the bad phase: {text}"
+
+
+def test_load_scenario(tmp_path: Path) -> None:
+    path = tmp_path / "two-faults.toml"
+    path.write_text(
+        '[scenario]\nname = "p2p off hang"\ndescription = "rank 1 hangs"\n'
+        '[[rule]]\neffect = "hang"\nranks = [1]\n'
+        '[[rule]]\neffect = "wrong_data"\nprobes = ["all_gather"]\n'
+    )
+    scenario = load_scenario(path, "command-line option --scenario")
+    assert (scenario.name, scenario.description, scenario.path) == ("p2p off hang", "rank 1 hangs", str(path))
+    assert scenario.rules == (
+        Rule(effect="hang", phase="probe", ranks=(1,)),
+        Rule(effect="wrong_data", phase="verify", probes=("all_gather",)),
+    )
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[[rule]]\neffect = "oom"\n')
+    scenario = load_scenario(bare, "x")
+    assert (scenario.name, scenario.description) == ("bare", "")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "SRC: scenario file '{p}' cannot be read: No such file or directory"),
+        ("effect = hang", "SRC: scenario file '{p}' is not valid TOML: *"),
+        ('rules = 1\n[[rule]]\neffect = "hang"\n',
+         "{p}: unknown top-level key(s) ['rules']; expected [scenario] and [[rule]]"),
+        ('[scenario]\nname = "x"\nauthor = "me"\n[[rule]]\neffect = "hang"\n',
+         "{p}: [scenario] takes only name and description"),
+        ('[scenario]\nname = "x"\n', "{p}: no [[rule]] tables; a scenario needs at least one rule"),
+        ('[[rule]]\neffect = "hang"\n[[rule]]\neffect = "crash"\nsignal = "SIGNOPE"\n',
+         "{p} rule 2: unknown signal 'SIGNOPE'"),
+    ],
+)  # fmt: skip
+def test_load_scenario_errors(tmp_path: Path, text: str | None, message: str) -> None:
+    path = tmp_path / "s.toml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path, "SRC")
+    expected = message.format(p=path)
+    if expected.endswith("*"):
+        assert str(caught.value).startswith(expected[:-1])
+    else:
+        assert str(caught.value) == expected
+
+
+def applies(rule: Rule, rank: int = 0, device: str = "cpu0", probe: str = "all_reduce", phase: str = "probe",
+            environ: Mapping[str, str] | None = None) -> bool:  # fmt: skip
+    return rule.applies(rank, device, probe, phase, environ or {})
+
+
+def test_rule_applies() -> None:
+    any_rank = Rule("hang", "probe")
+    assert applies(any_rank)
+    assert applies(any_rank, rank=7, device="gpu3", probe="barrier")
+    assert not applies(any_rank, phase="verify")
+
+    ranked = Rule("hang", "probe", ranks=(1, 2))
+    assert [applies(ranked, rank=r) for r in range(4)] == [False, True, True, False]
+
+    on_device = Rule("hang", "probe", devices=("cpu1",))
+    assert applies(on_device, device="cpu1") and not applies(on_device, device="cpu0")
+
+    on_probe = Rule("hang", "probe", probes=("barrier",))
+    assert applies(on_probe, probe="barrier") and not applies(on_probe, probe="all_reduce")
+
+    when = Rule("hang", "probe", when_env={"A": "1", "B": "x"})
+    assert applies(when, environ={"A": "1", "B": "x", "C": "z"})
+    assert not applies(when, environ={"A": "1"})
+    assert not applies(when, environ={"A": "0", "B": "x"})
+    assert not applies(when)
+
+    unless = Rule("hang", "probe", unless_env={"A": "1", "B": "x"})
+    assert applies(unless)
+    assert applies(unless, environ={"A": "1"})  # only when every variable matches is it suppressed
+    assert applies(unless, environ={"A": "1", "B": "y"})
+    assert not applies(unless, environ={"A": "1", "B": "x"})
+
+    both = Rule("crash", "init", ranks=(0,), when_env={"NCCL_P2P_DISABLE": "0"}, unless_env={"NCCL_IB_DISABLE": "1"})
+    assert applies(both, phase="init", environ={"NCCL_P2P_DISABLE": "0"})
+    assert not applies(both, phase="init", environ={"NCCL_P2P_DISABLE": "0", "NCCL_IB_DISABLE": "1"})
+    assert not applies(both, rank=1, phase="init", environ={"NCCL_P2P_DISABLE": "0"})
+
+
+# --------------------------------------------------------------------------------------------
+# verdicts
+# --------------------------------------------------------------------------------------------
+
+
+def rr(rank: int, status: str = "ok", **kw: Any) -> RankReport:
+    values: dict[str, Any] = {
+        "device": f"cpu{rank}", "pid": 1000 + rank, "phase": "probe", "step": "all_reduce", "phase_time": None,
+        "progress": 4, "exit": 0, "seconds": 1.0,
+    }  # fmt: skip
+    values.update(kw)
+    return RankReport(rank=rank, status=status, **values)
+
+
+def ranks_of(reports: list[RankReport]) -> list[int]:
+    return sorted(r.rank for r in reports)
+
+
+def test_all_ok_passes() -> None:
+    d = decide([rr(0), rr(1), rr(2)])
+    assert (d.verdict, d.root, d.victims, d.summary) == ("pass", None, [], "")
+
+
+def test_wrong_data_beats_everything() -> None:
+    reports = [
+        rr(0, "crash", time=1.0, message="killed by SIGSEGV", exit="SIGSEGV"),
+        rr(1, "error", time=2.0, error_type="RuntimeError", message="boom"),
+        rr(2, "fail", time=5.0, phase="verify", error_type="WrongData", message="element 3: 2.0 != 6.0"),
+        rr(3, "stopped", stopped_by="deadline", progress=1),
+    ]
+    d = decide(reports)
+    assert d.verdict == "fail"
+    assert d.root is reports[2]
+    assert ranks_of(d.victims) == [0, 1, 3]
+    assert d.summary == "rank 2 (cpu2) in verify (all_reduce): WrongData: element 3: 2.0 != 6.0"
+
+
+def test_earliest_wrong_data_is_root() -> None:
+    d = decide([rr(0, "fail", time=9.0), rr(1, "fail", time=3.0), rr(2)])
+    assert d.verdict == "fail" and d.root is not None and d.root.rank == 1
+
+
+def test_earliest_real_error_is_root_and_victims_are_not() -> None:
+    reports = [
+        rr(0, "error", time=1.0, message="Connection closed by peer"),  # earliest, but a victim
+        rr(1, "error", time=12.0, error_type="RuntimeError", message="late error"),
+        rr(2, "error", time=10.0, error_type="ValueError", message="the real one"),
+        rr(3, "error", time=2.0, message="Timed out waiting 30000ms for recv operation"),
+        rr(4),
+    ]
+    d = decide(reports)
+    assert d.verdict == "error"
+    assert d.root is reports[2]
+    assert ranks_of(d.victims) == [0, 1, 3]
+    assert d.summary == "rank 2 (cpu2) in probe (all_reduce): ValueError: the real one"
+
+
+def test_crash_root_gives_crash() -> None:
+    reports = [rr(0, "crash", time=4.0, message="killed by SIGSEGV", exit="SIGSEGV"), rr(1, "error", time=5.0,
+               message="boom")]  # fmt: skip
+    d = decide(reports)
+    assert (d.verdict, d.root) == ("crash", reports[0])
+    assert ranks_of(d.victims) == [1]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Connection closed by peer [127.0.0.1]:29500",
+        "Timed out waiting 1800000ms for recv operation to complete",
+        "Socket Timeout",
+        "Connection reset by peer",
+        "Broken pipe",
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)",
+        "NCCL communicator was aborted on rank 0",
+        "wait timeout after 30000ms",
+    ],
+)
+def test_victim_patterns(message: str) -> None:
+    assert rr(0, "error", message=message).victim
+    assert rr(0, "crash", message=f"killed by SIGABRT; it last said: {message}").victim
+    assert not rr(0, "ok", message=message).victim
+
+
+@pytest.mark.parametrize(
+    "message", ["CUDA error: an illegal memory access was encountered", "deliberate failure", "killed by SIGSEGV"]
+)
+def test_real_errors_are_not_victims(message: str) -> None:
+    assert not rr(0, "error", message=message).victim
+    assert not rr(0, "crash", message=message).victim
+
+
+def test_only_victim_errors_is_a_hang_rooted_at_the_earliest() -> None:
+    reports = [
+        rr(0, "error", time=8.0, message="Timed out waiting for peer"),
+        rr(1, "error", time=6.0, message="Connection closed by peer"),
+    ]
+    d = decide(reports)
+    assert d.verdict == "hang"
+    assert d.root is reports[1]
+    assert ranks_of(d.victims) == [0]
+
+
+def test_watchdog_stopped_ranks_hang_rooted_at_least_progressed() -> None:
+    waiting = 'File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2, in all_reduce'
+    reports = [
+        rr(0, "stopped", stopped_by="deadline", progress=4, stack=waiting, phase_time=3.0),
+        rr(1, "stopped", stopped_by="deadline", progress=2, phase="init", step="init_process_group(gloo)",
+           stack='File "/x/probes.py", line 9, in spin', phase_time=1.0),
+        rr(2, "stopped", stopped_by="deadline", progress=4, stack=waiting, phase_time=3.1),
+        rr(3, "error", time=7.0, message="Connection reset by peer"),
+    ]  # fmt: skip
+    d = decide(reports)
+    assert d.verdict == "hang"
+    assert d.root is reports[1]
+    assert ranks_of(d.victims) == [0, 2, 3]
+    assert d.summary == "rank 1 (cpu1) in init (init_process_group(gloo)): made no progress and was stopped (deadline)"
+
+
+def test_stopped_rank_not_waiting_in_a_collective_is_root() -> None:
+    waiting = 'File "/torch/distributed/distributed_c10d.py", line 2, in barrier'
+    reports = [
+        rr(0, "stopped", stopped_by="deadline", stack=waiting),
+        rr(1, "stopped", stopped_by="deadline", stack='File "/work/model.py", line 3, in step'),
+    ]
+    d = decide(reports)
+    assert d.verdict == "hang" and d.root is reports[1]
+
+
+def test_all_ranks_stuck_alike_has_no_root() -> None:
+    waiting = 'File "/torch/distributed/distributed_c10d.py", line 2, in all_reduce'
+    reports = [rr(r, "stopped", stopped_by="deadline", stack=waiting, phase_time=2.0 + r) for r in range(3)]
+    d = decide(reports)
+    assert d.verdict == "hang"
+    assert d.root is None
+    assert ranks_of(d.victims) == [0, 1, 2]
+    assert d.summary == "ranks 0,1,2 all stuck in probe (all_reduce)"
+
+
+def test_root_in_control_phase_is_inconclusive() -> None:
+    reports = [
+        rr(0, "error", time=1.0, phase="control", step="store check-in", error_type="RuntimeError", message="store"),
+        rr(1, "error", time=2.0, phase="control", step="store check-in", message="Timed out waiting for store"),
+    ]
+    d = decide(reports)
+    assert d.verdict == "inconclusive"
+    assert d.root is reports[0]
+    assert ranks_of(d.victims) == [1]
+
+
+def test_all_stuck_in_control_is_inconclusive() -> None:
+    reports = [rr(r, "stopped", stopped_by="deadline", phase="control", step="store check-in") for r in range(2)]
+    d = decide(reports)
+    assert (d.verdict, d.root) == ("inconclusive", None)
+
+
+def test_skip() -> None:
+    d = decide([rr(0, "skip", message="needs 2 GPUs"), rr(1, "skip", message="needs 2 GPUs")])
+    assert (d.verdict, d.root, d.victims, d.summary) == ("skip", None, [], "needs 2 GPUs")
+
+
+@pytest.mark.parametrize(
+    ("code", "label"), [(-11, "SIGSEGV"), (-9, "SIGKILL"), (-6, "SIGABRT"), (0, 0), (1, 1), (None, None),
+                        (-200, "signal 200")]
+)  # fmt: skip
+def test_exit_label(code: int | None, label: Any) -> None:
+    assert exit_label(code) == label
+
+
+# --------------------------------------------------------------------------------------------
+# records
+# --------------------------------------------------------------------------------------------
+
+WRITERS = 4
+RECORDS_EACH = 200
+PAYLOAD = "x" * 6000  # longer than PIPE_BUF, so unlocked writers could interleave
+
+
+def _writer(path: str, writer: int) -> None:
+    for i in range(RECORDS_EACH):
+        results.append_record(Path(path), {"writer": writer, "i": i, "payload": PAYLOAD})
+
+
+def test_append_record_from_many_processes(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(path), w)) for w in range(WRITERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * WRITERS
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.decode().split("\n")[:-1]
+    assert len(lines) == WRITERS * RECORDS_EACH
+    seen = set()
+    for line in lines:
+        record = json.loads(line)
+        assert record["payload"] == PAYLOAD
+        seen.add((record["writer"], record["i"]))
+    assert seen == {(w, i) for w in range(WRITERS) for i in range(RECORDS_EACH)}
+    assert len(list(results.read_records(path))) == WRITERS * RECORDS_EACH
+
+
+def test_read_records_skips_cut_off_line(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    results.append_record(path, {"n": 1})
+    results.append_record(path, {"n": 2, "when": Path("/x")})  # default=str for odd values
+    with path.open("a") as f:
+        f.write('{"n": 3, "verdict": "pa')
+    assert list(results.read_records(path)) == [{"n": 1}, {"n": 2, "when": "/x"}]
+    assert list(results.read_records(tmp_path / "missing.jsonl")) == []
+
+
+def test_point_latest_replaces_link(tmp_path: Path) -> None:
+    results.point_latest(tmp_path, "run-a")
+    results.point_latest(tmp_path, "run-b")
+    assert os.readlink(tmp_path / "latest") == "run-b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+
+
+# --------------------------------------------------------------------------------------------
+# matrix ids
+# --------------------------------------------------------------------------------------------
+
+
+def gpu(i: int, uuid: str | None = None) -> Device:
+    return Device(name=f"gpu{i}", index=i, kind="gpu", uuid=uuid or f"GPU-{i:08d}", model="H100",
+                  pci_bus_id=f"00000000:{i:02X}:00.0")  # fmt: skip
+
+
+def test_device_set_ids_cpu() -> None:
+    topo = cpu_topology(4)
+    assert [s.id for s in whole_and_single(topo)] == ["all4-inherited", "cpu0-inherited"]
+    assert [s.id for s in each_device(topo)] == [f"cpu{i}-inherited" for i in range(4)]
+    pairs = each_pair(cpu_topology(3))
+    assert [s.id for s in pairs] == ["cpu0-cpu1-inherited", "cpu0-cpu2-inherited", "cpu1-cpu2-inherited"]
+    assert [s.link for s in pairs] == ["CPU"] * 3
+    assert [s.id for s in whole_and_single(cpu_topology(1))] == ["all1-inherited"]
+
+
+def test_device_set_ids_gpu() -> None:
+    gpus = tuple(gpu(i) for i in range(4))
+    topo = Topology(kind="gpu", devices=gpus, source="nvml", links={"gpu0-gpu3": "SYS", "gpu1-gpu0": "NV12"})
+    assert DeviceSet((gpus[0], gpus[3]), topo.link(gpus[0], gpus[3])).id == "gpu0-gpu3-SYS-inherited"
+    assert topo.link(gpus[3], gpus[0]) == "SYS"
+    assert topo.link(gpus[0], gpus[1]) == "NV12"
+    assert topo.link(gpus[1], gpus[2]) == "?"
+    assert DeviceSet(gpus, "all").id == "all4-inherited"
+    rung = Rung("p2p-off", {"NCCL_P2P_DISABLE": "1"}, unset_families=("NCCL_",))
+    assert DeviceSet((gpus[0], gpus[3]), "SYS", rung).id == "gpu0-gpu3-SYS-p2p-off"
+    assert rung.unset({"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "0", "GLOO_X": "1"}) == ("NCCL_DEBUG",)
+
+
+# --------------------------------------------------------------------------------------------
+# topology
+# --------------------------------------------------------------------------------------------
+
+
+def test_cpu_topology() -> None:
+    topo = cpu_topology(3, note="why")
+    assert topo.kind == "cpu" and topo.source == "virtual" and topo.note == "why"
+    assert topo.devices == tuple(Device(name=f"cpu{i}", index=i, kind="cpu") for i in range(3))
+    assert topo.by_name(["cpu2", "cpu0"]) == (topo.devices[2], topo.devices[0])
+    assert len(topo.pairs()) == 3
+
+
+def test_topology_json_round_trip() -> None:
+    topo = Topology(kind="gpu", devices=(gpu(0), gpu(1)), source="nvml", note="n", links={"gpu0-gpu1": "NV4"})
+    text = topo.to_json()
+    back = Topology.from_json(text)
+    assert back == topo
+    assert isinstance(back.devices, tuple) and isinstance(back.devices[0], Device)
+    assert back.to_json() == text
+    cpu = cpu_topology(2, note="no GPU")
+    assert Topology.from_json(cpu.to_json()) == cpu
+
+
+FOUR = [gpu(0, "GPU-aaaa-0000"), gpu(1, "GPU-bbbb-1111"), gpu(2, "GPU-cccc-2222"), gpu(3, "GPU-dddd-3333")]
+
+
+def renumbered(gpus: list[Device]) -> list[tuple[str, int, str | None]]:
+    return [(g.name, g.index, g.uuid) for g in gpus]
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, [("gpu0", 0, "GPU-aaaa-0000"), ("gpu1", 1, "GPU-bbbb-1111"), ("gpu2", 2, "GPU-cccc-2222"),
+                ("gpu3", 3, "GPU-dddd-3333")]),
+        ("2,0", [("gpu0", 0, "GPU-cccc-2222"), ("gpu1", 1, "GPU-aaaa-0000")]),
+        (" 3 , 1 ", [("gpu0", 0, "GPU-dddd-3333"), ("gpu1", 1, "GPU-bbbb-1111")]),
+        ("GPU-dddd,GPU-bbbb-1111", [("gpu0", 0, "GPU-dddd-3333"), ("gpu1", 1, "GPU-bbbb-1111")]),
+        ("1,GPU-cc", [("gpu0", 0, "GPU-bbbb-1111"), ("gpu1", 1, "GPU-cccc-2222")]),
+        ("1,7,0", [("gpu0", 0, "GPU-bbbb-1111")]),  # CUDA stops at the first invalid entry
+        ("GPU-zzzz,0", []),
+        ("", []),
+        ("-1", []),
+    ],
+)  # fmt: skip
+def test_visible_filter(visible: str | None, expected: list[tuple[str, int, str]]) -> None:
+    chosen = topology._visible_filter(list(FOUR), visible)
+    assert renumbered(chosen) == expected
+    if chosen:
+        assert {g.pci_bus_id for g in chosen} <= {g.pci_bus_id for g in FOUR}
+
+
+class FakeNVML(types.ModuleType):
+    """A stand-in for nvidia-ml-py's ``pynvml`` module, with the same call shapes."""
+
+    class NVMLError(Exception):
+        def __init__(self, value: int, text: str) -> None:
+            super().__init__(value)
+            self.value = value
+            self.text = text
+
+        def __str__(self) -> str:
+            return self.text
+
+    class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801
+        def __init__(self) -> None:
+            super().__init__(9, "Driver Not Loaded")
+
+    def __init__(self, gpus: list[tuple[str | bytes, str | bytes, str | bytes]], init_error: bool = False,
+                 fail_at: int | None = None) -> None:  # fmt: skip
+        super().__init__("pynvml")
+        self.gpus = gpus
+        self.init_error = init_error
+        self.fail_at = fail_at
+        self.calls: list[str] = []
+
+    def nvmlInit(self) -> None:  # noqa: N802
+        self.calls.append("init")
+        if self.init_error:
+            raise self.NVMLError_DriverNotLoaded()
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> object:  # noqa: N802
+        if i == self.fail_at:
+            raise self.NVMLError(15, "GPU is lost")
+        return ("handle", i)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes:  # noqa: N802
+        return self.gpus[handle[1]][0]
+
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes:  # noqa: N802
+        return self.gpus[handle[1]][1]
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
+        return types.SimpleNamespace(busId=self.gpus[handle[1]][2], domain=0, bus=handle[1])
+
+
+TWO_GPUS: list[tuple[str | bytes, str | bytes, str | bytes]] = [
+    ("GPU-11111111-aaaa", "NVIDIA H100 80GB HBM3", b"00000000:18:00.0"),
+    (b"GPU-22222222-bbbb", b"NVIDIA H100 80GB HBM3", "00000000:2A:00.0"),
+]
+
+
+def install(monkeypatch: pytest.MonkeyPatch, fake: types.ModuleType | None) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+
+def test_nvml_gpus_lists_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNVML(TWO_GPUS)
+    install(monkeypatch, fake)
+    gpus, reason = nvml_gpus({})
+    assert reason == ""
+    assert gpus == [
+        Device("gpu0", 0, "gpu", "GPU-11111111-aaaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0"),
+        Device("gpu1", 1, "gpu", "GPU-22222222-bbbb", "NVIDIA H100 80GB HBM3", "00000000:2A:00.0"),
+    ]
+    assert fake.calls == ["init", "shutdown"]
+    gpus, reason = nvml_gpus({"CUDA_VISIBLE_DEVICES": "1"})
+    assert (reason, renumbered(gpus)) == ("", [("gpu0", 0, "GPU-22222222-bbbb")])
+    assert gpus[0].pci_bus_id == "00000000:2A:00.0"
+    gpus, reason = nvml_gpus({"CUDA_VISIBLE_DEVICES": "GPU-1111"})
+    assert (reason, renumbered(gpus)) == ("", [("gpu0", 0, "GPU-11111111-aaaa")])
+
+
+def test_nvml_gpus_no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNVML(TWO_GPUS, init_error=True)
+    install(monkeypatch, fake)
+    assert nvml_gpus({}) == ([], "NVML unavailable: Driver Not Loaded")
+    assert fake.calls == ["init"]
+
+
+def test_nvml_gpus_error_while_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNVML(TWO_GPUS, fail_at=1)
+    install(monkeypatch, fake)
+    assert nvml_gpus({}) == ([], "NVML error while listing GPUs: GPU is lost")
+    assert fake.calls == ["init", "shutdown"]
+
+
+def test_nvml_gpus_none_found_or_selected(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeNVML([]))
+    assert nvml_gpus({}) == ([], "NVML reports no GPU")
+    install(monkeypatch, FakeNVML(TWO_GPUS))
+    assert nvml_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ([], "CUDA_VISIBLE_DEVICES selects no GPU")
+    assert nvml_gpus({"CUDA_VISIBLE_DEVICES": "5"}) == ([], "CUDA_VISIBLE_DEVICES selects no GPU")
+
+
+def test_nvml_gpus_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, None)  # import pynvml -> ImportError
+    gpus, reason = nvml_gpus({})
+    assert gpus == []
+    assert reason.startswith("nvidia-ml-py (pynvml) is not importable: ")
+
+
+def test_discover_nccl_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeNVML(TWO_GPUS, init_error=True))
+    with pytest.raises(ValueError) as caught:
+        discover("nccl", 4, environ={})
+    assert str(caught.value) == "the nccl backend needs GPUs, and none was found (NVML unavailable: Driver Not Loaded)"
+    install(monkeypatch, FakeNVML(TWO_GPUS))
+    with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES selects no GPU"):
+        discover("nccl", 4, environ={"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_discover_auto_falls_back_to_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeNVML(TWO_GPUS, init_error=True))
+    topo = discover("auto", 4, environ={})
+    assert topo == cpu_topology(4, note="no GPU: NVML unavailable: Driver Not Loaded")
+    install(monkeypatch, None)
+    topo = discover("auto", 4, environ={})
+    assert topo.kind == "cpu" and [d.name for d in topo.devices] == ["cpu0", "cpu1", "cpu2", "cpu3"]
+    assert topo.note.startswith("no GPU: nvidia-ml-py (pynvml) is not importable")
+
+
+def test_discover_uses_gpus_when_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeNVML(TWO_GPUS))
+    for backend in ("auto", "nccl"):
+        topo = discover(backend, 4, environ={})
+        assert (topo.kind, topo.source, [d.name for d in topo.devices]) == ("gpu", "nvml", ["gpu0", "gpu1"])
+
+
+def test_discover_gloo_never_asks_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNVML(TWO_GPUS)
+    install(monkeypatch, fake)
+    assert discover("gloo", 2, environ={}) == cpu_topology(2, note="backend gloo chosen")
+    assert fake.calls == []
