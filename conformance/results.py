@@ -43,7 +43,7 @@ def root_cause(result: CaseResult) -> dict[str, Any] | None:
     if result.verdict in ("pass", "skip"):
         return None
     if root is None:
-        return {"rank": None, "kind": result.verdict, "message": result.decision.summary, "phase": None}
+        return {"rank": None, "kind": result.verdict, "message": result.decision.summary, "phase": None, "step": None}
     kind = root.error_type or root.status
     return {"rank": root.rank, "kind": kind, "message": root.message, "phase": root.phase, "step": root.step}
 

@@ -156,9 +156,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
     if phase not in PHASES:
         raise ScenarioError(f"{where}: unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
     if effect == "wrong_data" and phase != "verify":
-        raise ScenarioError(
-            f"{where}: wrong_data corrupts received data, so its phase must be 'verify', not {phase!r}"
-        )
+        raise ScenarioError(f"{where}: wrong_data corrupts received data, so its phase must be 'verify', not {phase!r}")
     return Rule(
         effect=effect,
         phase=phase,

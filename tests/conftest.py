@@ -73,9 +73,7 @@ def reports_dir(pytester: pytest.Pytester) -> Path:
 
 
 @pytest.fixture
-def run_suite(
-    pytester: pytest.Pytester, reports_dir: Path, run_tag: str
-) -> Callable[..., pytest.RunResult]:
+def run_suite(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> Callable[..., pytest.RunResult]:
     """Run pytest on the files already made in ``pytester`` with the conformance plugin."""
 
     def run(*args: str, timeout: float = 120) -> pytest.RunResult:

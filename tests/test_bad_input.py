@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import COLLECTIVE_TEST, scenario_text
 
 from conformance.settings import SETTINGS
+from conftest import COLLECTIVE_TEST, scenario_text
 
 OLD_RECORDS = b'{"run_id": "old-run", "verdict": "pass"}\n{"run_id": "old-run", "verdict": "hang"}\n'
 
@@ -175,8 +175,7 @@ BAD_INPUTS = {
     ),
     "scenario-not-toml": Case(
         (SCENARIO,),
-        "ERROR: conformance: command-line option --scenario: scenario file '{here}/scenario.toml' "
-        "is not valid TOML: *",
+        "ERROR: conformance: command-line option --scenario: scenario file '{here}/scenario.toml' is not valid TOML: *",
         scenario="effect = hang\nthis is not toml",
     ),
     "scenario-unknown-effect": Case(
@@ -320,7 +319,9 @@ def test_priority_bad_lower_value_is_named_by_the_winner(
     ini = pytester.makeini("[pytest]\nconformance_backend = gloo\n").resolve()
     monkeypatch.setenv("CONFORMANCE_BACKEND", "tcp")
     result = run_suite(collective_file.name, timeout=60)
-    assert_refused(result, "ERROR: conformance: environment variable CONFORMANCE_BACKEND: unknown backend 'tcp'*", existing)
+    assert_refused(
+        result, "ERROR: conformance: environment variable CONFORMANCE_BACKEND: unknown backend 'tcp'*", existing
+    )
     result = run_suite("--backend=ucc", collective_file.name, timeout=60)
     assert_refused(result, "ERROR: conformance: command-line option --backend: unknown backend 'ucc'*", existing)
     monkeypatch.delenv("CONFORMANCE_BACKEND")

@@ -1,5 +1,8 @@
-"""Fast unit tests of the harness's parts, without ranks: settings, scenarios, verdicts, records,
-the test-id matrix and the topology (NVML through a fake ``pynvml``)."""
+"""Fast unit tests of the harness's parts, without ranks.
+
+Settings, scenarios, verdicts, records, the test-id matrix and the topology (NVML through a fake
+``pynvml``).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 from conformance import results, topology
 from conformance.matrix import DeviceSet, Rung, each_device, each_pair, whole_and_single
 from conformance.scenario import Rule, ScenarioError, load_scenario, parse_rule
-from conformance.settings import SETTINGS, Settings, SettingError, resolve
+from conformance.settings import SETTINGS, SettingError, Settings, resolve
 from conformance.topology import Device, Topology, cpu_topology, discover, nvml_gpus
 from conformance.verdict import RankReport, decide, exit_label
 

@@ -135,6 +135,7 @@ class CaseRunner:
     def run(self, spec: CaseSpec) -> CaseResult:
         case_dir = self._fresh_case_dir(spec.nodeid)
         self._write_spec(spec, case_dir)
+        self.server.ensure_started()  # once per process; not part of the case's time
         begun = time.monotonic()
         pids, pgid = self.server.spawn(case_dir, len(spec.devices))
         self.groups[pgid] = pids

@@ -191,9 +191,12 @@ class ForkServerClient:
                     return message
         raise ForkServerError(f"no {event!r} from the forkserver within {timeout:g}s; its log: {self.log_path}")
 
-    def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
+    def ensure_started(self) -> None:
         if not self.running:
             self.start()
+
+    def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
+        self.ensure_started()
         assert self.proc is not None and self.proc.stdin is not None
         request = {"op": "spawn", "case_dir": str(case_dir), "world_size": world_size}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())

@@ -52,11 +52,15 @@ def apply_case_env(spec: dict[str, Any]) -> None:
     os.environ.update(spec.get("env_set", {}))
 
 
+def store_barrier(ctx: RankContext, store: Any, name: str, timeout: float) -> None:
+    store.set(f"conformance/{name}/{ctx.rank}", "1")
+    store.wait([f"conformance/{name}/{r}" for r in range(ctx.world_size)], datetime.timedelta(seconds=timeout))
+
+
 def control(ctx: RankContext, store: Any, timeout: float) -> None:
     """The control arm: every rank reaches the case's store before any collective."""
     ctx.phase("control", "store check-in")
-    store.set(f"conformance/control/{ctx.rank}", "1")
-    store.wait([f"conformance/control/{r}" for r in range(ctx.world_size)], datetime.timedelta(seconds=timeout))
+    store_barrier(ctx, store, "control", timeout)
 
 
 def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
@@ -75,6 +79,8 @@ def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
         **kwargs,
     )
     ctx.group = dist.group.WORLD
+    # No rank may leave (skip, fail, finish) while a peer is still connecting to it.
+    store_barrier(ctx, store, "initialized", spec["init_timeout"])
 
 
 def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:

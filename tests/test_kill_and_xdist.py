@@ -1,0 +1,206 @@
+"""No process outlives the run, whatever ends it; records survive a kill; xdist changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import COLLECTIVE_TEST, read_records, scenario_text, tagged_processes, wait_until_gone
+
+TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+TWO_RANKS = "--virtual-devices=2"
+
+KILL_SUITE = """
+from conformance.matrix import DeviceSet
+
+def _all(conformance):
+    return DeviceSet(conformance.topology.devices, "all")
+
+def test_1_all_reduce(conformance_case, conformance):
+    conformance_case("all_reduce", _all(conformance), sizes=[4])
+
+def test_2_broadcast(conformance_case, conformance):
+    conformance_case("broadcast", _all(conformance), sizes=[4])
+
+def test_3_all_gather(conformance_case, conformance):
+    conformance_case("all_gather", _all(conformance), sizes=[4])
+
+def test_4_barrier_hangs(conformance_case, conformance):
+    conformance_case("barrier", _all(conformance))
+"""
+
+
+def children(pid: int) -> set[int]:
+    """Live child processes of ``pid``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def raw_lines(reports_dir: Path) -> list[str]:
+    path = reports_dir / "latest" / "results.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
+    pytester.makepyfile(test_k=KILL_SUITE)
+    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nprobes = ["barrier"]'))
+    output = pytester.path / "pytest-output.txt"
+    with output.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+                f"--reports-dir={reports_dir}", f"--scenario={scenario}", TWO_RANKS,
+                "--case-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1", "test_k.py",
+            ],
+            cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        hang_dir = reports_dir / "latest" / "cases" / "test_k.py--test_4_barrier_hangs"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            phases = [(hang_dir / f"rank{r}" / "phase.jsonl") for r in range(2)]
+            in_probe = all(p.exists() and '"phase": "probe"' in p.read_text() for p in phases)
+            if len(raw_lines(reports_dir)) == 3 and in_probe:
+                break
+            assert proc.poll() is None, output.read_text()
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the hanging case never started:\n{output.read_text()}")
+
+        # the pytest process, its forkserver and the two ranks of the hanging case
+        servers = children(proc.pid)
+        ranks = set().union(*(children(s) for s in servers))
+        assert len(servers) == 1 and len(ranks) == 2, (servers, ranks)
+        assert set(tagged_processes(run_tag)) == {proc.pid, *servers, *ranks}
+
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert wait_until_gone(run_tag, 5.0) == []
+
+    lines = raw_lines(reports_dir)
+    assert len(lines) == 3, lines
+    assert (reports_dir / "latest" / "results.jsonl").read_text().endswith("\n")
+    records = [json.loads(line) for line in lines]
+    assert [(r["nodeid"], r["verdict"]) for r in records] == [
+        ("test_k.py::test_1_all_reduce", "pass"),
+        ("test_k.py::test_2_broadcast", "pass"),
+        ("test_k.py::test_3_all_gather", "pass"),
+    ]
+    assert len({r["run_id"] for r in records}) == 1
+
+
+@pytest.mark.parametrize(
+    ("rule", "verdict", "exit_label"),
+    [
+        ('effect = "crash"\nranks = [1]\nsignal = "SIGSEGV"', "crash", "SIGSEGV"),
+        ('effect = "hang"\nranks = [1]\nignore_sigterm = true', "hang", "SIGKILL"),
+    ],
+    ids=["crash", "hang"],
+)
+def test_nothing_left_after_crash_or_hang(
+    pytester: pytest.Pytester, run_suite, reports_dir: Path, run_tag: str, rule: str, verdict: str, exit_label: str
+) -> None:
+    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce"))
+    scenario = pytester.makefile(".toml", scen=scenario_text(rule))
+    result = run_suite(f"--scenario={scenario}", *TIMEOUTS, TWO_RANKS)
+    result.assert_outcomes(failed=1)
+    (record,) = read_records(reports_dir)
+    assert record["verdict"] == verdict
+    assert record["root_cause"]["rank"] == 1
+    assert record["ranks"][1]["exit"] == exit_label
+    assert wait_until_gone(run_tag) == []
+
+
+MIXED_SUITE = """
+import pytest
+from conformance.matrix import DeviceSet
+
+PROBES = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "environment"]
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_probe(conformance_case, conformance, probe):
+    conformance_case(probe, DeviceSet(conformance.topology.devices, "all"), sizes=[4])
+"""
+MIXED_RULES = (
+    'effect = "wrong_data"\nranks = [0]\nprobes = ["broadcast"]',
+    'effect = "error"\nranks = [1]\nprobes = ["all_gather"]\nmessage = "simulated all_gather failure"',
+    'effect = "hang"\nranks = [1]\nprobes = ["barrier"]',
+)
+MIXED_VERDICTS = {
+    "test_mix.py::test_probe[all_reduce]": "pass",
+    "test_mix.py::test_probe[broadcast]": "fail",
+    "test_mix.py::test_probe[all_gather]": "error",
+    "test_mix.py::test_probe[reduce_scatter]": "pass",
+    "test_mix.py::test_probe[barrier]": "hang",
+    "test_mix.py::test_probe[environment]": "pass",
+}
+
+
+def whole_records(reports_dir: Path) -> list[dict[str, Any]]:
+    """Every line of the latest run's results.jsonl, each of which must be one JSON object."""
+    lines = raw_lines(reports_dir)
+    records = [json.loads(line) for line in lines]
+    assert all(isinstance(r, dict) and r["schema"] == 1 for r in records)
+    return records
+
+
+def header_run_id(result: pytest.RunResult) -> str:
+    lines = [line for line in result.outlines if line.startswith("conformance: run ")]
+    assert len(lines) == 1, result.stdout.str()
+    return lines[0].split()[2].rstrip(",")
+
+
+def test_xdist_gives_the_same_verdicts(pytester: pytest.Pytester, run_suite, reports_dir: Path, run_tag: str) -> None:
+    pytester.makepyfile(test_mix=MIXED_SUITE)
+    scenario = pytester.makefile(".toml", scen=scenario_text(*MIXED_RULES))
+    options = (f"--scenario={scenario}", *TIMEOUTS, TWO_RANKS)
+
+    serial = run_suite(*options)
+    serial.assert_outcomes(passed=3, failed=3)
+    serial_records = whole_records(reports_dir)
+    serial_id = header_run_id(serial)
+    assert wait_until_gone(run_tag) == []
+
+    parallel = run_suite(*options, "-n", "2")
+    parallel.assert_outcomes(passed=3, failed=3)
+    parallel_records = whole_records(reports_dir)
+    parallel_id = header_run_id(parallel)
+    assert wait_until_gone(run_tag) == []
+
+    for records in (serial_records, parallel_records):
+        assert len(records) == len(MIXED_VERDICTS)
+        assert {r["nodeid"]: r["verdict"] for r in records} == MIXED_VERDICTS
+        assert all(r["simulated"] is True for r in records)
+    assert serial_id != parallel_id
+    assert {r["run_id"] for r in serial_records} == {serial_id}
+    # the workers share the controller's run id, its run folder and its results file
+    assert {r["run_id"] for r in parallel_records} == {parallel_id}
+    assert {Path(r["case_dir"]).parent.parent.name for r in parallel_records} == {parallel_id}
+    assert (reports_dir / "latest").resolve().name == parallel_id
+    # both workers really ran cases: one forkserver each
+    assert len(list((reports_dir / parallel_id / "forkserver").glob("*.log"))) == 2
+    assert len(list((reports_dir / serial_id / "forkserver").glob("*.log"))) == 1
+    # the controller's summary covers every case the workers ran
+    # columns: hang fail crash error inconclusive skip pass
+    parallel.stdout.re_match_lines([r"total +1 +1 +0 +1 +0 +0 +3$"])
