@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.verdict import stack_excerpt
+
 if TYPE_CHECKING:
     from conformance.launch.case import CaseResult
 
@@ -77,6 +79,7 @@ def case_record(result: CaseResult, run_id: str, expected_verdict: str | None = 
                 "seconds": r.seconds,
                 "stopped_by": r.stopped_by,
                 "unkillable": r.unkillable,
+                "stack": stack_excerpt(r.stack) or None,
             }
             for r in result.reports
         ],

@@ -20,7 +20,7 @@ from conformance.matrix import DEVICE_SET_FIXTURES, DeviceSet
 from conformance.scenario import Scenario
 from conformance.settings import Settings
 from conformance.topology import Topology
-from conformance.verdict import VERDICTS
+from conformance.verdict import VERDICTS, stack_excerpt
 
 SUMMARY_ORDER = ("hang", "fail", *(v for v in VERDICTS if v not in ("hang", "fail")))
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 OUTER_NET_MARGIN = 30.0  # pytest-timeout fires this long after the case watchdog should have
-STACK_EXCERPT_LINES = 12
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
 
@@ -52,12 +51,6 @@ def nccl_wheel_version() -> str | None:
         if re.fullmatch(r"nvidia-nccl-cu\d+", name):
             return f"{dist.version} ({name})"
     return None
-
-
-def stack_excerpt(stack: str, lines: int = STACK_EXCERPT_LINES) -> str:
-    """The innermost frames of the first thread in a faulthandler dump."""
-    frames = [line for line in stack.splitlines() if line.strip().startswith("File ")]
-    return "\n".join(frames[:lines])
 
 
 def failure_text(result: CaseResult) -> str:

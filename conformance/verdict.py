@@ -31,6 +31,15 @@ VICTIM_PATTERN = re.compile(
 WAITING_FRAME = re.compile(r"torch/distributed/|store\.wait|\bwait\b", re.IGNORECASE)
 
 
+STACK_EXCERPT_LINES = 12
+
+
+def stack_excerpt(stack: str, lines: int = STACK_EXCERPT_LINES) -> str:
+    """The innermost frames of the first thread in a faulthandler dump."""
+    frames = [line for line in stack.splitlines() if line.strip().startswith("File ")]
+    return "\n".join(frames[:lines])
+
+
 def exit_label(code: int | None) -> str | int | None:
     """An exit code, or the signal's name for a rank killed by a signal."""
     if code is None or code >= 0:

@@ -59,8 +59,9 @@ def test_sigterm_ignored_hang_is_reaped_within_bound(
             # SIGTERM was ignored: only the ladder's SIGKILL could end it
             assert (r["exit"], r["status"], r["stopped_by"], r["phase"]) == ("SIGKILL", "stopped", "deadline", "probe")
             assert CASE_TIMEOUT <= r["seconds"] < CASE_TIMEOUT + STOP_BOUND + 0.5, r
+            assert FRAME.match(r["stack"].splitlines()[0]), r["stack"]  # the record keeps the stack too
         else:
-            assert (r["exit"], r["status"], r["stopped_by"]) == (1, "error", None), r
+            assert (r["exit"], r["status"], r["stopped_by"], r["stack"]) == (1, "error", None, None), r
 
     lines = result.outlines
     if stuck == [1]:

@@ -7,7 +7,7 @@ against a reference computed independently on the CPU, and measures speed only a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from conformance.rank.context import RankContext
@@ -53,18 +53,19 @@ def _numel(nbytes: int) -> int:
     return max(1, nbytes // 4)
 
 
-def _sizes(ctx: RankContext) -> list[int]:
-    return [int(s) for s in ctx.params.get("sizes", [4])]
+def sized_steps(ctx: RankContext, name: str) -> Iterator[tuple[int, str]]:
+    """For each message size of the case: report the step, then yield (elements, label)."""
+    for nbytes in (int(s) for s in ctx.params.get("sizes", [4])):
+        label = f"{name} {size_label(nbytes)}"
+        ctx.phase("probe", label)
+        yield _numel(nbytes), label
 
 
 @probe("all_reduce")
 def all_reduce(ctx: RankContext) -> None:
     import torch.distributed as dist
 
-    for nbytes in _sizes(ctx):
-        n = _numel(nbytes)
-        label = f"all_reduce {size_label(nbytes)}"
-        ctx.phase("probe", label)
+    for n, label in sized_steps(ctx, "all_reduce"):
         data = pattern(ctx.rank, n).to(ctx.torch_device)
         dist.all_reduce(data, group=ctx.group)
         expected = reduced(ctx.world_size, n)
@@ -89,10 +90,7 @@ def broadcast(ctx: RankContext) -> None:
     import torch.distributed as dist
 
     for root in sorted({0, ctx.world_size - 1}):
-        for nbytes in _sizes(ctx):
-            n = _numel(nbytes)
-            label = f"broadcast from rank {root} {size_label(nbytes)}"
-            ctx.phase("probe", label)
+        for n, label in sized_steps(ctx, f"broadcast from rank {root}"):
             data = pattern(ctx.rank, n).to(ctx.torch_device)
             dist.broadcast(data, src=root, group=ctx.group)
             ctx.verify(label, data, pattern(root, n))
@@ -103,10 +101,7 @@ def all_gather(ctx: RankContext) -> None:
     import torch
     import torch.distributed as dist
 
-    for nbytes in _sizes(ctx):
-        n = _numel(nbytes)
-        label = f"all_gather {size_label(nbytes)}"
-        ctx.phase("probe", label)
+    for n, label in sized_steps(ctx, "all_gather"):
         out = torch.zeros(ctx.world_size * n, device=ctx.torch_device)
         dist.all_gather_into_tensor(out, pattern(ctx.rank, n).to(ctx.torch_device), group=ctx.group)
         ctx.verify(label, out, torch.cat([pattern(r, n) for r in range(ctx.world_size)]))
@@ -117,10 +112,7 @@ def reduce_scatter(ctx: RankContext) -> None:
     import torch
     import torch.distributed as dist
 
-    for nbytes in _sizes(ctx):
-        n = _numel(nbytes)
-        label = f"reduce_scatter {size_label(nbytes)}"
-        ctx.phase("probe", label)
+    for n, label in sized_steps(ctx, "reduce_scatter"):
         out = torch.zeros(n, device=ctx.torch_device)
         full = pattern(ctx.rank, n * ctx.world_size).to(ctx.torch_device)
         dist.reduce_scatter_tensor(out, full, group=ctx.group)
@@ -151,14 +143,10 @@ def pair_exchange(ctx: RankContext) -> None:
 
     if ctx.world_size != 2:
         ctx.skip(f"pair_exchange needs exactly 2 ranks, got {ctx.world_size}")
-    for nbytes in _sizes(ctx):
-        n = _numel(nbytes)
-        label = f"send/recv {size_label(nbytes)}"
-        ctx.phase("probe", label)
+    for n, label in sized_steps(ctx, "send/recv"):
         received = _exchange(ctx, n)
         ctx.verify(label, received, pattern(1 - ctx.rank, n))
-        label = f"all_reduce {size_label(nbytes)}"
-        ctx.phase("probe", label)
+    for n, label in sized_steps(ctx, "all_reduce"):
         data = pattern(ctx.rank, n).to(ctx.torch_device)
         dist.all_reduce(data, group=ctx.group)
         ctx.verify(label, data, pattern(0, n) + pattern(1, n))
