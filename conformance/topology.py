@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 CPU_LINK = "CPU"
@@ -27,6 +28,19 @@ class Device:
     uuid: str | None = None
     model: str | None = None
     pci_bus_id: str | None = None
+    numa_node: int | None = None
+    memory_mib: int | None = None
+    mig: bool = False
+    nvml_index: int | None = None  # NVML's own number (by PCI bus), before CUDA_VISIBLE_DEVICES
+
+
+class TopologyError(ValueError):
+    """A topology file is unusable; the message names the file and the problem."""
+
+
+def pair_key(a: Device, b: Device) -> str:
+    first, second = sorted((a, b), key=lambda d: d.index)
+    return f"{first.name}-{second.name}"
 
 
 @dataclass(frozen=True)
@@ -35,12 +49,18 @@ class Topology:
     devices: tuple[Device, ...]
     source: str  # "virtual", "nvml" or a file name
     note: str = ""  # why this topology was chosen (e.g. why there is no GPU)
-    links: Mapping[str, str] = field(default_factory=dict)  # "gpu0-gpu1" -> link class
+    links: Mapping[str, str] = field(default_factory=dict)  # pair_key -> "NV4", "PIX", ... "SYS"
+    p2p: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pair_key -> {"read": "OK", ...}
+    driver: str | None = None
+    cuda_driver: str | None = None
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
             return CPU_LINK
-        return self.links.get(f"{a.name}-{b.name}") or self.links.get(f"{b.name}-{a.name}") or "?"
+        return self.links.get(pair_key(a, b), "?")
+
+    def p2p_status(self, a: Device, b: Device) -> Mapping[str, str] | None:
+        return self.p2p.get(pair_key(a, b))
 
     def pairs(self) -> list[tuple[Device, Device]]:
         return list(combinations(self.devices, 2))
@@ -49,14 +69,29 @@ class Topology:
         known = {d.name: d for d in self.devices}
         return tuple(known[n] for n in names)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=indent)
 
     @classmethod
     def from_json(cls, text: str) -> Topology:
         data: dict[str, Any] = json.loads(text)
         devices = tuple(Device(**d) for d in data.pop("devices"))
         return cls(devices=devices, **data)
+
+
+def load_topology_file(path: Path, where: str) -> Topology:
+    """A topology saved by ``python -m conformance topology --json`` (or written by hand)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TopologyError(f"{where}: topology file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        topology = Topology.from_json(text)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise TopologyError(f"{where}: topology file {str(path)!r} is not a topology: {exc}") from None
+    if not topology.devices:
+        raise TopologyError(f"{where}: topology file {str(path)!r} lists no devices")
+    return replace(topology, source=str(path))
 
 
 def cpu_topology(count: int, note: str = "") -> Topology:
