@@ -5,6 +5,7 @@
     <case dir>/rank<k>/stdout.log, stderr.log   the rank's output (stacks are dumped to stderr.log)
     <case dir>/rank<k>/phase.jsonl              one line per phase the rank entered
     <case dir>/rank<k>/result.json              the rank's structured result (authoritative)
+    <case dir>/rank<k>/nccl.log                 NCCL_DEBUG=INFO output (NCCL cases)
 
 Exit codes are only a fallback for a rank that died before writing result.json.
 """
@@ -22,6 +23,7 @@ STDOUT = "stdout.log"
 STDERR = "stderr.log"
 PHASES = "phase.jsonl"
 RESULT = "result.json"
+NCCL_LOG = "nccl.log"
 
 EXIT_OK = 0
 EXIT_ERROR = 1

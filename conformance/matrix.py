@@ -1,62 +1,208 @@
-"""The plan: device sets and environment rungs, and the stable test ids built from them."""
+"""The plan: device sets, the ladder of environment rungs, and the stable test ids built from them.
+
+A rung is a named environment combination, applied on top of the caller's environment (``clean``
+removes the caller's NCCL variables instead).  The ladder runs from least performance lost to
+most; ``--env-rung`` and ``--env-rungs-file`` add rungs of the user's after the built-in ones.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from conformance.topology import CPU_LINK, Device, Topology
 
-ENV_FAMILIES = ("NCCL_", "TORCH_NCCL_")
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+RUNG_FAMILIES = ("NCCL_", "TORCH_NCCL_", "TORCH_", "GLOO_", "CUDA_")
+MATRIX_MODES = ("adaptive", "full", "inherited")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class RungError(ValueError):
+    """A user rung is unusable; the message names it and where it came from."""
 
 
 @dataclass(frozen=True)
 class Rung:
-    """A named environment combination; ``unset`` variables are removed in the ranks."""
+    """A named environment combination; ``unset_families`` are removed from the caller's variables."""
 
     name: str
     set: Mapping[str, str] = field(default_factory=dict)
     unset_families: tuple[str, ...] = ()
+    description: str = ""
 
     def unset(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         return tuple(sorted(k for k in environ if k.startswith(self.unset_families) and k not in self.set))
 
+    def effective(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The NCCL-relevant environment a rank sees under this rung."""
+        removed = set(self.unset(environ))
+        env = {k: v for k, v in environ.items() if k.startswith(RUNG_FAMILIES) and k not in removed}
+        env.update(self.set)
+        return env
 
-INHERITED = Rung("inherited")
+
+INHERITED = Rung("inherited", description="the caller's environment as it is")
+BUILTIN_LADDER: tuple[Rung, ...] = (
+    INHERITED,
+    Rung("clean", unset_families=("NCCL_", "TORCH_NCCL_"), description="every NCCL_/TORCH_NCCL_ variable removed"),
+    Rung("cumem_off", {"NCCL_CUMEM_ENABLE": "0"}, description="cuMem allocations off"),
+    Rung("nvls_off", {"NCCL_NVLS_ENABLE": "0"}, description="NVLink SHARP off"),
+    Rung("p2p_level_nvl", {"NCCL_P2P_LEVEL": "NVL"}, description="P2P over NVLink only, not PCIe"),
+    Rung("p2p_off", {"NCCL_P2P_DISABLE": "1"}, description="no P2P: SHM between GPUs"),
+    Rung("shm_off", {"NCCL_SHM_DISABLE": "1"}, description="no SHM transport"),
+    Rung(
+        "p2p_shm_off",
+        {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"},
+        description="network transport (IB loopback where present)",
+    ),
+    Rung("ib_off", {"NCCL_IB_DISABLE": "1"}, description="no InfiniBand"),
+    Rung(
+        "net_socket",
+        {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"},
+        description="sockets only",
+    ),
+)
+
+
+def _check_variable(name: str, value: Any, where: str) -> None:
+    if not name.startswith(RUNG_FAMILIES) or not IDENTIFIER.fullmatch(name):
+        families = ", ".join(RUNG_FAMILIES)
+        raise RungError(f"{where}: variable {name!r} is not in the {families} families")
+    if not isinstance(value, str) or "\n" in value or "\r" in value or "\0" in value:
+        raise RungError(f"{where}: value {value!r} of {name} must be a string without newlines")
+
+
+def make_rung(name: str, env: Mapping[str, Any], where: str) -> Rung:
+    if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
+        raise RungError(f"{where}: rung name {name!r} is not a valid identifier")
+    if not env:
+        raise RungError(f"{where}: rung {name!r} sets no variable")
+    for variable, value in env.items():
+        _check_variable(variable, value, where)
+    return Rung(name, dict(env), description="from the user")
+
+
+def parse_rung_spec(spec: str, where: str) -> Rung:
+    """``NAME:VAR=VALUE,VAR=VALUE`` (as given to ``--env-rung`` or in the ini list)."""
+    name, sep, assignments = spec.strip().partition(":")
+    if not sep:
+        raise RungError(f"{where}: {spec!r} is not NAME:VAR=VALUE[,VAR=VALUE...]")
+    env: dict[str, str] = {}
+    for assignment in assignments.split(","):
+        variable, eq, value = assignment.partition("=")
+        if not eq:
+            raise RungError(f"{where}: {assignment!r} in {spec!r} is not VAR=VALUE")
+        env[variable.strip()] = value
+    return make_rung(name.strip(), env, where)
+
+
+def load_rungs_file(path: Path, where: str) -> list[Rung]:
+    """``[[rung]]`` tables with ``name`` and an ``env`` table of strings."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RungError(f"{where}: rungs file {str(path)!r} cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RungError(f"{where}: rungs file {str(path)!r} is not valid TOML: {exc}") from None
+    tables = data.get("rung")
+    if set(data) != {"rung"} or not isinstance(tables, list):
+        raise RungError(f"{where}: rungs file {str(path)!r} must hold only [[rung]] tables")
+    rungs = []
+    for i, table in enumerate(tables, start=1):
+        place = f"{path} rung {i}"
+        if not isinstance(table, dict) or set(table) - {"name", "env"} or not isinstance(table.get("env"), dict):
+            raise RungError(f'{place}: a rung takes name = "..." and env = {{ VAR = "value" }}')
+        rungs.append(make_rung(table.get("name", ""), table["env"], place))
+    return rungs
+
+
+def build_ladder(user_rungs: Sequence[tuple[Rung, str]]) -> tuple[Rung, ...]:
+    """The built-in ladder, then the user's rungs; names must be unique."""
+    ladder = list(BUILTIN_LADDER)
+    seen = {r.name for r in ladder}
+    for rung, where in user_rungs:
+        if rung.name in seen:
+            raise RungError(f"{where}: rung name {rung.name!r} is already taken")
+        seen.add(rung.name)
+        ladder.append(rung)
+    return tuple(ladder)
 
 
 @dataclass(frozen=True)
 class DeviceSet:
+    """Devices for one case.  ``kind``: all, single, pair or a subset name; ``isolate``: the ranks
+    see only these devices (CUDA_VISIBLE_DEVICES), as a job launched on a subset does.
+    """
+
     devices: tuple[Device, ...]
     link: str | None
     rung: Rung = INHERITED
+    kind: str = "all"
+    isolate: bool = False
+    links: tuple[str, ...] = ()  # every link class between the set's devices
+
+    @property
+    def base_id(self) -> str:
+        """The id without the rung: what the ladder is climbed for."""
+        if self.kind == "all":
+            parts = [f"all{len(self.devices)}"]
+        elif self.kind in ("single", "pair"):
+            parts = [d.name for d in self.devices]
+        else:
+            parts = [self.kind, *(d.name for d in self.devices)]
+        if self.link and self.link != CPU_LINK and self.kind == "pair":
+            parts.append(self.link)
+        return "-".join(parts)
 
     @property
     def id(self) -> str:
-        parts = [f"all{len(self.devices)}"] if self.link == "all" else [d.name for d in self.devices]
-        if self.link and self.link not in (CPU_LINK, "all"):
-            parts.append(self.link)
-        return "-".join([*parts, self.rung.name])
+        return f"{self.base_id}-{self.rung.name}"
+
+    def with_rung(self, rung: Rung) -> DeviceSet:
+        return DeviceSet(self.devices, self.link, rung, self.kind, self.isolate, self.links)
 
 
-def whole_and_single(topology: Topology) -> list[DeviceSet]:
-    """Every device together, and a world of one."""
-    sets = [DeviceSet(topology.devices, "all")]
-    if len(topology.devices) > 1:
-        sets.append(DeviceSet(topology.devices[:1], None))
-    return sets
+def _links_between(topology: Topology, devices: Sequence[Device]) -> tuple[str, ...]:
+    return tuple(sorted({topology.link(a, b) for i, a in enumerate(devices) for b in devices[i + 1 :]}))
+
+
+def all_devices(topology: Topology) -> list[DeviceSet]:
+    return [DeviceSet(topology.devices, "all", links=_links_between(topology, topology.devices))]
 
 
 def each_device(topology: Topology) -> list[DeviceSet]:
-    return [DeviceSet((d,), None) for d in topology.devices]
+    return [DeviceSet((d,), None, kind="single") for d in topology.devices]
 
 
 def each_pair(topology: Topology) -> list[DeviceSet]:
-    return [DeviceSet((a, b), topology.link(a, b)) for a, b in topology.pairs()]
+    return [
+        DeviceSet((a, b), topology.link(a, b), kind="pair", links=(topology.link(a, b),)) for a, b in topology.pairs()
+    ]
+
+
+def barrier_sets(topology: Topology) -> list[DeviceSet]:
+    """All devices, then subsets a job may be given: the last half, every other device."""
+    devices = topology.devices
+    subsets = {"last_half": devices[len(devices) // 2 :], "every_other": devices[1::2]}
+    sets = all_devices(topology)
+    for name, subset in subsets.items():
+        if len(subset) >= 2 and subset != devices:
+            sets.append(DeviceSet(subset, "all", kind=name, isolate=True, links=_links_between(topology, subset)))
+    return sets
 
 
 DEVICE_SET_FIXTURES = {
-    "device_set": whole_and_single,
+    "device_set": all_devices,
     "single_device": each_device,
     "device_pair": each_pair,
+    "barrier_device_set": barrier_sets,
 }

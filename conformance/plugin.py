@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
-from conformance import settings as settings_module
 from conformance.launch.case import CaseResult
-from conformance.matrix import DeviceSet
+from conformance.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file
 from conformance.results import new_run_id
-from conformance.scenario import ScenarioError, load_scenario
+from conformance.scenario import Scenario, ScenarioError, load_scenario
 from conformance.session import ConformanceSession, failure_text
-from conformance.topology import Topology, discover
+from conformance.settings import SettingError, Settings, add_options
+from conformance.settings import resolve as resolve_settings
+from conformance.topology import Topology, TopologyError, discover, load_topology_file
 
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 WORKER_RUN_ID = "conformance_run_id"
@@ -23,29 +24,43 @@ RunCase = Callable[..., CaseResult]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings_module.add_options(parser)
+    add_options(parser)
 
 
-def _topology(config: pytest.Config, settings: settings_module.Settings) -> Topology:
+def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | None) -> Topology:
+    """The controller's topology on xdist workers; else a topology file, else discovery."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and WORKER_TOPOLOGY in workerinput:
         return Topology.from_json(workerinput[WORKER_TOPOLOGY])
+    if settings.topology_file is not None:
+        return load_topology_file(settings.topology_file, settings.source("topology_file"))
+    if scenario is not None and scenario.topology is not None:
+        return load_topology_file(scenario.topology, f"{scenario.path} [scenario] topology")
     try:
         return discover(settings.backend, settings.virtual_devices)
     except ValueError as exc:
-        raise settings_module.SettingError(f"{settings.source('backend')}: {exc}") from None
+        raise SettingError(f"{settings.source('backend')}: {exc}") from None
+
+
+def _ladder(settings: Settings) -> tuple[Rung, ...]:
+    user = [(rung, settings.source("env_rung")) for rung in settings.env_rung]
+    if settings.env_rungs_file is not None:
+        where = settings.source("env_rungs_file")
+        user = [(rung, str(settings.env_rungs_file)) for rung in load_rungs_file(settings.env_rungs_file, where)] + user
+    return build_ladder(user)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     try:
-        settings = settings_module.resolve(config)
+        settings = resolve_settings(config)
         scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
-        topology = _topology(config, settings)
-    except (settings_module.SettingError, ScenarioError) as exc:
+        topology = _topology(config, settings, scenario)
+        ladder = _ladder(settings)
+    except (SettingError, ScenarioError, TopologyError, RungError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
     workerinput = getattr(config, "workerinput", None)
     run_id = workerinput[WORKER_RUN_ID] if workerinput and WORKER_RUN_ID in workerinput else new_run_id()
-    session = ConformanceSession(config, settings, topology, scenario, run_id)
+    session = ConformanceSession(config, settings, topology, scenario, run_id, ladder)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "conformance_session")
     if config.pluginmanager.hasplugin("xdist"):

@@ -84,7 +84,13 @@ def case_record(result: CaseResult, run_id: str, expected_verdict: str | None = 
             for r in result.reports
         ],
         "bandwidth_gbps": result.bandwidth_gbps,
+        "metrics": result.metrics,
+        "p2p_status": spec.p2p_status,
+        "transports": (result.nccl or {}).get("transports", {}),
+        "nccl_warnings": (result.nccl or {}).get("warnings", []),
+        "nccl": result.nccl,
         "seconds": result.seconds,
+        "stop_reason": result.stop_reason,
         "stop_seconds": result.stop_seconds if result.stop_reason else None,
         "simulated": result.simulated,
         "case_dir": str(result.case_dir),
@@ -117,8 +123,9 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 JUNIT_PROPERTIES = (
-    "probe", "devices", "link", "backend", "env_name", "env", "verdict", "root_cause",
-    "victims", "ranks", "bandwidth_gbps", "seconds", "simulated", "run_id",
+    "probe", "devices", "device_ids", "link", "backend", "env_name", "env", "verdict", "root_cause",
+    "victims", "ranks", "bandwidth_gbps", "metrics", "p2p_status", "transports", "nccl_warnings",
+    "seconds", "stop_reason", "simulated", "run_id",
 )  # fmt: skip
 
 

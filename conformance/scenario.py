@@ -3,6 +3,7 @@
     [scenario]
     name = "one rank hangs"
     description = "what real failure this reproduces"
+    topology = "machine.json"  # optional: the simulated machine (relative to this file)
 
     [[rule]]
     effect = "hang"            # hang | crash | error | wrong_data | oom | slow
@@ -10,6 +11,11 @@
     ranks = [1]                # optional: only these ranks
     devices = ["cpu1"]         # optional: only ranks bound to these devices
     probes = ["all_reduce"]    # optional: only these probes
+    links = ["SYS"]            # optional: only cases whose devices are joined by one of these classes
+    sets = ["last_half"]       # optional: only these device-set kinds (all, single, pair, last_half, ...)
+    p2p = true                 # optional: only when simulated NCCL would (true) / would not (false)
+                               #   use P2P over those links: NCCL_P2P_DISABLE and NCCL_P2P_LEVEL are
+                               #   honoured as NCCL does (default level: SYS)
     when_env = { NCCL_P2P_DISABLE = "0" }    # optional: only when every variable has this value
     unless_env = { NCCL_P2P_DISABLE = "1" }  # optional: not when every variable has this value
     ignore_sigterm = true      # hang only
@@ -45,12 +51,38 @@ EFFECT_FIELDS = {
     "slow": {"seconds"},
     "wrong_data": set(),
 }
-COMMON_FIELDS = {"effect", "phase", "ranks", "devices", "probes", "when_env", "unless_env"}
+COMMON_FIELDS = {"effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "when_env", "unless_env"}
+# NCCL's P2P levels, nearest first; a pair uses P2P when its path is no farther than NCCL_P2P_LEVEL.
+P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+def p2p_used(link: str, environ: Mapping[str, str]) -> bool:
+    """Whether NCCL would use P2P over a link of this class, by NCCL_P2P_DISABLE and NCCL_P2P_LEVEL."""
+    if environ.get("NCCL_P2P_DISABLE", "0") not in ("0", ""):
+        return False
+    level = environ.get("NCCL_P2P_LEVEL", "SYS").upper()
+    path = "NVL" if link.startswith("NV") else link
+    if level not in P2P_LEVELS or path not in P2P_LEVELS:
+        return True
+    return P2P_LEVELS.index(path) <= P2P_LEVELS.index(level)
+
+
 ALL_EFFECT_FIELDS = set().union(*EFFECT_FIELDS.values())
 
 
 class ScenarioError(ValueError):
     """The scenario file is unusable; the message names the file and the rule."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank stands: what a rule's filters are matched against."""
+
+    rank: int
+    device: str
+    probe: str
+    set_kind: str = "all"
+    links: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,9 @@ class Rule:
     ranks: tuple[int, ...] | None = None
     devices: tuple[str, ...] | None = None
     probes: tuple[str, ...] | None = None
+    links: tuple[str, ...] | None = None
+    sets: tuple[str, ...] | None = None
+    p2p: bool | None = None
     when_env: Mapping[str, str] = field(default_factory=dict)
     unless_env: Mapping[str, str] = field(default_factory=dict)
     ignore_sigterm: bool = False
@@ -67,18 +102,27 @@ class Rule:
     message: str = "simulated failure"
     seconds: float = 0.0
 
-    def applies(self, rank: int, device: str, probe: str, phase: str, environ: Mapping[str, str]) -> bool:
-        if phase != self.phase:
+    def applies(self, where: Placement, phase: str, environ: Mapping[str, str]) -> bool:
+        if phase != self.phase or not self._selects(where):
             return False
-        if self.ranks is not None and rank not in self.ranks:
-            return False
-        if self.devices is not None and device not in self.devices:
-            return False
-        if self.probes is not None and probe not in self.probes:
-            return False
+        if self.p2p is not None:
+            links = [link for link in where.links if self.links is None or link in self.links]
+            if not links or any(p2p_used(link, environ) for link in links) != self.p2p:
+                return False
         if any(environ.get(k) != v for k, v in self.when_env.items()):
             return False
         return not (self.unless_env and all(environ.get(k) == v for k, v in self.unless_env.items()))
+
+    def _selects(self, where: Placement) -> bool:
+        checks = (
+            (self.ranks, where.rank),
+            (self.devices, where.device),
+            (self.probes, where.probe),
+            (self.sets, where.set_kind),
+        )
+        if any(allowed is not None and value not in allowed for allowed, value in checks):
+            return False
+        return self.links is None or any(link in self.links for link in where.links)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +130,7 @@ class Rule:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Rule:
         values = dict(data)
-        for key in ("ranks", "devices", "probes"):
+        for key in ("ranks", "devices", "probes", "links", "sets"):
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -98,12 +142,21 @@ class Scenario:
     description: str
     path: str
     rules: tuple[Rule, ...]
+    topology: Path | None = None
 
 
 def _string_list(value: Any, where: str, item_type: type) -> tuple[Any, ...]:
     if not isinstance(value, list) or not all(isinstance(v, item_type) and not isinstance(v, bool) for v in value):
         raise ScenarioError(f"{where}: expected a list of {item_type.__name__}, got {value!r}")
     return tuple(value)
+
+
+def _optional_bool(raw: Mapping[str, Any], key: str, where: str) -> bool | None:
+    if key not in raw:
+        return None
+    if not isinstance(raw[key], bool):
+        raise ScenarioError(f"{where}: {key} must be true or false, got {raw[key]!r}")
+    return bool(raw[key])
 
 
 def _env_table(value: Any, where: str) -> dict[str, str]:
@@ -163,6 +216,9 @@ def parse_rule(raw: Any, where: str) -> Rule:
         ranks=_string_list(raw["ranks"], f"{where} ranks", int) if "ranks" in raw else None,
         devices=_string_list(raw["devices"], f"{where} devices", str) if "devices" in raw else None,
         probes=_string_list(raw["probes"], f"{where} probes", str) if "probes" in raw else None,
+        links=_string_list(raw["links"], f"{where} links", str) if "links" in raw else None,
+        sets=_string_list(raw["sets"], f"{where} sets", str) if "sets" in raw else None,
+        p2p=_optional_bool(raw, "p2p", where),
         when_env=_env_table(raw.get("when_env", {}), f"{where} when_env"),
         unless_env=_env_table(raw.get("unless_env", {}), f"{where} unless_env"),
         **_effect_options(raw, where),
@@ -183,8 +239,11 @@ def load_scenario(path: Path, where: str) -> Scenario:
     if unknown:
         raise ScenarioError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected [scenario] and [[rule]]")
     header = data.get("scenario", {})
-    if not isinstance(header, dict) or set(header) - {"name", "description"}:
-        raise ScenarioError(f"{path}: [scenario] takes only name and description")
+    if not isinstance(header, dict) or set(header) - {"name", "description", "topology"}:
+        raise ScenarioError(f"{path}: [scenario] takes only name, description and topology")
+    topology = header.get("topology")
+    if topology is not None and not isinstance(topology, str):
+        raise ScenarioError(f"{path}: [scenario] topology must be a file name")
     rules_raw = data.get("rule", [])
     if not isinstance(rules_raw, list) or not rules_raw:
         raise ScenarioError(f"{path}: no [[rule]] tables; a scenario needs at least one rule")
@@ -194,4 +253,5 @@ def load_scenario(path: Path, where: str) -> Scenario:
         description=str(header.get("description", "")),
         path=str(path),
         rules=rules,
+        topology=(path.parent / topology).resolve() if topology else None,
     )

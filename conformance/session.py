@@ -7,7 +7,7 @@ import os
 import re
 import socket
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conformance import casefiles, results
+from conformance.ladder import LADDER_FILE, Decision, LadderBook, Step
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, Deadlines
-from conformance.matrix import DEVICE_SET_FIXTURES, DeviceSet
+from conformance.matrix import BUILTIN_LADDER, DeviceSet, Rung
+from conformance.plan import Plan
 from conformance.scenario import Scenario
 from conformance.settings import Settings
 from conformance.topology import Topology
@@ -31,6 +33,13 @@ INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 OUTER_NET_MARGIN = 30.0  # pytest-timeout fires this long after the case watchdog should have
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
+
+
+def choose_backend(setting: str, topology: Topology) -> str:
+    """Nccl on GPUs NVML found; gloo on CPU devices and on simulated machines (topology files)."""
+    if setting == "auto":
+        return "nccl" if topology.kind == "gpu" and topology.source == "nvml" else "gloo"
+    return setting
 
 
 def inherited_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -90,20 +99,25 @@ class ConformanceSession:
         topology: Topology,
         scenario: Scenario | None,
         run_id: str,
+        ladder: Sequence[Rung] = BUILTIN_LADDER,
     ) -> None:
         self.config = config
         self.settings = settings
         self.topology = topology
         self.scenario = scenario
         self.run_id = run_id
-        self.backend = "nccl" if topology.kind == "gpu" else "gloo"
+        self.backend = choose_backend(settings.backend, topology)
         self.run_dir = settings.reports_dir / run_id
         self.results_path = self.run_dir / results.RESULTS_FILE
+        self.plan = Plan(topology, ladder, settings.matrix, fallbacks_matter=self.backend == "nccl" or self.simulated)
+        ladder_wait = settings.case_timeout + OUTER_NET_MARGIN
+        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, settings.matrix, ladder_wait)
         self._runner: CaseRunner | None = None
 
     @property
     def simulated(self) -> bool:
-        return self.scenario is not None
+        """Faults injected, or a GPU machine (a topology file) played by gloo ranks on CPU."""
+        return self.scenario is not None or (self.topology.kind == "gpu" and self.backend == "gloo")
 
     @property
     def sizes(self) -> list[int]:
@@ -149,12 +163,14 @@ class ConformanceSession:
             )
         return self._runner
 
-    def run(
-        self, item: pytest.Item, probe: str, device_set: DeviceSet, expect: str | None = None, **params: Any
-    ) -> CaseResult:
-        """Run one case for ``item`` and record it the moment it ends."""
+    def _rung_decision(self, step: Step) -> Decision:
+        self.ensure_run_dir()
+        return self.book.decide(step, os.environ)
+
+    def case_spec(self, item: pytest.Item, probe: str, device_set: DeviceSet, params: dict[str, Any]) -> CaseSpec:
         rung = device_set.rung
-        spec = CaseSpec(
+        pair = device_set.devices if len(device_set.devices) == 2 else None
+        return CaseSpec(
             nodeid=item.nodeid,
             probe=probe,
             devices=device_set.devices,
@@ -164,8 +180,27 @@ class ConformanceSession:
             env_set=dict(rung.set),
             env_unset=rung.unset(os.environ),
             params=params,
+            set_kind=device_set.kind,
+            links=device_set.links,
+            isolate=device_set.isolate,
+            p2p_status=self.topology.p2p_status(*pair) if pair else None,
         )
-        result = self.runner.run(spec)
+
+    def run(
+        self, item: pytest.Item, probe: str, device_set: DeviceSet, expect: str | None = None, **params: Any
+    ) -> CaseResult:
+        """Run one case for ``item`` (unless the ladder skips its rung) and record it when it ends."""
+        step = self.plan.step(getattr(item, "originalname", item.name), device_set)
+        decision = self._rung_decision(step)
+        if not decision.run:
+            self.book.record(step, "skipped", decision.reason)
+            pytest.skip(decision.reason)
+        outcome = "error"
+        try:
+            result = self.runner.run(self.case_spec(item, probe, device_set, params))
+            outcome = result.verdict
+        finally:
+            self.book.record(step, outcome)
         record = results.case_record(result, self.run_id, expect)
         results.append_record(self.results_path, record)
         item.user_properties.extend(results.junit_properties(record))
@@ -200,14 +235,12 @@ class ConformanceSession:
         return lines
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        for fixture, plan in DEVICE_SET_FIXTURES.items():
-            if fixture in metafunc.fixturenames:
-                sets = plan(self.topology)
-                metafunc.parametrize(fixture, sets, ids=[s.id for s in sets])
+        self.plan.parametrize(metafunc)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """pytest-timeout as the outer net, above the case watchdog and its stop ladder."""
+        """Rung-by-rung order; pytest-timeout as the outer net, above the case watchdog."""
+        self.plan.order(items)
         if not self.config.pluginmanager.hasplugin("timeout"):
             return
         outer = self.settings.case_timeout + OUTER_NET_MARGIN

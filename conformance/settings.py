@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.matrix import MATRIX_MODES, Rung, RungError, parse_rung_spec
+
 if TYPE_CHECKING:
     import pytest
 
@@ -59,6 +61,20 @@ def _text(raw: str, where: str) -> str:
     return raw
 
 
+def _matrix(raw: str, where: str) -> str:
+    value = raw.strip().lower()
+    if value not in MATRIX_MODES:
+        raise SettingError(f"{where}: unknown matrix {raw!r}; choose one of {', '.join(MATRIX_MODES)}")
+    return value
+
+
+def _rung(raw: str, where: str) -> Rung:
+    try:
+        return parse_rung_spec(raw, where)
+    except RungError as exc:
+        raise SettingError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -66,6 +82,7 @@ class Setting:
     default: str | None
     parse: Callable[[str, str], Any]
     is_path: bool = False
+    multiple: bool = False  # repeatable option, ini line list, ';'-separated environment variable
 
     @property
     def option(self) -> str:
@@ -90,6 +107,10 @@ INIT_TIMEOUT_HELP = "Seconds a rank waits for rendezvous and process-group set-u
 OP_TIMEOUT_HELP = "Seconds one collective may take inside a rank (init_process_group(timeout=...))."
 CASE_TIMEOUT_HELP = "Seconds the parent's watchdog gives a whole case before it is a hang."
 GRACE_HELP = "Seconds the other ranks get after one rank fails, before they are stopped."
+MATRIX_HELP = "Environment rungs to run: adaptive (fallback rungs only where inherited fails), full, inherited."
+ENV_RUNG_HELP = "An extra environment rung NAME:VAR=VALUE[,VAR=VALUE] (repeatable; env var: ';'-separated)."
+ENV_RUNGS_FILE_HELP = 'TOML file of extra rungs: [[rung]] name = "...", env = { VAR = "value" }.'
+TOPOLOGY_FILE_HELP = "JSON topology (from 'python -m conformance topology --json') used instead of NVML."
 SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks the run simulated)."
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
@@ -100,6 +121,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("op_timeout", OP_TIMEOUT_HELP, "30", _positive_number),
     Setting("case_timeout", CASE_TIMEOUT_HELP, "60", _positive_number),
     Setting("grace", GRACE_HELP, "3", _positive_number),
+    Setting("matrix", MATRIX_HELP, "adaptive", _matrix),
+    Setting("env_rung", ENV_RUNG_HELP, None, _rung, multiple=True),
+    Setting("env_rungs_file", ENV_RUNGS_FILE_HELP, None, _text, is_path=True),
+    Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True),
     Setting("scenario", SCENARIO_HELP, None, _text, is_path=True),
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True),
 )
@@ -113,6 +138,10 @@ class Settings:
     op_timeout: float = 30.0
     case_timeout: float = 60.0
     grace: float = 3.0
+    matrix: str = "adaptive"
+    env_rung: tuple[Rung, ...] = ()
+    env_rungs_file: Path | None = None
+    topology_file: Path | None = None
     scenario: Path | None = None
     reports_dir: Path = Path("reports")
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -129,17 +158,31 @@ def add_options(parser: pytest.Parser) -> None:
             setting.option,
             dest=setting.dest,
             default=None,
+            action="append" if setting.multiple else "store",
             metavar=setting.name.upper(),
             help=f"{setting.help}{default_note} Also ini {setting.ini_key}, env {setting.env_var}.",
         )
-        parser.addini(setting.ini_key, setting.help, default=None)
+        if setting.multiple:
+            parser.addini(setting.ini_key, setting.help, type="linelist", default=None)
+        else:
+            parser.addini(setting.ini_key, setting.help, default=None)
 
 
-def _raw_value(setting: Setting, config: pytest.Config, environ: Mapping[str, str]) -> tuple[str | None, str, Path]:
+def _as_items(setting: Setting, raw: Any) -> Any:
+    """A repeatable setting's raw value as a list of strings (the environment uses ';')."""
+    if not setting.multiple or raw is None:
+        return raw
+    if isinstance(raw, str):
+        raw = raw.split(";")
+    return [str(item) for item in raw if str(item).strip()]
+
+
+def _raw_value(setting: Setting, config: pytest.Config, environ: Mapping[str, str]) -> tuple[Any, str, Path]:
     """Return (raw value, where it came from, directory relative paths are taken from)."""
     cli = config.getoption(setting.dest)
     if cli is not None:
-        return str(cli), f"command-line option {setting.option}", config.invocation_params.dir
+        raw = cli if setting.multiple else str(cli)
+        return raw, f"command-line option {setting.option}", config.invocation_params.dir
     if setting.env_var in environ:
         where = f"environment variable {setting.env_var}"
         return environ[setting.env_var], where, config.invocation_params.dir
@@ -152,8 +195,19 @@ def _raw_value(setting: Setting, config: pytest.Config, environ: Mapping[str, st
     if ini not in (None, "", []):
         inifile = config.inipath or "the ini file"
         base = config.inipath.parent if config.inipath else config.rootpath
-        return str(ini), f"ini key {setting.ini_key} in {inifile}", base
+        return ini if setting.multiple else str(ini), f"ini key {setting.ini_key} in {inifile}", base
     return setting.default, "default", config.rootpath
+
+
+def _parse(setting: Setting, raw: Any, where: str, base: Path) -> Any:
+    if setting.multiple:
+        return tuple(setting.parse(item, where) for item in _as_items(setting, raw))
+    value = setting.parse(raw, where)
+    if setting.is_path:
+        if not str(value).strip():
+            raise SettingError(f"{where}: an empty path is not allowed")
+        value = (base / Path(value).expanduser()).resolve()
+    return value
 
 
 def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> Settings:
@@ -164,15 +218,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     for setting in SETTINGS:
         raw, where, base = _raw_value(setting, config, environ)
         sources[setting.name] = where
-        if raw is None:
-            values[setting.name] = None
-            continue
-        value = setting.parse(raw, where)
-        if setting.is_path:
-            if not str(value).strip():
-                raise SettingError(f"{where}: an empty path is not allowed")
-            value = (base / Path(value).expanduser()).resolve()
-        values[setting.name] = value
+        if raw is not None:
+            values[setting.name] = _parse(setting, raw, where, base)
     settings = Settings(**values, sources=sources)
     check_deadline_layers(settings)
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))

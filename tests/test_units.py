@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from conformance import results, topology
-from conformance.matrix import DeviceSet, Rung, each_device, each_pair, whole_and_single
-from conformance.scenario import Rule, ScenarioError, load_scenario, parse_rule
+from conformance.matrix import DeviceSet, Rung, all_devices, barrier_sets, each_device, each_pair
+from conformance.scenario import Placement, Rule, ScenarioError, load_scenario, parse_rule
 from conformance.settings import SETTINGS, SettingError, Settings, resolve
 from conformance.topology import Device, Topology, cpu_topology, discover, nvml_gpus
 from conformance.verdict import RankReport, decide, exit_label
@@ -208,8 +208,8 @@ def test_rule_all_fields() -> None:
         ({"effect": "hang", "phase": "lunch"},
          "W: unknown phase 'lunch'; choose one of start, control, init, probe, verify, teardown"),
         ({"effect": "hang", "colour": "red"},
-         "W: unknown field 'colour' (known fields: devices, effect, ignore_sigterm, message, phase, probes, "
-         "ranks, seconds, signal, unless_env, when_env)"),
+         "W: unknown field 'colour' (known fields: devices, effect, ignore_sigterm, links, message, p2p, phase, "
+         "probes, ranks, seconds, sets, signal, unless_env, when_env)"),
         ({"effect": "hang", "signal": "SIGKILL"}, "W: field 'signal' does not apply to effect 'hang'"),
         ({"effect": "wrong_data", "message": "x"}, "W: field 'message' does not apply to effect 'wrong_data'"),
         ({"effect": "crash", "signal": "SIGFOO"}, "W: unknown signal 'SIGFOO'"),
@@ -266,7 +266,7 @@ def test_load_scenario(tmp_path: Path) -> None:
         ('rules = 1\n[[rule]]\neffect = "hang"\n',
          "{p}: unknown top-level key(s) ['rules']; expected [scenario] and [[rule]]"),
         ('[scenario]\nname = "x"\nauthor = "me"\n[[rule]]\neffect = "hang"\n',
-         "{p}: [scenario] takes only name and description"),
+         "{p}: [scenario] takes only name, description and topology"),
         ('[scenario]\nname = "x"\n', "{p}: no [[rule]] tables; a scenario needs at least one rule"),
         ('[[rule]]\neffect = "hang"\n[[rule]]\neffect = "crash"\nsignal = "SIGNOPE"\n',
          "{p} rule 2: unknown signal 'SIGNOPE'"),
@@ -287,7 +287,7 @@ def test_load_scenario_errors(tmp_path: Path, text: str | None, message: str) ->
 
 def applies(rule: Rule, rank: int = 0, device: str = "cpu0", probe: str = "all_reduce", phase: str = "probe",
             environ: Mapping[str, str] | None = None) -> bool:  # fmt: skip
-    return rule.applies(rank, device, probe, phase, environ or {})
+    return rule.applies(Placement(rank, device, probe), phase, environ or {})
 
 
 def test_rule_applies() -> None:
@@ -557,24 +557,31 @@ def gpu(i: int, uuid: str | None = None) -> Device:
 
 def test_device_set_ids_cpu() -> None:
     topo = cpu_topology(4)
-    assert [s.id for s in whole_and_single(topo)] == ["all4-inherited", "cpu0-inherited"]
+    assert [s.id for s in all_devices(topo)] == ["all4-inherited"]
+    assert [s.id for s in barrier_sets(topo)] == [
+        "all4-inherited",
+        "last_half-cpu2-cpu3-inherited",
+        "every_other-cpu1-cpu3-inherited",
+    ]
     assert [s.id for s in each_device(topo)] == [f"cpu{i}-inherited" for i in range(4)]
     pairs = each_pair(cpu_topology(3))
     assert [s.id for s in pairs] == ["cpu0-cpu1-inherited", "cpu0-cpu2-inherited", "cpu1-cpu2-inherited"]
     assert [s.link for s in pairs] == ["CPU"] * 3
-    assert [s.id for s in whole_and_single(cpu_topology(1))] == ["all1-inherited"]
+    assert [s.id for s in all_devices(cpu_topology(1))] == ["all1-inherited"]
+    assert [s.id for s in barrier_sets(cpu_topology(2))] == ["all2-inherited"]
 
 
 def test_device_set_ids_gpu() -> None:
     gpus = tuple(gpu(i) for i in range(4))
     topo = Topology(kind="gpu", devices=gpus, source="nvml", links={"gpu0-gpu3": "SYS", "gpu0-gpu1": "NV12"})
-    assert DeviceSet((gpus[0], gpus[3]), topo.link(gpus[0], gpus[3])).id == "gpu0-gpu3-SYS-inherited"
+    assert DeviceSet((gpus[0], gpus[3]), topo.link(gpus[0], gpus[3]), kind="pair").id == "gpu0-gpu3-SYS-inherited"
+    assert [s.id for s in each_pair(topo)][:3] == ["gpu0-gpu1-NV12-inherited", "gpu0-gpu2-?-inherited", "gpu0-gpu3-SYS-inherited"]
     assert topo.link(gpus[3], gpus[0]) == "SYS"
     assert topo.link(gpus[0], gpus[1]) == "NV12"
     assert topo.link(gpus[1], gpus[2]) == "?"
     assert DeviceSet(gpus, "all").id == "all4-inherited"
     rung = Rung("p2p-off", {"NCCL_P2P_DISABLE": "1"}, unset_families=("NCCL_",))
-    assert DeviceSet((gpus[0], gpus[3]), "SYS", rung).id == "gpu0-gpu3-SYS-p2p-off"
+    assert DeviceSet((gpus[0], gpus[3]), "SYS", rung, kind="pair").id == "gpu0-gpu3-SYS-p2p-off"
     assert rung.unset({"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "0", "GLOO_X": "1"}) == ("NCCL_DEBUG",)
 
 

@@ -39,6 +39,10 @@ class CaseSpec:
     env_set: Mapping[str, str] = field(default_factory=dict)
     env_unset: tuple[str, ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
+    set_kind: str = "all"
+    links: tuple[str, ...] = ()  # link classes between the devices (scenario rules match them)
+    isolate: bool = False  # the ranks see only these GPUs, renumbered from 0
+    p2p_status: Mapping[str, str] | None = None  # NVML's view, for pairs
 
 
 @dataclass
@@ -51,6 +55,7 @@ class CaseResult:
     simulated: bool
     stop_reason: str | None
     stop_seconds: float
+    nccl: dict[str, Any] | None = None  # what the ranks' NCCL_DEBUG logs said (nccl_log.NcclLog.to_record)
 
     @property
     def verdict(self) -> str:
@@ -59,6 +64,11 @@ class CaseResult:
     @property
     def unkillable(self) -> list[RankReport]:
         return [r for r in self.reports if r.unkillable]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Rank 0's measurements (bus bandwidth per size, peer copies, versions)."""
+        return dict(self.reports[0].metrics) if self.reports else {}
 
     @property
     def bandwidth_gbps(self) -> float | None:
@@ -71,12 +81,42 @@ def case_dir_name(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9._\-\[\]]", "_", name)[:180]
 
 
+NCCL_DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"
+
+
 def rank_environment(spec: CaseSpec) -> tuple[dict[str, str], list[str]]:
-    """Variables the ranks set and unset: the case's rung plus what every rank needs."""
+    """Variables the ranks set and unset: the case's rung plus what every rank needs.
+
+    NCCL cases log at INFO to a file per rank (the rank sets NCCL_DEBUG_FILE to its own folder),
+    so the transports can be read back; an isolated set sees only its GPUs, as a job given a
+    subset of the machine does.
+    """
     env_set = dict(spec.env_set)
-    if any(d.kind == "gpu" for d in spec.devices):
-        env_set.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if spec.backend == "nccl":
+        env_set["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env_set["NCCL_DEBUG"] = "INFO"
+        env_set.setdefault("NCCL_DEBUG_SUBSYS", NCCL_DEBUG_SUBSYS)
+        if spec.isolate:
+            env_set["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.nvml_index) for d in spec.devices)
     return env_set, list(spec.env_unset)
+
+
+def rank_devices(spec: CaseSpec) -> list[dict[str, Any]]:
+    """Each rank's device, with ``index`` the CUDA ordinal the rank will see."""
+    devices = [dict(vars(d)) for d in spec.devices]
+    if spec.isolate:
+        for position, device in enumerate(devices):
+            device["index"] = position
+    return devices
+
+
+def read_nccl_logs(spec: CaseSpec, case_dir: Path) -> dict[str, Any] | None:
+    if spec.backend != "nccl":
+        return None
+    from conformance import nccl_log
+
+    paths = sorted(case_dir.glob(f"rank*/{casefiles.NCCL_LOG}"))
+    return nccl_log.parse_files(paths).to_record()
 
 
 def kill_group(pgid: int) -> bool:
@@ -122,7 +162,9 @@ class CaseRunner:
                 "probe": spec.probe,
                 "backend": spec.backend,
                 "world_size": len(spec.devices),
-                "devices": [vars(d) for d in spec.devices],
+                "devices": rank_devices(spec),
+                "set_kind": spec.set_kind,
+                "links": list(spec.links),
                 "params": dict(spec.params),
                 "env_set": env_set,
                 "env_unset": env_unset,
@@ -159,6 +201,7 @@ class CaseRunner:
             simulated=self.simulated,
             stop_reason=supervision.stop_reason,
             stop_seconds=round(supervision.stop_seconds, 3),
+            nccl=read_nccl_logs(spec, case_dir),
         )
 
     def sweep(self) -> list[int]:

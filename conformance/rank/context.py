@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.scenario import Rule
+from conformance.scenario import Placement, Rule
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +52,9 @@ class RankContext:
         self.probe: str = spec["probe"]
         self.params: dict[str, Any] = spec.get("params", {})
         self.rules = [Rule.from_dict(r) for r in spec.get("rules", [])]
+        self.placement = Placement(
+            rank, self.device["name"], self.probe, spec.get("set_kind", "all"), tuple(spec.get("links", ()))
+        )
         self.fired: set[int] = set()
         self.metrics: dict[str, Any] = {}
         self.group: dist.ProcessGroup | None = None
@@ -63,7 +66,7 @@ class RankContext:
     def torch_device(self) -> torch.device:
         import torch
 
-        if self.device["kind"] == "gpu":
+        if self.backend == "nccl":
             return torch.device("cuda", self.device["index"])
         return torch.device("cpu")
 
@@ -80,7 +83,7 @@ class RankContext:
             for i, rule in enumerate(self.rules)
             if i not in self.fired
             and (effect is None or rule.effect == effect)
-            and rule.applies(self.rank, self.device["name"], self.probe, phase, os.environ)
+            and rule.applies(self.placement, phase, os.environ)
         ]
 
     def _apply_faults(self, phase: str) -> None:

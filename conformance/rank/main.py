@@ -46,10 +46,12 @@ def redirect_output(rank_path: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def apply_case_env(spec: dict[str, Any]) -> None:
+def apply_case_env(spec: dict[str, Any], rank_path: Path) -> None:
     for name in spec.get("env_unset", []):
         os.environ.pop(name, None)
     os.environ.update(spec.get("env_set", {}))
+    if spec["backend"] == "nccl":
+        os.environ["NCCL_DEBUG_FILE"] = str(rank_path / casefiles.NCCL_LOG)
 
 
 def store_barrier(ctx: RankContext, store: Any, name: str, timeout: float) -> None:
@@ -131,7 +133,7 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     error: BaseException | None = None
     try:
         spec = casefiles.read_json(case_dir / casefiles.CASE_SPEC)
-        apply_case_env(spec)
+        apply_case_env(spec, rank_path)
         ctx = RankContext(spec, rank, rank_path)
         run_case(ctx, spec, case_dir)
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises is a result

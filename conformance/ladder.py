@@ -1,0 +1,103 @@
+"""The adaptive matrix: which environment rung a case still needs, decided while the run goes.
+
+Each (test, device set) climbs the ladder: ``inherited`` always runs; a later rung runs only when
+no earlier rung passed.  For device pairs the first pair of each link class (the class leader)
+searches the ladder; every other pair of that class runs ``inherited`` and then jumps straight to
+the rung that passed for its leader, so a broken class pays one deadline per pair, not one per
+pair per rung.
+
+Decisions are shared through ``ladder.jsonl`` in the run folder (one line per rung decided, under
+the same lock as the results), so xdist workers agree.  Items are ordered rung by rung, leaders
+first, so everything a decision waits for comes earlier in every worker's queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.matrix import Rung
+from conformance.results import append_record, read_records
+
+LADDER_FILE = "ladder.jsonl"
+POLL_SECONDS = 0.1
+
+
+class LadderWaitError(RuntimeError):
+    """A rung this decision depends on was never decided (its worker died?)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One test item's place on the ladder."""
+
+    key: str  # "<test>[<device set without rung>]"
+    rung_index: int
+    leader_key: str | None  # the class leader's key, for pairs that are not the leader
+    link: str | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    run: bool
+    reason: str = ""
+
+
+class LadderBook:
+    """The shared record of rung outcomes for one run."""
+
+    def __init__(self, path: Path, ladder: Sequence[Rung], mode: str, wait_seconds: float) -> None:
+        self.path = path
+        self.ladder = tuple(ladder)
+        self.mode = mode
+        self.wait_seconds = wait_seconds
+
+    def record(self, step: Step, outcome: str, reason: str = "") -> None:
+        rung = self.ladder[step.rung_index].name
+        append_record(self.path, {"key": step.key, "rung": rung, "outcome": outcome, "reason": reason})
+
+    def _outcomes(self) -> dict[tuple[str, str], str]:
+        return {(r["key"], r["rung"]): r["outcome"] for r in read_records(self.path)}
+
+    def wait_for(self, wanted: Sequence[tuple[str, str]], budget_rungs: int) -> dict[tuple[str, str], str]:
+        """Outcomes of ``wanted`` (key, rung) pairs, waiting while other items decide them."""
+        deadline = time.monotonic() + self.wait_seconds * max(1, budget_rungs)
+        while True:
+            known = self._outcomes()
+            missing = [w for w in wanted if w not in known]
+            if not missing:
+                return known
+            if time.monotonic() > deadline:
+                raise LadderWaitError(f"rungs never decided: {missing} (see {self.path})")
+            time.sleep(POLL_SECONDS)
+
+    def decide(self, step: Step, environ: Mapping[str, str]) -> Decision:
+        """Run this rung, or skip it with the reason."""
+        k = step.rung_index
+        if k == 0 or self.mode == "full":
+            return Decision(True)
+        names = [r.name for r in self.ladder]
+        own = self.wait_for([(step.key, n) for n in names[:k]], k)
+        passed = [n for n in names[:k] if own[(step.key, n)] == "pass"]
+        if passed:
+            return Decision(False, f"adaptive matrix: rung {passed[0]} already passed")
+        rung = self.ladder[k]
+        for earlier in self.ladder[:k]:
+            if earlier.effective(environ) == rung.effective(environ):
+                return Decision(False, f"same environment as rung {earlier.name} here")
+        if step.leader_key is not None:
+            return self._follow_leader(step, names, k)
+        return Decision(True)
+
+    def _follow_leader(self, step: Step, names: list[str], k: int) -> Decision:
+        leader = self.wait_for([(step.leader_key or "", n) for n in names[: k + 1]], k + 1)
+        won = [i for i in range(k + 1) if leader[(step.leader_key or "", names[i])] == "pass"]
+        if not won:
+            return Decision(False, f"no rung up to {names[k]} passed for link class {step.link} ({step.leader_key})")
+        if k < won[0]:
+            return Decision(
+                False, f"link class {step.link}: {step.leader_key} first passed at {names[won[0]]}; jumping there"
+            )
+        return Decision(True)

@@ -1,0 +1,579 @@
+"""Structured facts from NCCL_DEBUG=INFO output: versions, the transport of every channel, env, init progress.
+
+NCCL writes one file per process when it runs with
+``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,ENV,GRAPH,P2P,SHM,NET NCCL_DEBUG_FILE=<dir>/nccl.%h.%p.log``.
+Its lines look like ``host:pid:tid [cudaDev] NCCL INFO <message>``; WARN lines carry the source location
+(``host:pid:tid [cudaDev] file.cc:123 NCCL WARN <message>``) and may start with a
+``[YYYY-MM-DD hh:mm:ss]`` timestamp (``NCCL_DEBUG_TIMESTAMP_LEVELS``/``_FORMAT``).  Old versions print
+``NCCL version ...`` with no prefix at all, so every pattern here is searched anywhere in the line.
+
+Transport lines by NCCL era (the formats of ``src/transport/{p2p,shm,net,coll_net}.cc``):
+
+    <= 2.6      Ring 00 : 0[0] -> 1[1] via P2P/IPC          Ring 00 : 15 -> 0 [send] via NET/Socket/0
+                Ring 00 : 2[3d000] -> 3[3e000] via direct shared memory
+    2.7-2.11    Channel 00 : 0[1a000] -> 1[1b000] via P2P/IPC/read        (brackets: busId in hex)
+    2.12-2.18   Channel 00/0 : 8[0] -> 15[7] via P2P/IPC/read              (``/connIndex`` added)
+                Channel 00 : 1[1] -> 0[0] via SHM/direct/direct           (SHM never prints connIndex)
+    >= 2.19     via P2P/CUMEM[/read][/CE], P2P/MNNVL[/read][/CE], P2P/IPC[/read][/CE],
+                P2P/direct pointer[/read], P2P/indirect/<rank>[<dev>][/read], SHM/<direct|CE>/<direct|CE>,
+                [send|receive] via NET/<IB|Socket|plugin>/<dev>[(<proxyRank>)][/GDRDMA[(PCI)]][/Shared]
+    CollNet     CollNet 00/0 : 3 [send] via COLLNET/<name>/<dev>[/GDRDMA]   (older: ``Coll 00 : 3 ...``)
+
+A ``via`` text that fits none of the known forms (a line torn by another process writing to the same
+stream, or a transport this module does not know) is kept with the transport ``OTHER`` rather than
+dropped, so a check over the transports can see that something was not understood.  Lines that are
+not transport lines and fit no other pattern are ignored; no input makes :func:`parse` raise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+P2P_CUMEM = "P2P_CUMEM"
+P2P_IPC = "P2P_IPC"
+P2P_DIRECT = "P2P_DIRECT"
+P2P_INDIRECT = "P2P_INDIRECT"
+P2P_MNNVL = "P2P_MNNVL"
+SHM = "SHM"
+NET_IB = "NET_IB"
+NET_SOCKET = "NET_SOCKET"
+NET_PLUGIN = "NET_PLUGIN"
+NVLS = "NVLS"
+COLLNET = "COLLNET"
+OTHER = "OTHER"
+TRANSPORTS = (
+    P2P_CUMEM,
+    P2P_IPC,
+    P2P_DIRECT,
+    P2P_INDIRECT,
+    P2P_MNNVL,
+    SHM,
+    NET_IB,
+    NET_SOCKET,
+    NET_PLUGIN,
+    NVLS,
+    COLLNET,
+    OTHER,
+)
+
+FLAG_READ = "read"
+FLAG_CE = "CE"
+FLAG_GDRDMA = "GDRDMA"
+FLAG_PXN = "PXN"
+FLAG_SHARED = "shared"
+
+RECORD_WARNINGS = 50  # distinct warning messages kept in to_record(); NcclLog.warnings keeps them all
+
+# --------------------------------------------------------------------------------------------
+# Line patterns, compiled once.  Every number is bounded so that no match can feed int() a
+# string longer than Python's digit limit.
+# --------------------------------------------------------------------------------------------
+
+# All eras: the debug.cc line prefix "host:pid:tid [cudaDev] " (after an optional timestamp).
+_PREFIX = re.compile(r"(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[-?\d{1,4}\] ", re.ASCII)
+
+# Every era: "NCCL version 2.21.5+cuda12.4" (<= 2.6 printed it with no prefix).
+_VERSION = re.compile(r"\bNCCL version (?P<version>\d{1,3}\.\d{1,3}\.\d{1,4})\S*?(?:\+cuda(?P<cuda>\d{1,3}\.\d{1,3}))?")
+
+# >= 2.10 or so: "cudaDriverVersion 12080".
+_CUDA_DRIVER = re.compile(r"\bcudaDriverVersion (?P<driver>\d{1,7})\b", re.ASCII)
+
+# "Bootstrap : Using eth0:10.0.0.1<0>" (<= 2.24), "Bootstrap: Using eth0:..." (>= 2.25),
+# "Bootstrap : Using [0]ens5:172.31.41.105<0>" (2.4).
+_BOOTSTRAP = re.compile(r"\bBootstrap ?: Using (?:\[\d{1,3}\])?(?P<iface>[^\s:<>\[\]]{1,64}):", re.ASCII)
+
+# Socket transport: "NET/Socket : Using [0]eth0:10.0.0.1<0> [1]eth1:10.0.1.1<0>".
+_NET_SOCKET_USING = re.compile(r"\bNET/Socket ?: Using (?P<list>.*)$")
+# IB transport: "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_4:1/RoCE [RO]; OOB eth0:10.0.0.1<0>".
+_NET_IB_USING = re.compile(r"\bNET/IB ?: Using (?P<list>[^;]*)")
+# One "[n]name" entry of those two lists.
+_LIST_ENTRY = re.compile(r"\[\d{1,3}\](?P<entry>[^\s;<>]+)", re.ASCII)
+
+# >= 2.12: "Using network IB" / "Using network Socket" / "Using network AWS Libfabric" / "... IBext_v8".
+_NETWORK = re.compile(r"\bUsing network (?P<network>\S.*?)\s*$")
+
+# param.cc / ncclGetEnv, every era: "NCCL_P2P_LEVEL set by environment to NVL",
+# integer parameters end in a full stop: "NCCL_IB_DISABLE set by environment to 1.".
+_ENV = re.compile(r"\b(?P<var>[A-Z][A-Z0-9_]{0,63}) set by environment to (?P<value>.*?)\s*$", re.ASCII)
+
+# transport/p2p.cc and graph/paths.cc, every era:
+#   "Could not enable P2P between dev 0(=1a000) and dev 1(=3d000)"
+#   "peer query failed between dev 0(=1a000) and dev 1(=3d000)"
+#   "P2P is disabled between connected GPUs 0 and 1. You can repress this message with ..."
+#   "P2P is disabled between NVLINK connected GPUs 1 and 0. This should not be the case ..." (a WARN)
+#   "Legacy IPC not supported" (WSL)
+_P2P_WARNING = re.compile(
+    r"(?:Could not enable P2P between|peer query failed between|P2P is disabled between|Legacy IPC not supported).*$"
+)
+
+# init.cc: "comm 0x55d0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 - Init COMPLETE" (2.4),
+# "comm 0x.. rank 0 nranks 2 cudaDev 0 busId 1a000 - Init COMPLETE" (2.7-2.11),
+# "ncclCommInitRank comm 0x.. rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0x.. - Init START" (>= 2.18),
+# "ncclCommSplit comm 0x.. rank 0 nranks 2 ... parent 0x.. splitCount 1 color 0 key 0- Init START" (no space),
+# "comm 0x.. rank 0 nRanks 2 cudaDev 0 busId 1000 - Abort COMPLETE".
+_INIT = re.compile(
+    r"\bcomm (?P<comm>0x[0-9a-fA-F]{1,16}) rank (?P<rank>\d{1,7}) n[Rr]anks (?P<nranks>\d{1,7})"
+    r" cudaDev (?P<cuda_dev>-?\d{1,4})(?: nvmlDev (?P<nvml_dev>-?\d{1,4}))?(?: busId (?P<bus_id>[0-9a-fA-F]{1,16}))?"
+    r"(?: commId (?P<comm_id>0x[0-9a-fA-F]{1,16}))?.*?-\s?(?P<event>Init START|Init COMPLETE|Abort COMPLETE)",
+    re.ASCII,
+)
+
+# transport/nvls.cc (>= 2.17): "NVLS comm 0x55d0 headRank 0 nHeads 4 ..." -- NVLS prints no per-channel line.
+_NVLS_COMM = re.compile(r"\bNVLS comm (?P<comm>0x[0-9a-fA-F]{1,16})\b", re.ASCII)
+
+# debug.cc, every era: "host:pid:tid [dev] misc/socket.cc:484 NCCL WARN <message>".
+_WARN = re.compile(r"\bNCCL WARN ?(?P<message>.*?)\s*$")
+
+# The transport line of every era (see the module docstring):
+#   "Ring 00 : 0[0] -> 1[1] via P2P/IPC", "Ring 00 : 15 -> 0 [send] via NET/Socket/0",
+#   "Channel 00 : 0[1a000] -> 1[1b000] via P2P/IPC/read", "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA".
+# The ring summary "Channel 00/02 : 0 1 2 3" and the TRACE-only "<-" lines have no "->" and do not match.
+_CONNECTION = re.compile(
+    r"\b(?:Channel|Ring) (?P<channel>\d{1,4})(?:/(?P<conn_index>\d{1,2}))? : "
+    r"(?P<src>\d{1,7})(?:\[(?P<src_dev>[0-9a-fA-Fx]{1,16})\])? -> "
+    r"(?P<dst>\d{1,7})(?:\[(?P<dst_dev>[0-9a-fA-Fx]{1,16})\])? "
+    r"(?:\[(?P<direction>send|receive)\] )?via (?P<via>.*?)\s*$",
+    re.ASCII,
+)
+
+# transport/coll_net.cc: "Coll 00 : 3 [send] via COLLNET/SHARP/0/GDRDMA" (<= 2.11),
+# "CollNet 00/0 : 3 [receive] via COLLNET/SHARP/0/GDRDMA(PCI)" (>= 2.12).  One rank, no peer.
+_COLLNET_CONNECTION = re.compile(
+    r"\bColl(?:Net)? (?P<channel>\d{1,4})(?:/(?P<conn_index>\d{1,2}))? : (?P<rank>\d{1,7}) "
+    r"\[(?P<direction>send|receive)\] via (?P<via>.*?)\s*$",
+    re.ASCII,
+)
+
+# The "via" text, matched whole.
+# P2P: "P2P/CUMEM/read", "P2P/CUMEM/CE", "P2P/MNNVL", "P2P/IPC/read/CE", "P2P/direct pointer/read" (>= 2.19);
+# "P2P/IPC" (all eras); "P2P/direct pointer" (>= 2.7, ranks of one process).
+_VIA_P2P = re.compile(r"P2P/(?P<kind>CUMEM|MNNVL|IPC|direct pointer)(?P<mods>(?:/read|/CE)*)")
+# >= 2.12: routed through the GPU of another rank, "P2P/indirect/2[2]/read" (busId in the bracket before 2.19).
+_VIA_P2P_INDIRECT = re.compile(r"P2P/indirect/(?P<rank>\d{1,7})\[[0-9a-fA-Fx]{1,16}\](?P<mods>(?:/read|/CE)*)", re.ASCII)
+# SHM: "direct shared memory" (<= 2.11), "SHM/direct/direct", "SHM/CE/direct", "SHM/CE/CE" (>= 2.12).
+_VIA_SHM = re.compile(r"SHM/(?P<send>direct|CE)/(?P<recv>direct|CE)|direct shared memory")
+# NET: "NET/Socket/0" (all eras), "NET/IB/0/GDRDMA" (>= 2.4), "NET/IB/1(3)/GDRDMA/Shared" (>= 2.12, PXN),
+# "NET/IB/0/GDRDMA(PCI)/Shared" (>= 2.19), "NET/AWS Libfabric/0", "NET/NCCL RDMA Plugin v6/0(2)/GDRDMA/Shared".
+_VIA_NET = re.compile(
+    r"NET/(?P<name>[^/]{1,64})/(?P<dev>\d{1,4})(?:\((?P<proxy>\d{1,7})\))?"
+    r"(?P<gdr>/GDRDMA(?:\(PCI\))?)?(?P<shared>/Shared)?",
+    re.ASCII,
+)
+# CollNet: "COLLNET/SHARP/0", "COLLNET/SHARP/0/GDRDMA", "COLLNET/SHARP/0/GDRDMA(PCI)".
+_VIA_COLLNET = re.compile(r"COLLNET/(?P<name>[^/]{1,64})/(?P<dev>\d{1,4})(?P<gdr>/GDRDMA(?:\(PCI\))?)?", re.ASCII)
+# NVLS: no release prints "via NVLS..." per channel; accepted in case one does.
+_VIA_NVLS = re.compile(r"NVLS(?:/\S*)?")
+
+_P2P_KINDS = {"CUMEM": P2P_CUMEM, "MNNVL": P2P_MNNVL, "IPC": P2P_IPC, "direct pointer": P2P_DIRECT}
+_NET_KINDS = {"IB": NET_IB, "Socket": NET_SOCKET}
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One ``via`` line: the connection ``src_rank -> dst_rank`` on one channel.
+
+    ``src_dev``/``dst_dev`` are the bracketed numbers as printed: cudaDev (<= 2.6), busId in hex
+    (2.7-2.18) or nvmlDev (>= 2.19).  A NET connection is printed by both ends, once ``[send]`` and
+    once ``[receive]``; P2P and SHM lines only by the sender.  ``relay_rank`` is the PXN proxy rank
+    of a NET line or the intermediate rank of ``P2P/indirect``.
+    """
+
+    channel: int
+    conn_index: int | None
+    src_rank: int
+    dst_rank: int
+    src_dev: str | None
+    dst_dev: str | None
+    direction: str | None  # "send", "receive" or None (P2P, SHM and <= 2.6 lines without it)
+    transport: str  # one of TRANSPORTS
+    flags: tuple[str, ...] = ()  # sorted; among "read", "CE", "GDRDMA", "PXN", "shared"
+    detail: str = ""  # the via text as printed
+    relay_rank: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The transport with its flags, as counted by :meth:`NcclLog.transports`: ``P2P_IPC/read``."""
+        return "/".join((self.transport, *self.flags))
+
+
+@dataclass(frozen=True)
+class CommInit:
+    """What the log says about one communicator's ``ncclCommInit*``."""
+
+    comm: str  # the comm pointer, 0x...
+    rank: int | None = None
+    nranks: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    bus_id: str | None = None
+    comm_id: str | None = None  # the same for every rank of one communicator (>= 2.18)
+    host: str | None = None
+    pid: int | None = None
+    started: bool = False  # "- Init START" seen (>= 2.9 prints it)
+    completed: bool = False  # "- Init COMPLETE" seen
+    aborted: bool = False  # "- Abort COMPLETE" seen
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """Everything :func:`parse` understood, in the order the lines came."""
+
+    version: str | None = None  # the first "NCCL version" seen
+    cuda: str | None = None  # the CUDA of that build, "12.4" from "+cuda12.4"
+    cuda_driver: int | None = None  # "cudaDriverVersion 12080"
+    versions: list[str] = field(default_factory=list)  # every distinct version (more than one: mixed libraries)
+    connections: list[Connection] = field(default_factory=list)
+    bootstrap_interface: str | None = None  # the first "Bootstrap : Using <if>:..."
+    bootstrap_interfaces: list[str] = field(default_factory=list)  # every distinct one
+    net_interfaces: list[str] = field(default_factory=list)  # from "NET/Socket : Using [0]eth0:..."
+    ib_devices: list[str] = field(default_factory=list)  # from "NET/IB : Using [0]mlx5_0:1/IB ..."
+    network: str | None = None  # "IB", "Socket" or the plugin's name, from "Using network ..."
+    env_settings: dict[str, str] = field(default_factory=dict)  # first value seen per variable
+    p2p_warnings: list[str] = field(default_factory=list)
+    inits: dict[str, CommInit] = field(default_factory=dict)
+    nvls_comms: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # every NCCL WARN line's message
+    files: list[str] = field(default_factory=list)  # files read by parse_files
+    skipped_files: list[str] = field(default_factory=list)  # files parse_files could not read
+
+    @property
+    def incomplete_inits(self) -> list[str]:
+        """Communicators whose init STARTed but never COMPLETEd: the hang-in-setup signature."""
+        return [key for key, init in self.inits.items() if init.started and not init.completed]
+
+    def transports(self) -> dict[str, int]:
+        """How many connection lines used each transport, flags appended: ``{"P2P_IPC/read": 4}``."""
+        return dict(sorted(Counter(c.label for c in self.connections).items()))
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-serialisable summary for the results file (warnings: distinct, at most RECORD_WARNINGS)."""
+        return {
+            "version": self.version,
+            "versions": list(self.versions),
+            "cuda": self.cuda,
+            "cuda_driver": self.cuda_driver,
+            "network": self.network,
+            "bootstrap_interface": self.bootstrap_interface,
+            "transports": self.transports(),
+            "env_settings": dict(self.env_settings),
+            "warnings": list(dict.fromkeys(self.warnings))[:RECORD_WARNINGS],
+            "p2p_warnings": list(dict.fromkeys(self.p2p_warnings)),
+            "incomplete_inits": self.incomplete_inits,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The via text
+# --------------------------------------------------------------------------------------------
+
+Kind = tuple[str, tuple[str, ...], "int | None"]  # transport, flags, relay rank
+
+
+def _mods(text: str) -> tuple[str, ...]:
+    return tuple(sorted(part for part in text.split("/") if part))
+
+
+def _p2p(m: re.Match[str]) -> Kind:
+    return _P2P_KINDS[m["kind"]], _mods(m["mods"]), None
+
+
+def _p2p_indirect(m: re.Match[str]) -> Kind:
+    return P2P_INDIRECT, _mods(m["mods"]), int(m["rank"])
+
+
+def _shm(m: re.Match[str]) -> Kind:
+    return SHM, ((FLAG_CE,) if FLAG_CE in (m["send"], m["recv"]) else ()), None
+
+
+def _net(m: re.Match[str]) -> Kind:
+    flags = [FLAG_GDRDMA] if m["gdr"] else []
+    if m["proxy"] is not None:
+        flags.append(FLAG_PXN)
+    if m["shared"]:
+        flags.append(FLAG_SHARED)
+    relay = int(m["proxy"]) if m["proxy"] is not None else None
+    return _NET_KINDS.get(m["name"], NET_PLUGIN), tuple(sorted(flags)), relay
+
+
+def _collnet(m: re.Match[str]) -> Kind:
+    return COLLNET, ((FLAG_GDRDMA,) if m["gdr"] else ()), None
+
+
+def _nvls(m: re.Match[str]) -> Kind:
+    return NVLS, (), None
+
+
+_VIA_FORMS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Kind]], ...] = (
+    (_VIA_P2P, _p2p),
+    (_VIA_P2P_INDIRECT, _p2p_indirect),
+    (_VIA_SHM, _shm),
+    (_VIA_NET, _net),
+    (_VIA_COLLNET, _collnet),
+    (_VIA_NVLS, _nvls),
+)
+
+
+def classify(via: str) -> Kind:
+    """The normalised transport, sorted flags and relay rank of a ``via`` text; ``OTHER`` if unknown."""
+    for pattern, kind in _VIA_FORMS:
+        m = pattern.fullmatch(via)
+        if m:
+            return kind(m)
+    return OTHER, (), None
+
+
+def _optional_int(text: str | None) -> int | None:
+    return int(text) if text is not None else None
+
+
+def _connection(m: re.Match[str], src: int, dst: int) -> Connection:
+    transport, flags, relay = classify(m["via"])
+    groups = m.groupdict()
+    return Connection(
+        channel=int(m["channel"]),
+        conn_index=_optional_int(m["conn_index"]),
+        src_rank=src,
+        dst_rank=dst,
+        src_dev=groups.get("src_dev"),
+        dst_dev=groups.get("dst_dev"),
+        direction=m["direction"],
+        transport=transport,
+        flags=flags,
+        detail=m["via"],
+        relay_rank=relay,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The parser
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _InitState:
+    comm: str
+    host: str | None
+    pid: int | None
+    fields: dict[str, Any] = field(default_factory=dict)
+    events: set[str] = field(default_factory=set)
+
+
+_Identity = tuple[int, "str | None", "int | None"]  # (file number, host, pid)
+
+
+def _append_new(items: list[str], item: str) -> None:
+    if item not in items:
+        items.append(item)
+
+
+class _Builder:
+    """Collects facts line by line, over one text or several files."""
+
+    def __init__(self) -> None:
+        self.source = 0
+        self.versions: list[str] = []
+        self.cuda: str | None = None
+        self.cuda_driver: int | None = None
+        self.connections: list[Connection] = []
+        self.bootstrap: list[str] = []
+        self.net_interfaces: list[str] = []
+        self.ib_devices: list[str] = []
+        self.network: str | None = None
+        self.env: dict[str, str] = {}
+        self.p2p_warnings: list[str] = []
+        self.inits: dict[tuple[_Identity, str], _InitState] = {}
+        self.nvls_comms: list[str] = []
+        self.warnings: list[str] = []
+
+    def feed(self, text: str) -> None:
+        for line in text.splitlines():
+            for needles, handler in _HANDLERS:
+                if any(needle in line for needle in needles):
+                    handler(self, line)
+        self.source += 1
+
+    def build(self, files: list[str], skipped: list[str]) -> NcclLog:
+        return NcclLog(
+            version=self.versions[0] if self.versions else None,
+            cuda=self.cuda,
+            cuda_driver=self.cuda_driver,
+            versions=self.versions,
+            connections=self.connections,
+            bootstrap_interface=self.bootstrap[0] if self.bootstrap else None,
+            bootstrap_interfaces=self.bootstrap,
+            net_interfaces=self.net_interfaces,
+            ib_devices=self.ib_devices,
+            network=self.network,
+            env_settings=self.env,
+            p2p_warnings=self.p2p_warnings,
+            inits=self._frozen_inits(),
+            nvls_comms=self.nvls_comms,
+            warnings=self.warnings,
+            files=files,
+            skipped_files=skipped,
+        )
+
+    def _frozen_inits(self) -> dict[str, CommInit]:
+        """Key by comm pointer; a pointer seen in more than one process gets ``@host:pid`` appended."""
+        owners = Counter(comm for _, comm in self.inits)
+        frozen = {}
+        for (identity, comm), state in self.inits.items():
+            key = comm if owners[comm] == 1 else f"{comm}@{_owner(identity)}"
+            frozen[key] = CommInit(
+                comm=comm,
+                host=state.host,
+                pid=state.pid,
+                started="Init START" in state.events,
+                completed="Init COMPLETE" in state.events,
+                aborted="Abort COMPLETE" in state.events,
+                **state.fields,
+            )
+        return frozen
+
+
+def _owner(identity: _Identity) -> str:
+    source, host, pid = identity
+    return f"{host}:{pid}" if host is not None else f"file{source}"
+
+
+def _on_version(b: _Builder, line: str) -> None:
+    m = _VERSION.search(line)
+    if m:
+        if not b.versions:
+            b.cuda = m["cuda"]
+        _append_new(b.versions, m["version"])
+
+
+def _on_cuda_driver(b: _Builder, line: str) -> None:
+    m = _CUDA_DRIVER.search(line)
+    if m and b.cuda_driver is None:
+        b.cuda_driver = int(m["driver"])
+
+
+def _on_bootstrap(b: _Builder, line: str) -> None:
+    m = _BOOTSTRAP.search(line)
+    if m:
+        _append_new(b.bootstrap, m["iface"])
+
+
+def _on_net_using(b: _Builder, line: str) -> None:
+    socket = _NET_SOCKET_USING.search(line)
+    if socket:
+        for entry in _LIST_ENTRY.findall(socket["list"]):
+            _append_new(b.net_interfaces, entry.split(":", 1)[0])
+    ib = _NET_IB_USING.search(line)
+    if ib:
+        for entry in _LIST_ENTRY.findall(ib["list"]):
+            _append_new(b.ib_devices, entry)
+
+
+def _on_network(b: _Builder, line: str) -> None:
+    m = _NETWORK.search(line)
+    if m and b.network is None:
+        b.network = m["network"]
+
+
+def _on_env(b: _Builder, line: str) -> None:
+    m = _ENV.search(line)
+    if m:
+        value = m["value"]
+        b.env.setdefault(m["var"], value[:-1] if value.endswith(".") else value)
+
+
+def _on_p2p_warning(b: _Builder, line: str) -> None:
+    m = _P2P_WARNING.search(line)
+    if m:
+        b.p2p_warnings.append(m.group(0).strip())
+
+
+def _on_init(b: _Builder, line: str) -> None:
+    m = _INIT.search(line)
+    if not m:
+        return
+    prefix = _PREFIX.search(line, 0, m.start())
+    host = prefix["host"] if prefix else None
+    pid = int(prefix["pid"]) if prefix else None
+    identity: _Identity = (b.source, host, pid)
+    state = b.inits.setdefault((identity, m["comm"]), _InitState(m["comm"], host, pid))
+    state.events.add(m["event"])
+    for name in ("rank", "nranks", "cuda_dev", "nvml_dev"):
+        if m[name] is not None:
+            state.fields[name] = int(m[name])
+    for name in ("bus_id", "comm_id"):
+        if m[name] is not None:
+            state.fields[name] = m[name]
+
+
+def _on_nvls(b: _Builder, line: str) -> None:
+    m = _NVLS_COMM.search(line)
+    if m:
+        _append_new(b.nvls_comms, m["comm"])
+
+
+def _on_warn(b: _Builder, line: str) -> None:
+    m = _WARN.search(line)
+    if m:
+        b.warnings.append(m["message"])
+
+
+def _on_via(b: _Builder, line: str) -> None:
+    m = _CONNECTION.search(line)
+    if m:
+        b.connections.append(_connection(m, int(m["src"]), int(m["dst"])))
+        return
+    m = _COLLNET_CONNECTION.search(line)
+    if m:
+        rank = int(m["rank"])
+        b.connections.append(_connection(m, rank, rank))
+
+
+# (substrings, any of which sends the line to the handler); a line may go to several handlers.
+_HANDLERS: tuple[tuple[tuple[str, ...], Callable[[_Builder, str], None]], ...] = (
+    (("NCCL version",), _on_version),
+    (("cudaDriverVersion",), _on_cuda_driver),
+    (("Bootstrap",), _on_bootstrap),
+    (("NET/Socket", "NET/IB"), _on_net_using),
+    (("Using network",), _on_network),
+    (("set by environment to",), _on_env),
+    (("P2P", "Legacy IPC"), _on_p2p_warning),
+    (("comm 0x",), _on_init),
+    (("NVLS comm",), _on_nvls),
+    (("NCCL WARN",), _on_warn),
+    ((" via ",), _on_via),
+)
+
+
+def parse(text: str) -> NcclLog:
+    """Parse the NCCL_DEBUG output of one process (or several, interleaved); never raises."""
+    builder = _Builder()
+    builder.feed(text)
+    return builder.build([], [])
+
+
+def parse_files(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> NcclLog:
+    """Parse and merge several log files (one per rank); files that cannot be read are listed, not fatal."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    builder = _Builder()
+    files: list[str] = []
+    skipped: list[str] = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except (OSError, ValueError):  # ValueError: a NUL byte in the path
+            skipped.append(os.fspath(path))
+            continue
+        builder.feed(data.decode("utf-8", errors="replace"))
+        files.append(os.fspath(path))
+    return builder.build(files, skipped)

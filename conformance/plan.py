@@ -1,0 +1,80 @@
+"""The plan of a run: which device sets and rungs each test is parametrised over, in what order.
+
+Parametrisation comes from sorted, deterministic data (the topology and the ladder), so every
+xdist worker collects the same items.  Items are then ordered rung by rung, class leaders first,
+which is what lets the adaptive ladder (``ladder.py``) wait only on items that come earlier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from conformance.ladder import Step
+from conformance.matrix import DEVICE_SET_FIXTURES, INHERITED, DeviceSet, Rung, each_pair
+from conformance.topology import Topology
+
+
+class Plan:
+    def __init__(self, topology: Topology, ladder: Sequence[Rung], mode: str, fallbacks_matter: bool = True) -> None:
+        self.topology = topology
+        self.ladder = tuple(ladder)
+        self.mode = mode
+        self.fallbacks_matter = fallbacks_matter  # False: gloo, not simulated (no NCCL variable is read)
+        self.rung_index = {r.name: i for i, r in enumerate(self.ladder)}
+        self.leaders: dict[str, str] = {}  # link class -> base id of its first pair
+        for pair in each_pair(topology):
+            self.leaders.setdefault(pair.link or "?", pair.base_id)
+
+    @property
+    def rungs(self) -> tuple[Rung, ...]:
+        if self.mode == "inherited" or (self.mode == "adaptive" and not self.fallbacks_matter):
+            return (INHERITED,)
+        return self.ladder
+
+    def not_applicable(self, fixture: str) -> str | None:
+        """Why multi-device sets cannot run on this machine (one GPU, MIG), if they cannot."""
+        if fixture == "single_device":
+            return None
+        devices = self.topology.devices
+        if len(devices) < 2:
+            return f"needs at least 2 devices; this machine has {len(devices)}: {', '.join(d.name for d in devices)}"
+        mig = [d.name for d in devices if d.mig]
+        if mig:
+            return f"MIG is enabled on {', '.join(mig)}: NCCL does not run across MIG instances"
+        return None
+
+    def parametrize(self, metafunc: pytest.Metafunc) -> None:
+        for fixture, plan in DEVICE_SET_FIXTURES.items():
+            if fixture not in metafunc.fixturenames:
+                continue
+            reason = self.not_applicable(fixture)
+            if reason:
+                metafunc.parametrize(fixture, [pytest.param(None, marks=pytest.mark.skip(reason=reason))], ids=["none"])
+                continue
+            sets = [s.with_rung(r) for s in plan(self.topology) for r in self.rungs]
+            metafunc.parametrize(fixture, sets, ids=[s.id for s in sets])
+
+    def step(self, test_name: str, device_set: DeviceSet) -> Step:
+        leader = self.leaders.get(device_set.link or "?") if device_set.kind == "pair" else None
+        follows = leader is not None and leader != device_set.base_id
+        return Step(
+            key=f"{test_name}[{device_set.base_id}]",
+            rung_index=self.rung_index.get(device_set.rung.name, 0),
+            leader_key=f"{test_name}[{leader}]" if follows else None,
+            link=device_set.link,
+        )
+
+    def _sort_key(self, item: pytest.Item) -> tuple[int, int]:
+        params = getattr(item, "callspec", None)
+        for fixture in DEVICE_SET_FIXTURES:
+            device_set = params.params.get(fixture) if params is not None else None
+            if isinstance(device_set, DeviceSet):
+                step = self.step(getattr(item, "originalname", item.name), device_set)
+                return step.rung_index, int(step.leader_key is not None)
+        return 0, 0
+
+    def order(self, items: list[pytest.Item]) -> None:
+        """Rung by rung, leaders before followers; otherwise collection order (a stable sort)."""
+        items.sort(key=self._sort_key)
