@@ -139,8 +139,10 @@ def build_ladder(user_rungs: Sequence[tuple[Rung, str]]) -> tuple[Rung, ...]:
 
 @dataclass(frozen=True)
 class DeviceSet:
-    """Devices for one case.  ``kind``: all, single, pair or a subset name; ``isolate``: the ranks
-    see only these devices (CUDA_VISIBLE_DEVICES), as a job launched on a subset does.
+    """Devices for one case.
+
+    ``kind``: all, single, pair or a subset name; ``isolate``: the ranks see only these devices
+    (CUDA_VISIBLE_DEVICES), as a job launched on a subset of the machine does.
     """
 
     devices: tuple[Device, ...]

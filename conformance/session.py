@@ -170,6 +170,7 @@ class ConformanceSession:
     def case_spec(self, item: pytest.Item, probe: str, device_set: DeviceSet, params: dict[str, Any]) -> CaseSpec:
         rung = device_set.rung
         pair = device_set.devices if len(device_set.devices) == 2 else None
+        single_process = bool(params.pop("single_process", False))
         return CaseSpec(
             nodeid=item.nodeid,
             probe=probe,
@@ -184,6 +185,7 @@ class ConformanceSession:
             links=device_set.links,
             isolate=device_set.isolate,
             p2p_status=self.topology.p2p_status(*pair) if pair else None,
+            single_process=single_process,
         )
 
     def run(

@@ -1,19 +1,38 @@
-"""Collectives over every device together and over a world of one, data checked exactly."""
+"""Collectives over every device together and over a world of one, data checked exactly.
+
+On GPUs the sizes straddle NCCL's protocol switch points (4 B, 256 KiB, 1 MiB, 64 MiB) and the
+bus bandwidth is reported with nccl-tests' definitions.
+"""
 
 from __future__ import annotations
+
+import pytest
 
 from conformance.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession
 
 
-def test_barrier_first(conformance_case: RunCase, device_set: DeviceSet) -> None:
-    """A barrier as the group's first collective (the wrong-GPU barrier hang), then an all-reduce."""
-    conformance_case("barrier", device_set)
+def test_world_of_one(conformance_case: RunCase, conformance: ConformanceSession, single_device: DeviceSet) -> None:
+    """Each device alone: a world of one initialises, all-reduces and tears down.
+
+    The "single-GPU machine fails with NCCL unhandled system error" case.
+    """
+    conformance_case("all_reduce", single_device, sizes=conformance.sizes)
+
+
+@pytest.mark.parametrize("device_ids", [True, False], ids=["device_ids", "no_device_ids"])
+def test_barrier_first(conformance_case: RunCase, barrier_device_set: DeviceSet, device_ids: bool) -> None:
+    """A barrier as the group's first collective, with and without device_ids.
+
+    On all devices and on subsets a job may be given (the "using GPU N to perform barrier ...
+    unknown" hang).
+    """
+    conformance_case("barrier", barrier_device_set, device_ids=device_ids, bind_device=device_ids)
 
 
 def test_all_reduce(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("all_reduce", device_set, sizes=conformance.sizes)
+    conformance_case("all_reduce", device_set, sizes=conformance.sizes, measure=True)
 
 
 def test_broadcast(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
@@ -21,8 +40,8 @@ def test_broadcast(conformance_case: RunCase, conformance: ConformanceSession, d
 
 
 def test_all_gather(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("all_gather", device_set, sizes=conformance.sizes)
+    conformance_case("all_gather", device_set, sizes=conformance.sizes, measure=True)
 
 
 def test_reduce_scatter(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("reduce_scatter", device_set, sizes=conformance.sizes)
+    conformance_case("reduce_scatter", device_set, sizes=conformance.sizes, measure=True)

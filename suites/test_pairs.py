@@ -1,4 +1,8 @@
-"""Every device pair: a 2-rank group exchanging verified data both ways, then bandwidth."""
+"""Every device pair: a peer copy in one process, and a 2-rank group exchanging verified data.
+
+A pair that NVML says cannot do P2P is not a failure when NCCL falls back correctly: the record
+shows the transport it used.
+"""
 
 from __future__ import annotations
 
@@ -10,3 +14,8 @@ from conformance.session import ConformanceSession
 def test_pair_exchange(conformance_case: RunCase, conformance: ConformanceSession, device_pair: DeviceSet) -> None:
     """send/recv both ways and an all-reduce, checked exactly; GB/s measured afterwards."""
     conformance_case("pair_exchange", device_pair, sizes=conformance.sizes)
+
+
+def test_peer_copy(conformance_case: RunCase, conformance: ConformanceSession, device_pair: DeviceSet) -> None:
+    """Both directions of ``tensor.to(peer)`` at 8 B and the largest size, every element checked."""
+    conformance_case("peer_copy", device_pair, sizes=[8, max(conformance.sizes)], single_process=True)

@@ -43,6 +43,11 @@ class CaseSpec:
     links: tuple[str, ...] = ()  # link classes between the devices (scenario rules match them)
     isolate: bool = False  # the ranks see only these GPUs, renumbered from 0
     p2p_status: Mapping[str, str] | None = None  # NVML's view, for pairs
+    single_process: bool = False  # one rank on the first device, the others as its peers
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.single_process else len(self.devices)
 
 
 @dataclass
@@ -161,8 +166,10 @@ class CaseRunner:
                 "nodeid": spec.nodeid,
                 "probe": spec.probe,
                 "backend": spec.backend,
-                "world_size": len(spec.devices),
-                "devices": rank_devices(spec),
+                "world_size": spec.world_size,
+                "devices": rank_devices(spec)[: spec.world_size],
+                "peers": rank_devices(spec)[spec.world_size :],
+                "single_process": spec.single_process,
                 "set_kind": spec.set_kind,
                 "links": list(spec.links),
                 "params": dict(spec.params),
@@ -179,7 +186,7 @@ class CaseRunner:
         self._write_spec(spec, case_dir)
         self.server.ensure_started()  # once per process; not part of the case's time
         begun = time.monotonic()
-        pids, pgid = self.server.spawn(case_dir, len(spec.devices))
+        pids, pgid = self.server.spawn(case_dir, spec.world_size)
         self.groups[pgid] = pids
         ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
         try:

@@ -64,10 +64,13 @@ class RankContext:
 
     @property
     def torch_device(self) -> torch.device:
+        return self.device_of(self.device)
+
+    def device_of(self, device: Mapping[str, Any]) -> torch.device:
         import torch
 
         if self.backend == "nccl":
-            return torch.device("cuda", self.device["index"])
+            return torch.device("cuda", device["index"])
         return torch.device("cpu")
 
     def phase(self, name: str, step: str = "") -> None:

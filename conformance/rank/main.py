@@ -70,8 +70,8 @@ def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
 
     ctx.phase("init", f"init_process_group({ctx.backend})")
     kwargs: dict[str, Any] = {}
-    if ctx.backend == "nccl":
-        kwargs["device_id"] = ctx.torch_device
+    if ctx.backend == "nccl" and ctx.params.get("bind_device", True):
+        kwargs["device_id"] = ctx.torch_device  # eager NCCL init: set-up errors surface here
     dist.init_process_group(
         backend=ctx.backend,
         store=store,
@@ -94,6 +94,10 @@ def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:
     store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)  # type: ignore[attr-defined]
     store.set_timeout(datetime.timedelta(seconds=spec["init_timeout"]))
     control(ctx, store, spec["init_timeout"])
+    if spec.get("single_process"):
+        PROBES[spec["probe"]](ctx)  # one process, no group (peer copies)
+        ctx.phase("teardown", "done")
+        return
     init_group(ctx, store, spec)
     PROBES[spec["probe"]](ctx)
     ctx.phase("teardown", "destroy_process_group")

@@ -61,6 +61,39 @@ def sized_steps(ctx: RankContext, name: str) -> Iterator[tuple[int, str]]:
         yield _numel(nbytes), label
 
 
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' bus bandwidth factors: what each rank's link carries relative to algbw."""
+    n = world_size
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def measure_busbw(ctx: RankContext, collective: str, nbytes: int, run_once: Callable[[], object]) -> None:
+    """Time the collective after its data was verified; record algbw and busbw in GB/s."""
+    import torch.distributed as dist
+
+    iterations = int(ctx.params.get("bandwidth_iterations", 5))
+    ctx.phase("probe", f"{collective} bandwidth {size_label(nbytes)} x{iterations}")
+    dist.barrier(group=ctx.group)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        run_once()
+    _synchronize(ctx)
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    algbw = nbytes * iterations / elapsed / 1e9
+    ctx.metrics.setdefault("algbw_gbps", {})[size_label(nbytes)] = round(algbw, 4)
+    ctx.metrics.setdefault("busbw_gbps", {})[size_label(nbytes)] = round(
+        algbw * bus_factor(collective, ctx.world_size), 4
+    )
+
+
+def _largest(ctx: RankContext) -> int:
+    return max(int(s) for s in ctx.params.get("sizes", [4]))
+
+
 @probe("all_reduce")
 def all_reduce(ctx: RankContext) -> None:
     import torch.distributed as dist
@@ -68,17 +101,28 @@ def all_reduce(ctx: RankContext) -> None:
     for n, label in sized_steps(ctx, "all_reduce"):
         data = pattern(ctx.rank, n).to(ctx.torch_device)
         dist.all_reduce(data, group=ctx.group)
-        expected = reduced(ctx.world_size, n)
-        ctx.verify(label, data, expected)
+        ctx.verify(label, data, reduced(ctx.world_size, n))
+    if ctx.params.get("measure"):
+        data = pattern(ctx.rank, _numel(_largest(ctx))).to(ctx.torch_device)
+        measure_busbw(ctx, "all_reduce", data.numel() * 4, lambda: dist.all_reduce(data, group=ctx.group))
 
 
 @probe("barrier")
 def barrier(ctx: RankContext) -> None:
-    """Barrier as the first collective on the group, then proof the group still agrees."""
+    """Barrier as the first collective on the group, then proof the group still agrees.
+
+    ``device_ids=False`` leaves NCCL to guess each rank's GPU (the group was also created without
+    ``device_id``): the "using GPU N to perform barrier as devices used by this process are
+    currently unknown" hang on non-contiguous device subsets.
+    """
     import torch.distributed as dist
 
-    ctx.phase("probe", "barrier")
-    dist.barrier(group=ctx.group)
+    with_ids = bool(ctx.params.get("device_ids", True))
+    ctx.phase("probe", "barrier with device_ids" if with_ids else "barrier without device_ids")
+    if with_ids and ctx.backend == "nccl":
+        dist.barrier(group=ctx.group, device_ids=[ctx.torch_device.index])
+    else:
+        dist.barrier(group=ctx.group)
     ctx.phase("probe", "all_reduce after barrier")
     data = pattern(ctx.rank, 1).to(ctx.torch_device)
     dist.all_reduce(data, group=ctx.group)
@@ -105,6 +149,12 @@ def all_gather(ctx: RankContext) -> None:
         out = torch.zeros(ctx.world_size * n, device=ctx.torch_device)
         dist.all_gather_into_tensor(out, pattern(ctx.rank, n).to(ctx.torch_device), group=ctx.group)
         ctx.verify(label, out, torch.cat([pattern(r, n) for r in range(ctx.world_size)]))
+    if ctx.params.get("measure"):
+        n = _numel(_largest(ctx))
+        mine, out = pattern(ctx.rank, n).to(ctx.torch_device), torch.zeros(ctx.world_size * n, device=ctx.torch_device)
+        measure_busbw(
+            ctx, "all_gather", out.numel() * 4, lambda: dist.all_gather_into_tensor(out, mine, group=ctx.group)
+        )
 
 
 @probe("reduce_scatter")
@@ -118,6 +168,12 @@ def reduce_scatter(ctx: RankContext) -> None:
         dist.reduce_scatter_tensor(out, full, group=ctx.group)
         total = reduced(ctx.world_size, n * ctx.world_size)
         ctx.verify(label, out, total[ctx.rank * n : (ctx.rank + 1) * n])
+    if ctx.params.get("measure"):
+        n = _numel(_largest(ctx))
+        full, out = pattern(ctx.rank, n * ctx.world_size).to(ctx.torch_device), torch.zeros(n, device=ctx.torch_device)
+        measure_busbw(
+            ctx, "reduce_scatter", full.numel() * 4, lambda: dist.reduce_scatter_tensor(out, full, group=ctx.group)
+        )
 
 
 def _exchange(ctx: RankContext, n: int) -> torch.Tensor:
@@ -190,6 +246,58 @@ def fail_one_rank(ctx: RankContext) -> None:
     if ctx.rank == failing:
         time.sleep(delay)  # let the others enter the collective first
         raise RuntimeError(f"deliberate failure on rank {failing} while the others are in all_reduce")
+    data = pattern(ctx.rank, 1).to(ctx.torch_device)
+    dist.all_reduce(data, group=ctx.group)
+    ctx.verify("all_reduce", data, reduced(ctx.world_size, 1))
+
+
+@probe("peer_copy")
+def peer_copy(ctx: RankContext) -> None:
+    """In one process: write a pattern on one device, copy it to the peer and back, check it all.
+
+    On GPUs this is ``tensor.to(peer)`` (cudaMemcpyPeer, the path framework copies take); on a
+    CPU run the devices are virtual and the copy is a host copy, so the harness still runs it.
+    """
+    import torch
+
+    peer = ctx.spec["peers"][0]
+    here, there = ctx.torch_device, ctx.device_of(peer)
+    if here.type == "cuda":
+        ctx.metrics["peer_access"] = torch.cuda.can_device_access_peer(here.index, there.index)
+    for src, dst, names in (
+        (here, there, (ctx.device["name"], peer["name"])),
+        (there, here, (peer["name"], ctx.device["name"])),
+    ):
+        for n, label in sized_steps(ctx, f"copy {names[0]}->{names[1]}"):
+            data = pattern(ctx.rank, n).to(src)
+            copied = data.to(dst)
+            _synchronize(ctx)
+            ctx.verify(label, copied, pattern(ctx.rank, n))
+    n = _numel(_largest(ctx))
+    data = pattern(ctx.rank, n).to(here)
+    ctx.phase("probe", f"copy bandwidth {size_label(n * 4)}")
+    start = time.perf_counter()
+    for _ in range(int(ctx.params.get("bandwidth_iterations", 5))):
+        data.to(there)
+    _synchronize(ctx)
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    ctx.metrics["bandwidth_gbps"] = round(n * 4 * int(ctx.params.get("bandwidth_iterations", 5)) / elapsed / 1e9, 4)
+
+
+@probe("oom_while_waiting")
+def oom_while_waiting(ctx: RankContext) -> None:
+    """One rank runs into a real CUDA out-of-memory while the others wait in an all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.torch_device.type != "cuda":
+        ctx.skip("a real CUDA out-of-memory needs a GPU; the CPU run covers this with a simulated one")
+    failing = int(ctx.params.get("failing_rank", ctx.world_size - 1))
+    ctx.phase("probe", "all_reduce while one rank runs out of memory")
+    if ctx.rank == failing:
+        time.sleep(float(ctx.params.get("delay", 0.5)))
+        free, total = torch.cuda.mem_get_info(ctx.torch_device)
+        torch.empty(int(total * 2), dtype=torch.uint8, device=ctx.torch_device)  # more than the GPU has
     data = pattern(ctx.rank, 1).to(ctx.torch_device)
     dist.all_reduce(data, group=ctx.group)
     ctx.verify("all_reduce", data, reduced(ctx.world_size, 1))
