@@ -68,6 +68,10 @@ FLAG_GDRDMA = "GDRDMA"
 FLAG_PXN = "PXN"
 FLAG_SHARED = "shared"
 
+# NCCL formats each line into a buffer of about 1 KiB (debug.cc); what lies past this is not NCCL's and would
+# only make the searches slow (a line with many partial matches costs time quadratic in its length).
+MAX_LINE = 4096
+
 RECORD_WARNINGS = 50  # distinct warning messages kept in to_record(); NcclLog.warnings keeps them all
 
 # --------------------------------------------------------------------------------------------
@@ -79,12 +83,14 @@ RECORD_WARNINGS = 50  # distinct warning messages kept in to_record(); NcclLog.w
 _PREFIX = re.compile(r"(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[-?\d{1,4}\] ", re.ASCII)
 
 # Every era: "NCCL version 2.21.5+cuda12.4" (<= 2.6 printed it with no prefix).
-_VERSION = re.compile(r"\bNCCL version (?P<version>\d{1,3}\.\d{1,3}\.\d{1,4})\S*?(?:\+cuda(?P<cuda>\d{1,3}\.\d{1,3}))?")
+_VERSION = re.compile(
+    r"\bNCCL version (?P<version>\d{1,3}\.\d{1,3}\.\d{1,4})[^\s+]{0,32}(?:\+cuda(?P<cuda>\d{1,3}\.\d{1,3}))?"
+)
 
-# >= 2.10 or so: "cudaDriverVersion 12080".
+# Newer releases (seen in 2.14 and later logs): "cudaDriverVersion 12080".
 _CUDA_DRIVER = re.compile(r"\bcudaDriverVersion (?P<driver>\d{1,7})\b", re.ASCII)
 
-# "Bootstrap : Using eth0:10.0.0.1<0>" (<= 2.24), "Bootstrap: Using eth0:..." (>= 2.25),
+# "Bootstrap : Using eth0:10.0.0.1<0>" (older), "Bootstrap: Using eth0:..." (seen in 2.25 and later logs),
 # "Bootstrap : Using [0]ens5:172.31.41.105<0>" (2.4).
 _BOOTSTRAP = re.compile(r"\bBootstrap ?: Using (?:\[\d{1,3}\])?(?P<iface>[^\s:<>\[\]]{1,64}):", re.ASCII)
 
@@ -95,12 +101,12 @@ _NET_IB_USING = re.compile(r"\bNET/IB ?: Using (?P<list>[^;]*)")
 # One "[n]name" entry of those two lists.
 _LIST_ENTRY = re.compile(r"\[\d{1,3}\](?P<entry>[^\s;<>]+)", re.ASCII)
 
-# >= 2.12: "Using network IB" / "Using network Socket" / "Using network AWS Libfabric" / "... IBext_v8".
-_NETWORK = re.compile(r"\bUsing network (?P<network>\S.*?)\s*$")
+# "Using network IB" / "Using network Socket" / "Using network AWS Libfabric" / "Using network IBext_v8".
+_NETWORK = re.compile(r"\bUsing network (?P<network>\S.*)")
 
 # param.cc / ncclGetEnv, every era: "NCCL_P2P_LEVEL set by environment to NVL",
 # integer parameters end in a full stop: "NCCL_IB_DISABLE set by environment to 1.".
-_ENV = re.compile(r"\b(?P<var>[A-Z][A-Z0-9_]{0,63}) set by environment to (?P<value>.*?)\s*$", re.ASCII)
+_ENV = re.compile(r"\b(?P<var>[A-Z][A-Z0-9_]{0,63}) set by environment to (?P<value>.*)", re.ASCII)
 
 # transport/p2p.cc and graph/paths.cc, every era:
 #   "Could not enable P2P between dev 0(=1a000) and dev 1(=3d000)"
@@ -120,7 +126,7 @@ _P2P_WARNING = re.compile(
 _INIT = re.compile(
     r"\bcomm (?P<comm>0x[0-9a-fA-F]{1,16}) rank (?P<rank>\d{1,7}) n[Rr]anks (?P<nranks>\d{1,7})"
     r" cudaDev (?P<cuda_dev>-?\d{1,4})(?: nvmlDev (?P<nvml_dev>-?\d{1,4}))?(?: busId (?P<bus_id>[0-9a-fA-F]{1,16}))?"
-    r"(?: commId (?P<comm_id>0x[0-9a-fA-F]{1,16}))?.*?-\s?(?P<event>Init START|Init COMPLETE|Abort COMPLETE)",
+    r"(?: commId (?P<comm_id>0x[0-9a-fA-F]{1,16}))?.{0,400}?-\s?(?P<event>Init START|Init COMPLETE|Abort COMPLETE)",
     re.ASCII,
 )
 
@@ -128,7 +134,7 @@ _INIT = re.compile(
 _NVLS_COMM = re.compile(r"\bNVLS comm (?P<comm>0x[0-9a-fA-F]{1,16})\b", re.ASCII)
 
 # debug.cc, every era: "host:pid:tid [dev] misc/socket.cc:484 NCCL WARN <message>".
-_WARN = re.compile(r"\bNCCL WARN ?(?P<message>.*?)\s*$")
+_WARN = re.compile(r"\bNCCL WARN ?(?P<message>.*)")
 
 # The transport line of every era (see the module docstring):
 #   "Ring 00 : 0[0] -> 1[1] via P2P/IPC", "Ring 00 : 15 -> 0 [send] via NET/Socket/0",
@@ -138,7 +144,7 @@ _CONNECTION = re.compile(
     r"\b(?:Channel|Ring) (?P<channel>\d{1,4})(?:/(?P<conn_index>\d{1,2}))? : "
     r"(?P<src>\d{1,7})(?:\[(?P<src_dev>[0-9a-fA-Fx]{1,16})\])? -> "
     r"(?P<dst>\d{1,7})(?:\[(?P<dst_dev>[0-9a-fA-Fx]{1,16})\])? "
-    r"(?:\[(?P<direction>send|receive)\] )?via (?P<via>.*?)\s*$",
+    r"(?:\[(?P<direction>send|receive)\] )?via (?P<via>.*)",
     re.ASCII,
 )
 
@@ -146,17 +152,19 @@ _CONNECTION = re.compile(
 # "CollNet 00/0 : 3 [receive] via COLLNET/SHARP/0/GDRDMA(PCI)" (>= 2.12).  One rank, no peer.
 _COLLNET_CONNECTION = re.compile(
     r"\bColl(?:Net)? (?P<channel>\d{1,4})(?:/(?P<conn_index>\d{1,2}))? : (?P<rank>\d{1,7}) "
-    r"\[(?P<direction>send|receive)\] via (?P<via>.*?)\s*$",
+    r"\[(?P<direction>send|receive)\] via (?P<via>.*)",
     re.ASCII,
 )
 
 # The "via" text, matched whole.
 # P2P: "P2P/CUMEM/read", "P2P/CUMEM/CE", "P2P/MNNVL", "P2P/IPC/read/CE", "P2P/direct pointer/read" (>= 2.19);
-# "P2P/IPC" (all eras); "P2P/direct pointer" (>= 2.7, ranks of one process).
+# "P2P/IPC" and "P2P/direct pointer" (ranks of one process) in every era.
 _VIA_P2P = re.compile(r"P2P/(?P<kind>CUMEM|MNNVL|IPC|direct pointer)(?P<mods>(?:/read|/CE)*)")
 # >= 2.12: routed through the GPU of another rank, "P2P/indirect/2[2]/read" (busId in the bracket before 2.19).
-_VIA_P2P_INDIRECT = re.compile(r"P2P/indirect/(?P<rank>\d{1,7})\[[0-9a-fA-Fx]{1,16}\](?P<mods>(?:/read|/CE)*)", re.ASCII)
-# SHM: "direct shared memory" (<= 2.11), "SHM/direct/direct", "SHM/CE/direct", "SHM/CE/CE" (>= 2.12).
+_VIA_P2P_INDIRECT = re.compile(
+    r"P2P/indirect/(?P<rank>\d{1,7})\[[0-9a-fA-Fx]{1,16}\](?P<mods>(?:/read|/CE)*)", re.ASCII
+)
+# SHM: "direct shared memory" (older), "SHM/direct/direct", "SHM/CE/direct", "SHM/CE/CE" (newer).
 _VIA_SHM = re.compile(r"SHM/(?P<send>direct|CE)/(?P<recv>direct|CE)|direct shared memory")
 # NET: "NET/Socket/0" (all eras), "NET/IB/0/GDRDMA" (>= 2.4), "NET/IB/1(3)/GDRDMA/Shared" (>= 2.12, PXN),
 # "NET/IB/0/GDRDMA(PCI)/Shared" (>= 2.19), "NET/AWS Libfabric/0", "NET/NCCL RDMA Plugin v6/0(2)/GDRDMA/Shared".
@@ -277,7 +285,7 @@ class NcclLog:
 # The via text
 # --------------------------------------------------------------------------------------------
 
-Kind = tuple[str, tuple[str, ...], "int | None"]  # transport, flags, relay rank
+Kind = tuple[str, tuple[str, ...], int | None]  # transport, flags, relay rank
 
 
 def _mods(text: str) -> tuple[str, ...]:
@@ -338,7 +346,8 @@ def _optional_int(text: str | None) -> int | None:
 
 
 def _connection(m: re.Match[str], src: int, dst: int) -> Connection:
-    transport, flags, relay = classify(m["via"])
+    via = m["via"].strip()
+    transport, flags, relay = classify(via)
     groups = m.groupdict()
     return Connection(
         channel=int(m["channel"]),
@@ -350,7 +359,7 @@ def _connection(m: re.Match[str], src: int, dst: int) -> Connection:
         direction=m["direction"],
         transport=transport,
         flags=flags,
-        detail=m["via"],
+        detail=via,
         relay_rank=relay,
     )
 
@@ -369,7 +378,7 @@ class _InitState:
     events: set[str] = field(default_factory=set)
 
 
-_Identity = tuple[int, "str | None", "int | None"]  # (file number, host, pid)
+_Identity = tuple[int, str | None, int | None]  # (file number, host, pid)
 
 
 def _append_new(items: list[str], item: str) -> None:
@@ -392,12 +401,13 @@ class _Builder:
         self.network: str | None = None
         self.env: dict[str, str] = {}
         self.p2p_warnings: list[str] = []
-        self.inits: dict[tuple[_Identity, str], _InitState] = {}
+        self.inits: dict[tuple[_Identity, str], list[_InitState]] = {}  # one state per use of the pointer
         self.nvls_comms: list[str] = []
         self.warnings: list[str] = []
 
     def feed(self, text: str) -> None:
-        for line in text.splitlines():
+        for whole in text.splitlines():
+            line = whole[:MAX_LINE]
             for needles, handler in _HANDLERS:
                 if any(needle in line for needle in needles):
                     handler(self, line)
@@ -425,21 +435,31 @@ class _Builder:
         )
 
     def _frozen_inits(self) -> dict[str, CommInit]:
-        """Key by comm pointer; a pointer seen in more than one process gets ``@host:pid`` appended."""
+        """Key by comm pointer.
+
+        A pointer seen in more than one process gets ``@host:pid`` appended, and a pointer that one
+        process initialised again (a communicator destroyed and a new one at the same address) gets
+        ``#2``, ``#3``... on its later uses.
+        """
         owners = Counter(comm for _, comm in self.inits)
         frozen = {}
-        for (identity, comm), state in self.inits.items():
+        for (identity, comm), states in self.inits.items():
             key = comm if owners[comm] == 1 else f"{comm}@{_owner(identity)}"
-            frozen[key] = CommInit(
-                comm=comm,
-                host=state.host,
-                pid=state.pid,
-                started="Init START" in state.events,
-                completed="Init COMPLETE" in state.events,
-                aborted="Abort COMPLETE" in state.events,
-                **state.fields,
-            )
+            for use, state in enumerate(states, start=1):
+                frozen[key if use == 1 else f"{key}#{use}"] = _freeze(state)
         return frozen
+
+
+def _freeze(state: _InitState) -> CommInit:
+    return CommInit(
+        comm=state.comm,
+        host=state.host,
+        pid=state.pid,
+        started="Init START" in state.events,
+        completed="Init COMPLETE" in state.events,
+        aborted="Abort COMPLETE" in state.events,
+        **state.fields,
+    )
 
 
 def _owner(identity: _Identity) -> str:
@@ -481,13 +501,13 @@ def _on_net_using(b: _Builder, line: str) -> None:
 def _on_network(b: _Builder, line: str) -> None:
     m = _NETWORK.search(line)
     if m and b.network is None:
-        b.network = m["network"]
+        b.network = m["network"].strip()
 
 
 def _on_env(b: _Builder, line: str) -> None:
     m = _ENV.search(line)
     if m:
-        value = m["value"]
+        value = m["value"].strip()
         b.env.setdefault(m["var"], value[:-1] if value.endswith(".") else value)
 
 
@@ -505,7 +525,10 @@ def _on_init(b: _Builder, line: str) -> None:
     host = prefix["host"] if prefix else None
     pid = int(prefix["pid"]) if prefix else None
     identity: _Identity = (b.source, host, pid)
-    state = b.inits.setdefault((identity, m["comm"]), _InitState(m["comm"], host, pid))
+    uses = b.inits.setdefault((identity, m["comm"]), [])
+    if not uses or m["event"] in uses[-1].events:  # a second START (or COMPLETE): the pointer was reused
+        uses.append(_InitState(m["comm"], host, pid))
+    state = uses[-1]
     state.events.add(m["event"])
     for name in ("rank", "nranks", "cuda_dev", "nvml_dev"):
         if m[name] is not None:
@@ -524,7 +547,7 @@ def _on_nvls(b: _Builder, line: str) -> None:
 def _on_warn(b: _Builder, line: str) -> None:
     m = _WARN.search(line)
     if m:
-        b.warnings.append(m["message"])
+        b.warnings.append(m["message"].strip())
 
 
 def _on_via(b: _Builder, line: str) -> None:
@@ -546,7 +569,7 @@ _HANDLERS: tuple[tuple[tuple[str, ...], Callable[[_Builder, str], None]], ...] =
     (("NET/Socket", "NET/IB"), _on_net_using),
     (("Using network",), _on_network),
     (("set by environment to",), _on_env),
-    (("P2P", "Legacy IPC"), _on_p2p_warning),
+    (("P2P", "peer query failed", "Legacy IPC"), _on_p2p_warning),
     (("comm 0x",), _on_init),
     (("NVLS comm",), _on_nvls),
     (("NCCL WARN",), _on_warn),

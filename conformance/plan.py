@@ -56,13 +56,19 @@ class Plan:
             sets = [s.with_rung(r) for s in plan(self.topology) for r in self.rungs]
             metafunc.parametrize(fixture, sets, ids=[s.id for s in sets])
 
-    def step(self, test_name: str, device_set: DeviceSet) -> Step:
+    def step(self, item: pytest.Item, device_set: DeviceSet) -> Step:
+        """The item's place on the ladder: its id with the device set's rung taken out."""
+        callspec = getattr(item, "callspec", None)
+        ident = callspec.id if callspec is not None else device_set.id
+        if device_set.id not in ident:
+            ident = device_set.id  # a device set the test made itself
+        name = getattr(item, "originalname", item.name)
         leader = self.leaders.get(device_set.link or "?") if device_set.kind == "pair" else None
         follows = leader is not None and leader != device_set.base_id
         return Step(
-            key=f"{test_name}[{device_set.base_id}]",
+            key=f"{name}[{ident.replace(device_set.id, device_set.base_id)}]",
             rung_index=self.rung_index.get(device_set.rung.name, 0),
-            leader_key=f"{test_name}[{leader}]" if follows else None,
+            leader_key=f"{name}[{ident.replace(device_set.id, leader or '')}]" if follows else None,
             link=device_set.link,
         )
 
@@ -71,7 +77,7 @@ class Plan:
         for fixture in DEVICE_SET_FIXTURES:
             device_set = params.params.get(fixture) if params is not None else None
             if isinstance(device_set, DeviceSet):
-                step = self.step(getattr(item, "originalname", item.name), device_set)
+                step = self.step(item, device_set)
                 return step.rung_index, int(step.leader_key is not None)
         return 0, 0
 

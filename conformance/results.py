@@ -50,7 +50,9 @@ def root_cause(result: CaseResult) -> dict[str, Any] | None:
     return {"rank": root.rank, "kind": kind, "message": root.message, "phase": root.phase, "step": root.step}
 
 
-def case_record(result: CaseResult, run_id: str, expected_verdict: str | None = None) -> dict[str, Any]:
+def case_record(
+    result: CaseResult, run_id: str, expected_verdict: str | None = None, ladder_key: str | None = None
+) -> dict[str, Any]:
     spec = result.spec
     return {
         "schema": SCHEMA,
@@ -60,6 +62,8 @@ def case_record(result: CaseResult, run_id: str, expected_verdict: str | None = 
         "devices": [d.name for d in spec.devices],
         "device_ids": [d.uuid or d.name for d in spec.devices],
         "link": spec.link,
+        "set_kind": spec.set_kind,
+        "ladder_key": ladder_key,
         "backend": spec.backend,
         "env_name": spec.env_name,
         "env": {**spec.env_set, **{name: None for name in spec.env_unset}},

@@ -21,7 +21,7 @@ from conformance.matrix import BUILTIN_LADDER, DeviceSet, Rung
 from conformance.plan import Plan
 from conformance.scenario import Scenario
 from conformance.settings import Settings
-from conformance.topology import Topology
+from conformance.topology import Topology, link_matrix_lines
 from conformance.verdict import VERDICTS, stack_excerpt
 
 SUMMARY_ORDER = ("hang", "fail", *(v for v in VERDICTS if v not in ("hang", "fail")))
@@ -121,7 +121,7 @@ class ConformanceSession:
 
     @property
     def sizes(self) -> list[int]:
-        return COLLECTIVE_SIZES[self.topology.kind]
+        return COLLECTIVE_SIZES["gpu" if self.backend == "nccl" else "cpu"]
 
     @property
     def is_worker(self) -> bool:
@@ -192,7 +192,7 @@ class ConformanceSession:
         self, item: pytest.Item, probe: str, device_set: DeviceSet, expect: str | None = None, **params: Any
     ) -> CaseResult:
         """Run one case for ``item`` (unless the ladder skips its rung) and record it when it ends."""
-        step = self.plan.step(getattr(item, "originalname", item.name), device_set)
+        step = self.plan.step(item, device_set)
         decision = self._rung_decision(step)
         if not decision.run:
             self.book.record(step, "skipped", decision.reason)
@@ -203,7 +203,7 @@ class ConformanceSession:
             outcome = result.verdict
         finally:
             self.book.record(step, outcome)
-        record = results.case_record(result, self.run_id, expect)
+        record = results.case_record(result, self.run_id, expect, step.key)
         results.append_record(self.results_path, record)
         item.user_properties.extend(results.junit_properties(record))
         if result.verdict not in ("pass", "skip"):
@@ -221,7 +221,8 @@ class ConformanceSession:
     # -- hooks ------------------------------------------------------------------------------
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         t = self.topology
-        devices = ", ".join(f"{d.name}{f' ({d.model})' if d.model else ''}" for d in t.devices)
+        models = sorted({d.model for d in t.devices if d.model})
+        devices = ", ".join(d.name for d in t.devices) + (f" ({', '.join(models)})" if models else "")
         lines = [
             f"conformance: run {self.run_id}, backend {self.backend}, {len(t.devices)} devices: {devices}",
             f"conformance: torch {package_version('torch') or 'not installed'}, "
@@ -229,6 +230,10 @@ class ConformanceSession:
         ]
         if t.note:
             lines.append(f"conformance: {t.note}")
+        if t.driver or t.cuda_driver:
+            lines.append(f"conformance: driver {t.driver or '?'}, CUDA driver {t.cuda_driver or '?'}")
+        lines.extend(f"conformance:   {line}" for line in link_matrix_lines(t))
+        lines.append(f"conformance: matrix {self.plan.mode}, rungs: {', '.join(r.name for r in self.plan.ladder)}")
         inherited = inherited_variables()
         if inherited:
             lines.append("conformance: inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
@@ -261,6 +266,8 @@ class ConformanceSession:
         if records:
             for line in summary_lines(records, self.simulated):
                 terminalreporter.write_line(line)
+            for line in ladder_summary_lines(records, self.plan.ladder, self.settings.case_timeout):
+                terminalreporter.write_line(line)
 
 
 def _verdict_cell(records: list[dict[str, Any]], verdict: str) -> str:
@@ -288,4 +295,64 @@ def summary_lines(records: list[dict[str, Any]], simulated: bool) -> list[str]:
     lines.append("total".ljust(width) + "".join(f"{totals.get(v, 0):>{len(v) + 2}}" for v in SUMMARY_ORDER))
     if any(r.get("expected_verdict") for r in records):
         lines.append("(e: includes cases whose verdict a negative-control test expected)")
+    return lines
+
+
+def link_class_of(record: dict[str, Any]) -> str:
+    """Pairs by link class; other device sets by their kind (all, single, last_half, ...)."""
+    kind = record.get("set_kind") or "all"
+    return str(record.get("link") or "?") if kind == "pair" else kind
+
+
+def first_passing_rungs(records: list[dict[str, Any]], ladder: Sequence[Rung]) -> dict[str, Rung | None]:
+    """Per class: the earliest rung at which every case of the class had passed (None: never)."""
+    order = {r.name: i for i, r in enumerate(ladder)}
+    per_case: dict[tuple[str, str], int | None] = {}
+    for r in records:
+        key = (link_class_of(r), r.get("ladder_key") or r["nodeid"])
+        best = per_case.setdefault(key, None)
+        if r["verdict"] == "pass":
+            index = order.get(r["env_name"], 0)
+            per_case[key] = index if best is None else min(best, index)
+    by_class: dict[str, list[int | None]] = {}
+    for (cls, _), first in per_case.items():
+        by_class.setdefault(cls, []).append(first)
+    return {
+        cls: None if None in indices else ladder[max(i for i in indices if i is not None)]
+        for cls, indices in sorted(by_class.items())
+    }
+
+
+def rung_env_text(rung: Rung) -> str:
+    if rung.unset_families:
+        return f"unset every {'/'.join(f + '*' for f in rung.unset_families)} variable"
+    if not rung.set:
+        return "nothing to set: the environment as it is"
+    return " ".join(f"export {k}={v}" for k, v in sorted(rung.set.items()))
+
+
+def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], case_timeout: float) -> list[str]:
+    """Link class x rung pass/total, the first passing rung per class, and the deadlines paid."""
+    ran = [r for r in records if r.get("expected_verdict") is None]
+    order = [r.name for r in ladder]
+    rungs = [name for name in order if any(r["env_name"] == name for r in ran)]
+    classes = sorted({link_class_of(r) for r in ran})
+    if not ran:
+        return []
+    width = max(len("class"), *(len(c) for c in classes))
+    lines = ["link class x rung (passed/run)", "class".ljust(width) + "".join(f"{n:>{len(n) + 2}}" for n in rungs)]
+    for cls in classes:
+        cells = []
+        for name in rungs:
+            here = [r for r in ran if link_class_of(r) == cls and r["env_name"] == name]
+            passed = sum(r["verdict"] == "pass" for r in here)
+            cells.append(f"{f'{passed}/{len(here)}' if here else '-':>{len(name) + 2}}")
+        lines.append(cls.ljust(width) + "".join(cells))
+    for cls, rung in first_passing_rungs(ran, ladder).items():
+        if rung is None:
+            lines.append(f"{cls}: no rung passed")
+        else:
+            lines.append(f"{cls}: first passing rung {rung.name}: {rung_env_text(rung)}")
+    deadlines = sum(1 for r in records if r.get("stop_reason") == "deadline")
+    lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each)")
     return lines

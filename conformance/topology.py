@@ -140,7 +140,8 @@ def link_matrix_lines(topology: Topology) -> list[str]:
     devices = topology.devices
     header = ["", *(d.name for d in devices), "NUMA"]
     rows = [
-        [a.name, *("X" if a == b else topology.link(a, b) for b in devices), _or_na(a.numa_node)] for a in devices
+        [a.name, *("X" if a.name == b.name else topology.link(a, b) for b in devices), _or_na(a.numa_node)]
+        for a in devices
     ]
     return align_columns([header, *rows])
 

@@ -21,14 +21,14 @@ def test_world_of_one(conformance_case: RunCase, conformance: ConformanceSession
     conformance_case("all_reduce", single_device, sizes=conformance.sizes)
 
 
-@pytest.mark.parametrize("device_ids", [True, False], ids=["device_ids", "no_device_ids"])
-def test_barrier_first(conformance_case: RunCase, barrier_device_set: DeviceSet, device_ids: bool) -> None:
+@pytest.mark.parametrize("probe", ["barrier", "barrier_no_device_ids"])
+def test_barrier_first(conformance_case: RunCase, barrier_device_set: DeviceSet, probe: str) -> None:
     """A barrier as the group's first collective, with and without device_ids.
 
     On all devices and on subsets a job may be given (the "using GPU N to perform barrier ...
     unknown" hang).
     """
-    conformance_case("barrier", barrier_device_set, device_ids=device_ids, bind_device=device_ids)
+    conformance_case(probe, barrier_device_set, bind_device=probe == "barrier")
 
 
 def test_all_reduce(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:

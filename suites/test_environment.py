@@ -125,7 +125,7 @@ def test_socket_interface_variables(record_property: pytest.RecordProperty) -> N
 @pytest.mark.conformance_gpu
 def test_nvml_driver(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
     """NVML answers and reports a driver version (GPU only)."""
-    if conformance.topology.kind != "gpu":
+    if conformance.topology.source != "nvml":
         pytest.skip(f"GPU-only check: {conformance.topology.note or 'no GPU in this run'}")
     import pynvml
 

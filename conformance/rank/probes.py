@@ -109,15 +109,23 @@ def all_reduce(ctx: RankContext) -> None:
 
 @probe("barrier")
 def barrier(ctx: RankContext) -> None:
-    """Barrier as the first collective on the group, then proof the group still agrees.
+    """Barrier as the first collective on the group (with device_ids), then an all-reduce."""
+    _barrier_first(ctx, with_ids=True)
 
-    ``device_ids=False`` leaves NCCL to guess each rank's GPU (the group was also created without
-    ``device_id``): the "using GPU N to perform barrier as devices used by this process are
-    currently unknown" hang on non-contiguous device subsets.
+
+@probe("barrier_no_device_ids")
+def barrier_no_device_ids(ctx: RankContext) -> None:
+    """The same without device_ids, the group also made without ``device_id``.
+
+    NCCL then guesses each rank's GPU (the "using GPU N to perform barrier as devices used by this
+    process are currently unknown" hang on non-contiguous device subsets).
     """
+    _barrier_first(ctx, with_ids=False)
+
+
+def _barrier_first(ctx: RankContext, with_ids: bool) -> None:
     import torch.distributed as dist
 
-    with_ids = bool(ctx.params.get("device_ids", True))
     ctx.phase("probe", "barrier with device_ids" if with_ids else "barrier without device_ids")
     if with_ids and ctx.backend == "nccl":
         dist.barrier(group=ctx.group, device_ids=[ctx.torch_device.index])
@@ -229,7 +237,7 @@ def _measure_pair_bandwidth(ctx: RankContext) -> None:
 
 
 def _synchronize(ctx: RankContext) -> None:
-    if ctx.device["kind"] == "gpu":
+    if ctx.torch_device.type == "cuda":
         import torch
 
         torch.cuda.synchronize(ctx.torch_device)
