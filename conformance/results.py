@@ -94,6 +94,7 @@ def case_record(
         "nccl_warnings": (result.nccl or {}).get("warnings", []),
         "nccl": result.nccl,
         "seconds": result.seconds,
+        "lease_wait": result.lease_wait,
         "stop_reason": result.stop_reason,
         "stop_seconds": result.stop_seconds if result.stop_reason else None,
         "simulated": result.simulated,

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from importlib import metadata
@@ -152,6 +153,15 @@ class ConformanceSession:
         return self.run_dir
 
     @property
+    def lease_dir(self) -> Path | None:
+        """GPUs are leased machine-wide; a simulated GPU machine within its run; CPU ranks not at all."""
+        if self.topology.kind != "gpu":
+            return None
+        if self.backend == "nccl":
+            return Path(tempfile.gettempdir()) / "conformance-leases"
+        return self.run_dir / "leases"
+
+    @property
     def runner(self) -> CaseRunner:
         if self._runner is None:
             s = self.settings
@@ -160,6 +170,7 @@ class ConformanceSession:
                 Deadlines(s.init_timeout, s.op_timeout, s.case_timeout, s.grace),
                 rules=[r.to_dict() for r in self.scenario.rules] if self.scenario else [],
                 simulated=self.simulated,
+                lease_dir=self.lease_dir,
             )
         return self._runner
 

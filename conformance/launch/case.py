@@ -13,7 +13,8 @@ from typing import Any
 
 from conformance import casefiles
 from conformance.launch.forkserver import ForkServerClient
-from conformance.launch.watchdog import RankProcess, supervise
+from conformance.launch.leases import leased
+from conformance.launch.watchdog import RankProcess, Supervision, supervise
 from conformance.topology import Device
 from conformance.verdict import Decision, RankReport, decide, rank_report
 
@@ -61,6 +62,7 @@ class CaseResult:
     stop_reason: str | None
     stop_seconds: float
     nccl: dict[str, Any] | None = None  # what the ranks' NCCL_DEBUG logs said (nccl_log.NcclLog.to_record)
+    lease_wait: float = 0.0  # seconds spent waiting for another case to free the devices
 
     @property
     def verdict(self) -> str:
@@ -87,6 +89,7 @@ def case_dir_name(nodeid: str) -> str:
 
 
 NCCL_DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"
+LEASE_WAIT_MARGIN = 60.0  # beyond one case timeout: the holder's stop ladder and its record
 
 
 def rank_environment(spec: CaseSpec) -> tuple[dict[str, str], list[str]]:
@@ -141,9 +144,11 @@ class CaseRunner:
         deadlines: Deadlines,
         rules: Sequence[Mapping[str, Any]] = (),
         simulated: bool = False,
+        lease_dir: Path | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.deadlines = deadlines
+        self.lease_dir = lease_dir
         self.rules = list(rules)
         self.simulated = simulated
         self.server = ForkServerClient(run_dir / "forkserver" / f"{os.getpid()}.log")
@@ -185,7 +190,26 @@ class CaseRunner:
         case_dir = self._fresh_case_dir(spec.nodeid)
         self._write_spec(spec, case_dir)
         self.server.ensure_started()  # once per process; not part of the case's time
-        begun = time.monotonic()
+        device_ids = [d.uuid or d.name for d in spec.devices]
+        lease_wait = self.deadlines.case_timeout + LEASE_WAIT_MARGIN
+        with leased(self.lease_dir, device_ids, lease_wait) as waited:
+            begun = time.monotonic()
+            ranks, supervision = self._start_and_supervise(spec, case_dir)
+        reports = [rank_report(r, spec.devices[r.rank].name, supervision.started) for r in ranks]
+        return CaseResult(
+            spec=spec,
+            decision=decide(reports),
+            reports=reports,
+            seconds=round(time.monotonic() - begun, 3),
+            case_dir=case_dir,
+            simulated=self.simulated,
+            stop_reason=supervision.stop_reason,
+            stop_seconds=round(supervision.stop_seconds, 3),
+            nccl=read_nccl_logs(spec, case_dir),
+            lease_wait=round(waited, 3),
+        )
+
+    def _start_and_supervise(self, spec: CaseSpec, case_dir: Path) -> tuple[list[RankProcess], Supervision]:
         pids, pgid = self.server.spawn(case_dir, spec.world_size)
         self.groups[pgid] = pids
         ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
@@ -198,18 +222,7 @@ class CaseRunner:
             if all(r.exit_code is not None for r in ranks):
                 self.groups.pop(pgid, None)
             (case_dir / casefiles.STORE).unlink(missing_ok=True)
-        reports = [rank_report(r, spec.devices[r.rank].name, supervision.started) for r in ranks]
-        return CaseResult(
-            spec=spec,
-            decision=decide(reports),
-            reports=reports,
-            seconds=round(time.monotonic() - begun, 3),
-            case_dir=case_dir,
-            simulated=self.simulated,
-            stop_reason=supervision.stop_reason,
-            stop_seconds=round(supervision.stop_seconds, 3),
-            nccl=read_nccl_logs(spec, case_dir),
-        )
+        return ranks, supervision
 
     def sweep(self) -> list[int]:
         """SIGKILL every case group that may still have a rank; return the groups signalled."""
