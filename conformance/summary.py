@@ -1,0 +1,100 @@
+"""The terminal summary: worst cases first, probe x verdict counts, and the ladder per link class."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from conformance.matrix import Rung
+from conformance.verdict import VERDICTS
+
+SUMMARY_ORDER = ("hang", "fail", *(v for v in VERDICTS if v not in ("hang", "fail")))
+
+
+def _verdict_cell(records: list[dict[str, Any]], verdict: str) -> str:
+    matching = [r for r in records if r["verdict"] == verdict]
+    expected = sum(1 for r in matching if r.get("expected_verdict") == verdict)
+    return f"{len(matching)}{'e' if expected else ''}"
+
+
+def summary_lines(records: list[dict[str, Any]], simulated: bool) -> list[str]:
+    """Hangs and wrong data first, then probe x verdict counts."""
+    title = "conformance summary" + (" (SIMULATED)" if simulated else "")
+    lines = [f"{'=' * 20} {title} {'=' * 20}"]
+    worst = [r for r in records if r["verdict"] in ("hang", "fail") and r.get("expected_verdict") != r["verdict"]]
+    for r in sorted(worst, key=lambda r: (r["verdict"] != "hang", r["nodeid"])):
+        lines.append(f"{r['verdict'].upper():5} {r['nodeid']}: {r.get('summary', '')}")
+    by_probe: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_probe.setdefault(r["probe"], []).append(r)
+    width = max(len("probe"), *(len(p) for p in by_probe))
+    lines.append("probe".ljust(width) + "".join(f"{v:>{len(v) + 2}}" for v in SUMMARY_ORDER))
+    for probe in sorted(by_probe):
+        cells = (f"{_verdict_cell(by_probe[probe], v):>{len(v) + 2}}" for v in SUMMARY_ORDER)
+        lines.append(probe.ljust(width) + "".join(cells))
+    totals = Counter(r["verdict"] for r in records)
+    lines.append("total".ljust(width) + "".join(f"{totals.get(v, 0):>{len(v) + 2}}" for v in SUMMARY_ORDER))
+    if any(r.get("expected_verdict") for r in records):
+        lines.append("(e: includes cases whose verdict a negative-control test expected)")
+    return lines
+
+
+def link_class_of(record: dict[str, Any]) -> str:
+    """Pairs by link class; other device sets by their kind (all, single, last_half, ...)."""
+    kind = record.get("set_kind") or "all"
+    return str(record.get("link") or "?") if kind == "pair" else kind
+
+
+def first_passing_rungs(records: list[dict[str, Any]], ladder: Sequence[Rung]) -> dict[str, Rung | None]:
+    """Per class: the earliest rung at which every case of the class had passed (None: never)."""
+    order = {r.name: i for i, r in enumerate(ladder)}
+    per_case: dict[tuple[str, str], int | None] = {}
+    for r in records:
+        key = (link_class_of(r), r.get("ladder_key") or r["nodeid"])
+        best = per_case.setdefault(key, None)
+        if r["verdict"] == "pass":
+            index = order.get(r["env_name"], 0)
+            per_case[key] = index if best is None else min(best, index)
+    by_class: dict[str, list[int | None]] = {}
+    for (cls, _), first in per_case.items():
+        by_class.setdefault(cls, []).append(first)
+    return {
+        cls: None if None in indices else ladder[max(i for i in indices if i is not None)]
+        for cls, indices in sorted(by_class.items())
+    }
+
+
+def rung_env_text(rung: Rung) -> str:
+    if rung.unset_families:
+        return f"unset every {'/'.join(f + '*' for f in rung.unset_families)} variable"
+    if not rung.set:
+        return "nothing to set: the environment as it is"
+    return " ".join(f"export {k}={v}" for k, v in sorted(rung.set.items()))
+
+
+def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], case_timeout: float) -> list[str]:
+    """Link class x rung pass/total, the first passing rung per class, and the deadlines paid."""
+    ran = [r for r in records if r.get("expected_verdict") is None]
+    order = [r.name for r in ladder]
+    rungs = [name for name in order if any(r["env_name"] == name for r in ran)]
+    classes = sorted({link_class_of(r) for r in ran})
+    if not ran:
+        return []
+    width = max(len("class"), *(len(c) for c in classes))
+    lines = ["link class x rung (passed/run)", "class".ljust(width) + "".join(f"{n:>{len(n) + 2}}" for n in rungs)]
+    for cls in classes:
+        cells = []
+        for name in rungs:
+            here = [r for r in ran if link_class_of(r) == cls and r["env_name"] == name]
+            passed = sum(r["verdict"] == "pass" for r in here)
+            cells.append(f"{f'{passed}/{len(here)}' if here else '-':>{len(name) + 2}}")
+        lines.append(cls.ljust(width) + "".join(cells))
+    for cls, rung in first_passing_rungs(ran, ladder).items():
+        if rung is None:
+            lines.append(f"{cls}: no rung passed")
+        else:
+            lines.append(f"{cls}: first passing rung {rung.name}: {rung_env_text(rung)}")
+    deadlines = sum(1 for r in records if r.get("stop_reason") == "deadline")
+    lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each)")
+    return lines
