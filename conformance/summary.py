@@ -90,11 +90,17 @@ def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], 
             passed = sum(r["verdict"] == "pass" for r in here)
             cells.append(f"{f'{passed}/{len(here)}' if here else '-':>{len(name) + 2}}")
         lines.append(cls.ljust(width) + "".join(cells))
+    by_rung: dict[str, list[str]] = {}
     for cls, rung in first_passing_rungs(ran, ladder).items():
-        if rung is None:
-            lines.append(f"{cls}: no rung passed")
-        else:
-            lines.append(f"{cls}: first passing rung {rung.name}: {rung_env_text(rung)}")
+        by_rung.setdefault(rung.name if rung else "", []).append(cls)
+    for name in [*order, ""]:
+        if name in by_rung:
+            classes_here = ", ".join(by_rung[name])
+            if name:
+                rung = ladder[order.index(name)]
+                lines.append(f"{classes_here}: first passing rung {name}: {rung_env_text(rung)}")
+            else:
+                lines.append(f"{classes_here}: no rung passed")
     deadlines = sum(1 for r in records if r.get("stop_reason") == "deadline")
     lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each)")
     return lines

@@ -27,7 +27,7 @@ IB_DIR = Path("/sys/class/infiniband")
 
 def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: ConformanceSession) -> None:
     """torch.distributed imports in a rank, the backend initialises and all-reduces."""
-    result = conformance_case("environment", DeviceSet(conformance.topology.devices[:1], None))
+    result = conformance_case("environment", DeviceSet(conformance.topology.devices[:1], None, kind="single"))
     metrics = result.reports[0].metrics
     assert metrics["distributed_available"] is True
     assert metrics[f"{conformance.backend}_available"] is True
