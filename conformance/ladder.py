@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from conformance.matrix import Rung
 from conformance.results import append_record, read_records
 
 LADDER_FILE = "ladder.jsonl"
+Selected = AbstractSet[tuple[str, int]] | None
 POLL_SECONDS = 0.1
 
 
@@ -73,21 +75,27 @@ class LadderBook:
                 raise LadderWaitError(f"rungs never decided: {missing} (see {self.path})")
             time.sleep(POLL_SECONDS)
 
-    def decide(self, step: Step, environ: Mapping[str, str]) -> Decision:
-        """Run this rung, or skip it with the reason."""
+    def decide(self, step: Step, environ: Mapping[str, str], selected: Selected = None) -> Decision:
+        """Run this rung, or skip it with the reason.
+
+        ``selected`` holds the (key, rung index) of every item in this run; rungs outside it (a
+        ``-k`` selection) are not waited for.
+        """
         k = step.rung_index
         if k == 0 or self.mode == "full":
             return Decision(True)
         names = [r.name for r in self.ladder]
-        own = self.wait_for([(step.key, n) for n in names[:k]], k)
-        passed = [n for n in names[:k] if own[(step.key, n)] == "pass"]
+        earlier = [i for i in range(k) if selected is None or (step.key, i) in selected]
+        own = self.wait_for([(step.key, names[i]) for i in earlier], k)
+        passed = [names[i] for i in earlier if own[(step.key, names[i])] == "pass"]
         if passed:
             return Decision(False, f"adaptive matrix: rung {passed[0]} already passed")
         rung = self.ladder[k]
-        for earlier in self.ladder[:k]:
-            if earlier.effective(environ) == rung.effective(environ):
-                return Decision(False, f"same environment as rung {earlier.name} here")
-        if step.leader_key is not None:
+        for other in self.ladder[:k]:
+            if other.effective(environ) == rung.effective(environ):
+                return Decision(False, f"same environment as rung {other.name} here")
+        leader = step.leader_key
+        if leader is not None and (selected is None or all((leader, i) in selected for i in range(k + 1))):
             return self._follow_leader(step, names, k)
         return Decision(True)
 

@@ -23,6 +23,7 @@ class Plan:
         self.mode = mode
         self.fallbacks_matter = fallbacks_matter  # False: gloo, not simulated (no NCCL variable is read)
         self.rung_index = {r.name: i for i, r in enumerate(self.ladder)}
+        self.selected: set[tuple[str, int]] | None = None  # (ladder key, rung index) of the items that run
         self.leaders: dict[str, str] = {}  # link class -> base id of its first pair
         for pair in each_pair(topology):
             self.leaders.setdefault(pair.link or "?", pair.base_id)
@@ -72,15 +73,24 @@ class Plan:
             link=device_set.link,
         )
 
-    def _sort_key(self, item: pytest.Item) -> tuple[int, int]:
+    def _item_step(self, item: pytest.Item) -> Step | None:
         params = getattr(item, "callspec", None)
         for fixture in DEVICE_SET_FIXTURES:
             device_set = params.params.get(fixture) if params is not None else None
             if isinstance(device_set, DeviceSet):
-                step = self.step(item, device_set)
-                return step.rung_index, int(step.leader_key is not None)
-        return 0, 0
+                return self.step(item, device_set)
+        return None
+
+    def _sort_key(self, item: pytest.Item) -> tuple[int, int]:
+        step = self._item_step(item)
+        return (step.rung_index, int(step.leader_key is not None)) if step else (0, 0)
 
     def order(self, items: list[pytest.Item]) -> None:
-        """Rung by rung, leaders before followers; otherwise collection order (a stable sort)."""
+        """Rung by rung, leaders before followers; otherwise collection order (a stable sort).
+
+        Also remembers which rungs will run at all (after -k and other deselection), so that a
+        decision never waits for an item that is not in this run.
+        """
         items.sort(key=self._sort_key)
+        steps = (self._item_step(item) for item in items)
+        self.selected = {(s.key, s.rung_index) for s in steps if s is not None}

@@ -174,7 +174,7 @@ class ConformanceSession:
 
     def _rung_decision(self, step: Step) -> Decision:
         self.ensure_run_dir()
-        return self.book.decide(step, os.environ)
+        return self.book.decide(step, os.environ, self.plan.selected)
 
     def case_spec(self, item: pytest.Item, probe: str, device_set: DeviceSet, params: dict[str, Any]) -> CaseSpec:
         rung = device_set.rung
