@@ -71,6 +71,9 @@ def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
     ctx.phase("init", f"init_process_group({ctx.backend})")
     kwargs: dict[str, Any] = {}
     if ctx.backend == "nccl" and ctx.params.get("bind_device", True):
+        import torch
+
+        torch.cuda.set_device(ctx.torch_device)
         kwargs["device_id"] = ctx.torch_device  # eager NCCL init: set-up errors surface here
     dist.init_process_group(
         backend=ctx.backend,
