@@ -90,6 +90,9 @@ class LadderBook:
         passed = [names[i] for i in earlier if own[(step.key, names[i])] == "pass"]
         if passed:
             return Decision(False, f"adaptive matrix: rung {passed[0]} already passed")
+        skipped = [names[i] for i in earlier if own[(step.key, names[i])] == "skip"]
+        if skipped:
+            return Decision(False, f"adaptive matrix: the case does not apply here (skipped on rung {skipped[0]})")
         rung = self.ladder[k]
         for other in self.ladder[:k]:
             if other.effective(environ) == rung.effective(environ):
@@ -100,12 +103,9 @@ class LadderBook:
         return Decision(True)
 
     def _follow_leader(self, step: Step, names: list[str], k: int) -> Decision:
-        leader = self.wait_for([(step.leader_key or "", n) for n in names[: k + 1]], k + 1)
-        won = [i for i in range(k + 1) if leader[(step.leader_key or "", names[i])] == "pass"]
-        if not won:
-            return Decision(False, f"no rung up to {names[k]} passed for link class {step.link} ({step.leader_key})")
-        if k < won[0]:
-            return Decision(
-                False, f"link class {step.link}: {step.leader_key} first passed at {names[won[0]]}; jumping there"
-            )
+        """A follower runs a rung only once its class leader has passed on it or an earlier one."""
+        leader_key = step.leader_key or ""
+        leader = self.wait_for([(leader_key, n) for n in names[: k + 1]], k + 1)
+        if not any(leader[(leader_key, n)] == "pass" for n in names[: k + 1]):
+            return Decision(False, f"no rung up to {names[k]} passed for link class {step.link} ({leader_key})")
         return Decision(True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.inputs import read_user_file
 from conformance.topology import CPU_LINK, Device, Topology
 
 if sys.version_info >= (3, 11):
@@ -22,6 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 RUNG_FAMILIES = ("NCCL_", "TORCH_NCCL_", "TORCH_", "GLOO_", "CUDA_")
+NCCL_FAMILIES = ("NCCL_", "TORCH_NCCL_")
 MATRIX_MODES = ("adaptive", "full", "inherited")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -42,6 +44,11 @@ class Rung:
     def unset(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         return tuple(sorted(k for k in environ if k.startswith(self.unset_families) and k not in self.set))
 
+    @property
+    def sets_beyond_nccl(self) -> bool:
+        """Sets a variable that gloo or torch read too (GLOO_*, TORCH_*, CUDA_*), not only NCCL's."""
+        return any(not name.startswith(NCCL_FAMILIES) for name in self.set)
+
     def effective(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The NCCL-relevant environment a rank sees under this rung."""
         removed = set(self.unset(environ))
@@ -53,7 +60,7 @@ class Rung:
 INHERITED = Rung("inherited", description="the caller's environment as it is")
 BUILTIN_LADDER: tuple[Rung, ...] = (
     INHERITED,
-    Rung("clean", unset_families=("NCCL_", "TORCH_NCCL_"), description="every NCCL_/TORCH_NCCL_ variable removed"),
+    Rung("clean", unset_families=NCCL_FAMILIES, description="every NCCL_/TORCH_NCCL_ variable removed"),
     Rung("cumem_off", {"NCCL_CUMEM_ENABLE": "0"}, description="cuMem allocations off"),
     Rung("nvls_off", {"NCCL_NVLS_ENABLE": "0"}, description="NVLink SHARP off"),
     Rung("p2p_level_nvl", {"NCCL_P2P_LEVEL": "NVL"}, description="P2P over NVLink only, not PCIe"),
@@ -101,16 +108,15 @@ def parse_rung_spec(spec: str, where: str) -> Rung:
         variable, eq, value = assignment.partition("=")
         if not eq:
             raise RungError(f"{where}: {assignment!r} in {spec!r} is not VAR=VALUE")
-        env[variable.strip()] = value
+        env[variable.strip()] = value.strip()
     return make_rung(name.strip(), env, where)
 
 
 def load_rungs_file(path: Path, where: str) -> list[Rung]:
     """``[[rung]]`` tables with ``name`` and an ``env`` table of strings."""
+    text = read_user_file(path, "rungs file", where, RungError)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RungError(f"{where}: rungs file {str(path)!r} cannot be read: {exc.strerror}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RungError(f"{where}: rungs file {str(path)!r} is not valid TOML: {exc}") from None
     tables = data.get("rung")

@@ -30,8 +30,10 @@ class Plan:
 
     @property
     def rungs(self) -> tuple[Rung, ...]:
-        if self.mode == "inherited" or (self.mode == "adaptive" and not self.fallbacks_matter):
+        if self.mode == "inherited":
             return (INHERITED,)
+        if self.mode == "adaptive" and not self.fallbacks_matter:
+            return (INHERITED, *(r for r in self.ladder if r.sets_beyond_nccl))
         return self.ladder
 
     def not_applicable(self, fixture: str) -> str | None:

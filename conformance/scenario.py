@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.inputs import read_user_file
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -227,10 +229,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
 
 def load_scenario(path: Path, where: str) -> Scenario:
     """Read and validate a scenario file; ``where`` names the setting that pointed at it."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{where}: scenario file {str(path)!r} cannot be read: {exc.strerror}") from None
+    text = read_user_file(path, "scenario file", where, ScenarioError)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -75,7 +75,7 @@ def rung_env_text(rung: Rung) -> str:
 
 def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], case_timeout: float) -> list[str]:
     """Link class x rung pass/total, the first passing rung per class, and the deadlines paid."""
-    ran = [r for r in records if r.get("expected_verdict") is None]
+    ran = [r for r in records if r.get("expected_verdict") is None and r["verdict"] != "skip"]
     order = [r.name for r in ladder]
     rungs = [name for name in order if any(r["env_name"] == name for r in ran)]
     classes = sorted({link_class_of(r) for r in ran})

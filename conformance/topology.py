@@ -21,6 +21,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, TypeVar
 
+from conformance.inputs import read_user_file
+
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
 UNKNOWN_P2P = "UNKNOWN"
@@ -115,10 +117,7 @@ class Topology:
 
 def load_topology_file(path: Path, where: str) -> Topology:
     """A topology saved by ``python -m conformance topology --json`` (or written by hand)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TopologyError(f"{where}: topology file {str(path)!r} cannot be read: {exc.strerror}") from None
+    text = read_user_file(path, "topology file", where, TopologyError)
     try:
         topology = Topology.from_json(text)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:

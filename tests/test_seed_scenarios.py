@@ -1,0 +1,407 @@
+"""Each seed scenario in scenarios/ produces what its header says, through the real suites.
+
+Every test copies the suite files it needs into the pytester folder (so node ids read
+``suites/test_pairs.py::...`` as in a real run), runs them with the scenario file as it is in the
+repository (its simulated machine comes with it) and checks results.jsonl, ladder.jsonl and the
+terminal output.  ``run_tag`` proves that no rank or forkserver outlives a run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.scenario import load_scenario
+from conformance.settings import SETTINGS
+from conftest import REPO, read_records
+
+RunSuite = Callable[..., pytest.RunResult]
+
+SCENARIOS = REPO / "scenarios"
+TIMEOUTS = ("--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
+SAME_ENV = "same environment as rung inherited here"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No setting leaks in; no NCCL variable is inherited, so ``clean`` is the inherited environment."""
+    for setting in SETTINGS:
+        monkeypatch.delenv(setting.env_var, raising=False)
+    for name in list(os.environ):
+        if name.startswith(("NCCL_", "TORCH_NCCL_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def copy_suites(pytester: pytest.Pytester, *names: str) -> list[str]:
+    target = pytester.path / "suites"
+    target.mkdir(exist_ok=True)
+    for name in names:
+        shutil.copy(REPO / "suites" / name, target / name)
+    return [f"suites/{name}" for name in names]
+
+
+def scenario_args(name: str) -> tuple[Path, tuple[str, ...]]:
+    path = SCENARIOS / f"{name}.toml"
+    return path, (f"--scenario={path}",)
+
+
+def assert_simulated(result: pytest.RunResult, scenario: Path, records: list[dict[str, Any]]) -> None:
+    title = load_scenario(scenario, "test").name
+    result.stdout.fnmatch_lines([f"conformance: SIMULATED run, scenario {title!r} ({scenario})"])
+    result.stdout.fnmatch_lines(["*= conformance summary (SIMULATED) =*"])
+    assert records, "no case was recorded"
+    assert {r["simulated"] for r in records} == {True}
+    assert {r["backend"] for r in records} == {"gloo"}
+
+
+def by_case(records: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+    """Ladder key -> [(rung, verdict)] in the order the cases ran."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for r in records:
+        found.setdefault(r["ladder_key"], []).append((r["env_name"], r["verdict"]))
+    return found
+
+
+def ladder_decisions(reports_dir: Path) -> dict[tuple[str, str], tuple[str, str]]:
+    path = reports_dir / "latest" / "ladder.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert len({(d["key"], d["rung"]) for d in lines}) == len(lines), "a rung was decided twice"
+    return {(d["key"], d["rung"]): (d["outcome"], d["reason"]) for d in lines}
+
+
+def skip_reasons(result: pytest.RunResult) -> Counter[str]:
+    """Reason -> number of skipped tests, from the ``-rs`` short summary."""
+    counts: Counter[str] = Counter()
+    for line in result.outlines:
+        match = re.match(r"SKIPPED \[(\d+)\] [^ ]+?(?::\d+)?: (.*)$", line)
+        if match:
+            counts[match.group(2)] += int(match.group(1))
+    return counts
+
+
+def failed_nodeids(result: pytest.RunResult) -> list[str]:
+    return sorted(line.split(" ")[1] for line in result.outlines if line.startswith("FAILED "))
+
+
+def deadlines_paid(records: list[dict[str, Any]]) -> int:
+    return sum(r["stop_reason"] == "deadline" for r in records)
+
+
+def pairs_of_class(topology: str, link: str) -> list[str]:
+    """``gpuA-gpuB`` for every pair of this link class in a scenario topology, in plan order."""
+    data = json.loads((SCENARIOS / "topologies" / topology).read_text())
+    names = [d["name"] for d in sorted(data["devices"], key=lambda d: d["index"])]
+    return [f"{a}-{b}" for a, b in itertools.combinations(names, 2) if data["links"][f"{a}-{b}"] == link]
+
+
+def links_except(link: str) -> list[tuple[str, str]]:
+    """(pair, link class) of the 8-GPU PCIe box's pairs of every other class."""
+    data = json.loads((SCENARIOS / "topologies" / "pcie-2socket-8gpu.json").read_text())
+    assert len(data["links"]) == 28
+    return [(pair, other) for pair, other in data["links"].items() if other != link]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+SHM_MESSAGE = (
+    "NCCL Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details); Last error: "
+    "Error while creating shared memory segment /dev/shm/nccl-Xv1e0G (size 9637888)"
+)
+ONE_DEVICE = "needs at least 2 devices; this machine has 1: gpu0"
+
+
+def test_single_gpu_nccl_init(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    """World of one: error at init until shm_off; every pair and multi-device test skips (one GPU)."""
+    scenario, args = scenario_args("single-gpu-nccl-init")
+    suites = copy_suites(pytester, "test_collectives.py", "test_pairs.py")
+    result = run_suite(*args, *TIMEOUTS, "-rs", *suites)
+    records = read_records(reports_dir)
+    assert_simulated(result, scenario, records)
+    result.stdout.fnmatch_lines(["conformance: run *, backend gloo, 1 devices: gpu0 (NVIDIA GeForce RTX 4090)"])
+    failing = ["inherited", "cumem_off", "nvls_off", "p2p_level_nvl", "p2p_off"]
+    assert by_case(records) == {
+        "test_world_of_one[gpu0]": [*((name, "error") for name in failing), ("shm_off", "pass")],
+    }
+    for r in records:
+        assert r["probe"] == "all_reduce" and r["set_kind"] == "single" and r["devices"] == ["gpu0"]
+        if r["verdict"] == "error":
+            assert r["root_cause"] == {
+                "rank": 0, "kind": "SimulatedError", "message": SHM_MESSAGE,
+                "phase": "init", "step": "init_process_group(gloo)",
+            }  # fmt: skip
+            assert r["victims"] == []
+            assert [(x["exit"], x["status"], x["phase"]) for x in r["ranks"]] == [(1, "error", "init")]
+    assert [r["env"] for r in records if r["verdict"] == "pass"] == [{"NCCL_SHM_DISABLE": "1"}]
+    decisions = ladder_decisions(reports_dir)
+    assert decisions[("test_world_of_one[gpu0]", "clean")] == ("skipped", SAME_ENV)
+    for name in ("p2p_shm_off", "ib_off", "net_socket"):
+        assert decisions[("test_world_of_one[gpu0]", name)] == (
+            "skipped",
+            "adaptive matrix: rung shm_off already passed",
+        )
+    # pairs, barriers and collectives over all devices: skipped with the reason, never run
+    assert skip_reasons(result) == {
+        ONE_DEVICE: 8,
+        SAME_ENV: 1,
+        "adaptive matrix: rung shm_off already passed": 3,
+    }
+    result.assert_outcomes(failed=5, passed=1, skipped=12)
+    result.stdout.fnmatch_lines(
+        [
+            "[[]simulated[]] error: rank 0 (gpu0) in init (init_process_group(gloo)): SimulatedError: NCCL Error 2: *",
+            "single: first passing rung shm_off: export NCCL_SHM_DISABLE=1",
+            "deadlines paid: 0 (up to 3s each)",
+        ]
+    )
+
+
+def test_noncontiguous_barrier(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    """barrier_no_device_ids hangs on the last_half and every_other subsets; barrier passes everywhere."""
+    scenario, args = scenario_args("noncontiguous-barrier")
+    suites = copy_suites(pytester, "test_collectives.py")
+    result = run_suite(*args, *TIMEOUTS, "--matrix=inherited", "-k", "test_barrier_first", *suites)
+    records = read_records(reports_dir)
+    assert_simulated(result, scenario, records)
+    verdicts = {(r["set_kind"], r["probe"]): r["verdict"] for r in records}
+    assert verdicts == {
+        ("all", "barrier"): "pass",
+        ("last_half", "barrier"): "pass",
+        ("every_other", "barrier"): "pass",
+        ("all", "barrier_no_device_ids"): "pass",
+        ("last_half", "barrier_no_device_ids"): "hang",
+        ("every_other", "barrier_no_device_ids"): "hang",
+    }
+    assert len(records) == 6
+    devices = {r["set_kind"]: r["devices"] for r in records}
+    assert devices == {
+        "all": [f"gpu{i}" for i in range(8)],
+        "last_half": ["gpu4", "gpu5", "gpu6", "gpu7"],
+        "every_other": ["gpu1", "gpu3", "gpu5", "gpu7"],
+    }
+    for r in records:
+        assert r["env_name"] == "inherited"
+        if r["verdict"] == "hang":
+            assert r["root_cause"] == {
+                "rank": None, "kind": "hang", "phase": None, "step": None,
+                "message": "ranks 0,1,2,3 all stuck in probe (barrier without device_ids)",
+            }  # fmt: skip
+            assert r["stop_reason"] == "deadline"
+            assert [(x["phase"], x["stopped_by"]) for x in r["ranks"]] == [("probe", "deadline")] * 4
+    assert deadlines_paid(records) == 2
+    prefix = "suites/test_collectives.py::test_barrier_first"
+    assert failed_nodeids(result) == [
+        f"{prefix}[every_other-gpu1-gpu3-gpu5-gpu7-inherited-barrier_no_device_ids]",
+        f"{prefix}[last_half-gpu4-gpu5-gpu6-gpu7-inherited-barrier_no_device_ids]",
+    ]
+    result.assert_outcomes(failed=2, passed=4)
+    result.stdout.fnmatch_lines(["deadlines paid: 2 (up to 3s each)"])
+
+
+# The whole 8-GPU PCIe box: every SYS pair hangs until NCCL_P2P_LEVEL=NVL
+SYS_TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3")
+SYS_WALL_LIMIT = 180.0
+
+
+def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    scenario, args = scenario_args("pcie-sys-p2p-hang")
+    suites = copy_suites(
+        pytester, "test_environment.py", "test_collectives.py", "test_pairs.py", "test_failure_handling.py"
+    )
+    begun = time.monotonic()
+    result = run_suite(*args, *SYS_TIMEOUTS, *suites, timeout=SYS_WALL_LIMIT + 60)
+    wall = time.monotonic() - begun
+    assert wall < SYS_WALL_LIMIT, f"the run took {wall:.0f}s"
+    records = read_records(reports_dir)
+    assert_simulated(result, scenario, records)
+
+    sys_pairs = pairs_of_class("pcie-2socket-8gpu.json", "SYS")
+    assert len(sys_pairs) == 16
+    leader, followers = sys_pairs[0], sys_pairs[1:]
+    assert leader == "gpu0-gpu4"
+    cases = by_case(records)
+    exchanges = {k: v for k, v in cases.items() if k.startswith("test_pair_exchange[")}
+    expected = {f"test_pair_exchange[{pair}-{link}]": [("inherited", "pass")] for pair, link in links_except("SYS")}
+    expected[f"test_pair_exchange[{leader}-SYS]"] = [
+        ("inherited", "hang"), ("cumem_off", "hang"), ("nvls_off", "hang"), ("p2p_level_nvl", "pass"),
+    ]  # fmt: skip
+    for pair in followers:
+        expected[f"test_pair_exchange[{pair}-SYS]"] = [("inherited", "hang"), ("p2p_level_nvl", "pass")]
+    assert exchanges == expected
+
+    # everything else ran once, on inherited, and passed (the negative control errs as it expects)
+    others = [r for r in records if r["probe"] != "pair_exchange"]
+    assert {r["env_name"] for r in others} == {"inherited"}
+    assert sorted((r["probe"], r["verdict"]) for r in others if r["verdict"] != "pass") == [("fail_one_rank", "error")]
+    assert [r["expected_verdict"] for r in others if r["verdict"] != "pass"] == ["error"]
+    assert Counter(r["probe"] for r in others) == {
+        "peer_copy": 28, "all_reduce": 9, "barrier": 3, "barrier_no_device_ids": 3, "broadcast": 1,
+        "all_gather": 1, "reduce_scatter": 1, "environment": 1, "fail_one_rank": 1,
+    }  # fmt: skip
+
+    hangs = [r for r in records if r["verdict"] == "hang"]
+    assert {(r["link"], r["probe"]) for r in hangs} == {("SYS", "pair_exchange")}
+    for r in hangs:
+        assert r["stop_reason"] == "deadline"
+        assert r["summary"] == "ranks 0,1 all stuck in probe (send/recv 4B)"
+    assert deadlines_paid(records) == len(sys_pairs) + 2 == 18
+    result.stdout.fnmatch_lines(
+        [
+            "SYS: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
+            f"deadlines paid: {len(sys_pairs) + 2} (up to 4s each)",
+        ]
+    )
+    prefix = "suites/test_pairs.py::test_pair_exchange"
+    assert failed_nodeids(result) == sorted(
+        [f"{prefix}[{pair}-SYS-inherited]" for pair in sys_pairs]
+        + [f"{prefix}[{leader}-SYS-cumem_off]", f"{prefix}[{leader}-SYS-nvls_off]"]
+    )
+    assert result.parseoutcomes()["failed"] == 18
+
+
+# ---------------------------------------------------------------------------------------------
+
+WRONG_DATA = "send/recv 4B: 1 of 1 elements wrong; first at index 0: got 2.0, expected 1.0"
+
+
+def test_wrong_data_p2p(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    """PIX pairs deliver wrong data over P2P: fail on inherited, pass on p2p_level_nvl."""
+    scenario, args = scenario_args("wrong-data-p2p")
+    suites = copy_suites(pytester, "test_pairs.py")
+    result = run_suite(*args, *TIMEOUTS, "-k", "test_pair_exchange", *suites)
+    records = read_records(reports_dir)
+    assert_simulated(result, scenario, records)
+    pix = pairs_of_class("pcie-2socket-8gpu.json", "PIX")
+    assert pix == ["gpu0-gpu1", "gpu2-gpu3", "gpu4-gpu5", "gpu6-gpu7"]
+    leader, followers = pix[0], pix[1:]
+    expected = {f"test_pair_exchange[{pair}-{link}]": [("inherited", "pass")] for pair, link in links_except("PIX")}
+    expected[f"test_pair_exchange[{leader}-PIX]"] = [
+        ("inherited", "fail"), ("cumem_off", "fail"), ("nvls_off", "fail"), ("p2p_level_nvl", "pass"),
+    ]  # fmt: skip
+    for pair in followers:
+        expected[f"test_pair_exchange[{pair}-PIX]"] = [("inherited", "fail"), ("p2p_level_nvl", "pass")]
+    assert by_case(records) == expected
+    fails = [r for r in records if r["verdict"] == "fail"]
+    assert len(fails) == 6
+    for r in fails:
+        assert r["link"] == "PIX"
+        assert r["root_cause"] == {
+            "rank": 1, "kind": "WrongData", "message": WRONG_DATA, "phase": "verify", "step": "send/recv 4B",
+        }  # fmt: skip
+        assert r["victims"] == [0]
+        assert r["stop_reason"] != "deadline"
+    assert [r["env"] for r in records if r["link"] == "PIX" and r["verdict"] == "pass"] == [
+        {"NCCL_P2P_LEVEL": "NVL"}
+    ] * 4
+    assert deadlines_paid(records) == 0
+    decisions = ladder_decisions(reports_dir)
+    no_rung = "no rung up to {} passed for link class PIX (test_pair_exchange[gpu0-gpu1-PIX])"
+    for pair in followers:
+        key = f"test_pair_exchange[{pair}-PIX]"
+        assert decisions[(key, "clean")] == ("skipped", SAME_ENV)
+        assert decisions[(key, "cumem_off")] == ("skipped", no_rung.format("cumem_off"))
+        assert decisions[(key, "nvls_off")] == ("skipped", no_rung.format("nvls_off"))
+        assert decisions[(key, "p2p_level_nvl")] == ("pass", "")
+    result.stdout.fnmatch_lines(
+        [
+            f"FAIL  suites/test_pairs.py::test_pair_exchange[[]gpu0-gpu1-PIX-inherited[]]: "
+            f"rank 1 (gpu1) in verify (send/recv 4B): WrongData: {WRONG_DATA}",
+            "PIX: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
+            "deadlines paid: 0 (up to 3s each)",
+        ]
+    )
+    assert result.parseoutcomes()["failed"] == 6
+    assert result.parseoutcomes()["passed"] == 28
+
+
+# ---------------------------------------------------------------------------------------------
+
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 23.99 GiB of which "
+    "1.02 GiB is free (simulated checkpoint gather)"
+)
+
+
+def test_oom_at_checkpoint(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    """Rank 0 runs out of memory while rank 1 waits: error, rank 0 the root cause, rank 1 its victim."""
+    scenario, args = scenario_args("oom-at-checkpoint")
+    suites = copy_suites(pytester, "test_collectives.py")
+    result = run_suite(*args, *TIMEOUTS, "--matrix=inherited", *suites)
+    records = read_records(reports_dir)
+    assert_simulated(result, scenario, records)
+    verdicts = sorted((r["nodeid"].split("::")[1], r["verdict"]) for r in records)
+    assert verdicts == [
+        ("test_all_gather[all2-inherited]", "error"),
+        ("test_all_reduce[all2-inherited]", "error"),
+        ("test_barrier_first[all2-inherited-barrier]", "pass"),
+        ("test_barrier_first[all2-inherited-barrier_no_device_ids]", "pass"),
+        ("test_broadcast[all2-inherited]", "pass"),
+        ("test_reduce_scatter[all2-inherited]", "pass"),
+        ("test_world_of_one[gpu0-inherited]", "pass"),
+        ("test_world_of_one[gpu1-inherited]", "pass"),
+    ]
+    for r in records:
+        if r["verdict"] != "error":
+            continue
+        assert r["root_cause"] == {
+            "rank": 0, "kind": "OutOfMemoryError", "message": OOM_MESSAGE,
+            "phase": "probe", "step": f"{r['probe']} 4B",
+        }  # fmt: skip
+        assert r["victims"] == [1]
+        rank0, rank1 = r["ranks"]
+        assert (rank0["exit"], rank0["status"], rank0["phase"]) == (1, "error", "probe")
+        # rank 1 waited in the collective: gloo tells it the peer went away, or the grace period ends it
+        assert (rank1["exit"], rank1["status"]) in ((1, "error"), ("SIGTERM", "stopped"))
+        assert r["stop_reason"] != "deadline"
+        assert r["seconds"] < 3.0
+    assert deadlines_paid(records) == 0
+    result.assert_outcomes(failed=2, passed=6)
+    result.stdout.fnmatch_lines(["[[]simulated[]] error: rank 0 (gpu0) in probe (all_*): OutOfMemoryError: CUDA out *"])
+
+
+def test_hang_ignores_sigterm(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    """Rank 1 hangs in all_reduce ignoring SIGTERM: hang, rank 1 the root cause, killed, nothing left."""
+    scenario, args = scenario_args("hang-ignores-sigterm")
+    suites = copy_suites(pytester, "test_collectives.py")
+    result = run_suite(*args, *TIMEOUTS, "--matrix=inherited", *suites)
+    records = read_records(reports_dir)
+    assert_simulated(result, scenario, records)
+    assert [r["nodeid"] for r in records if r["verdict"] != "pass"] == [
+        "suites/test_collectives.py::test_all_reduce[all4-inherited]"
+    ]
+    assert len(records) == 14
+    (hang,) = [r for r in records if r["verdict"] == "hang"]
+    assert hang["root_cause"] == {
+        "rank": 1, "kind": "stopped", "message": "stopped by the watchdog (deadline) in its current phase",
+        "phase": "probe", "step": "all_reduce 4B",
+    }  # fmt: skip
+    assert hang["victims"] == [0, 2, 3]
+    assert hang["stop_reason"] == "deadline"
+    assert [(x["rank"], x["exit"], x["status"], x["stopped_by"]) for x in hang["ranks"]] == [
+        (0, 1, "error", None),
+        (1, "SIGKILL", "stopped", "deadline"),
+        (2, 1, "error", None),
+        (3, 1, "error", None),
+    ]
+    # SIGTERM ignored: SIGKILL follows 0.5 s later
+    assert 0.5 <= hang["stop_seconds"] < 2.0
+    assert deadlines_paid(records) == 1
+    result.assert_outcomes(failed=1, passed=13)
+    result.stdout.fnmatch_lines(
+        [
+            "HANG  suites/test_collectives.py::test_all_reduce[[]all4-inherited[]]: "
+            "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (deadline)",
+            "deadlines paid: 1 (up to 3s each)",
+        ]
+    )
