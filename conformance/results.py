@@ -128,17 +128,43 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 JUNIT_PROPERTIES = (
-    "probe", "devices", "device_ids", "link", "backend", "env_name", "env", "verdict", "root_cause",
-    "victims", "ranks", "bandwidth_gbps", "metrics", "p2p_status", "transports", "nccl_warnings",
-    "seconds", "stop_reason", "simulated", "run_id",
+    "schema", "run_id", "nodeid", "probe", "devices", "device_ids", "link", "set_kind", "ladder_key",
+    "backend", "env_name", "env", "verdict", "expected_verdict", "summary", "root_cause", "victims",
+    "ranks", "bandwidth_gbps", "metrics", "p2p_status", "transports", "nccl_warnings", "seconds",
+    "stop_reason", "simulated",
 )  # fmt: skip
+# Properties whose value is plain text; every other one is JSON.
+JUNIT_TEXT_PROPERTIES = frozenset(
+    {"run_id", "nodeid", "probe", "link", "set_kind", "ladder_key", "backend", "env_name", "verdict", "summary"}
+)
+JUNIT_PREFIX = "conformance."
 
 
 def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
-    """The record's facts as JUnit properties (scalars as text, the rest as JSON)."""
+    """The record's facts as JUnit properties (text as it is, the rest as JSON)."""
     properties = []
     for key in JUNIT_PROPERTIES:
         value = record.get(key)
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-        properties.append((f"conformance.{key}", text))
+        if key in JUNIT_TEXT_PROPERTIES and isinstance(value, str):
+            text = value
+        else:
+            text = json.dumps(value, sort_keys=True)
+        properties.append((f"{JUNIT_PREFIX}{key}", text))
     return properties
+
+
+def record_from_junit_properties(properties: dict[str, str]) -> dict[str, Any]:
+    """The inverse of :func:`junit_properties` (unknown ``conformance.*`` names are kept as text)."""
+    record: dict[str, Any] = {}
+    for name, text in properties.items():
+        if not name.startswith(JUNIT_PREFIX):
+            continue
+        key = name[len(JUNIT_PREFIX) :]
+        if key in JUNIT_TEXT_PROPERTIES:
+            record[key] = text
+            continue
+        try:
+            record[key] = json.loads(text)
+        except ValueError:
+            record[key] = text
+    return record

@@ -1,0 +1,145 @@
+"""Reading a finished run back: a run folder, its results.jsonl, or a JUnit XML from --junitxml.
+
+What is whole is read; what is not (a line cut off by a kill, a record of a newer schema) is
+skipped and said in ``Run.warnings``.  What cannot be read at all raises :class:`RunError` with a
+one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.results import LATEST, RESULTS_FILE, SCHEMA, record_from_junit_properties
+
+RUN_FACTS = "run.json"
+SUITE_PROPERTY_PREFIX = "conformance.run."
+
+
+class RunError(ValueError):
+    """A run cannot be read; the message says which file and why."""
+
+
+@dataclass
+class Run:
+    source: str
+    facts: dict[str, Any]  # run.json: host, backend, topology, versions, inherited env, ...
+    records: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    folder: Path | None = None  # where reports about this run are written
+
+    @property
+    def run_id(self) -> str | None:
+        found = self.facts.get("run_id") or next((r.get("run_id") for r in self.records), None)
+        return str(found) if found else None
+
+    @property
+    def versions(self) -> dict[str, str | None]:
+        """Driver, CUDA driver, NCCL and torch, from the run facts and the NCCL logs."""
+        topology = self.facts.get("topology") or {}
+        nccl = next((r["nccl"]["version"] for r in self.records if (r.get("nccl") or {}).get("version")), None)
+        return {
+            "driver": topology.get("driver"),
+            "cuda": topology.get("cuda_driver"),
+            "nccl": nccl or self.facts.get("nccl"),
+            "torch": self.facts.get("torch"),
+        }
+
+
+def resolve_run_path(argument: str | None, reports_dir: Path) -> Path:
+    """A run named on the command line, or the newest run (``reports/latest``)."""
+    if argument:
+        path = Path(argument)
+        if not path.exists() and (reports_dir / argument).exists():
+            path = reports_dir / argument  # a bare run id
+        return path
+    return reports_dir / LATEST
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: cannot be read: {exc}") from None
+    records: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    newer = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            warnings.append(f"{path}: line {number} is not whole JSON (cut off?); skipped")
+            continue
+        if not isinstance(record, dict):
+            warnings.append(f"{path}: line {number} is not a record; skipped")
+        elif int(record.get("schema", 0) or 0) > SCHEMA:
+            newer += 1
+        else:
+            records.append(record)
+    if newer:
+        warnings.append(f"{path}: {newer} record(s) of a newer schema than {SCHEMA} skipped; upgrade the suite")
+    return records, warnings
+
+
+def _facts_beside(path: Path) -> dict[str, Any]:
+    facts_path = path / RUN_FACTS if path.is_dir() else path.with_name(RUN_FACTS)
+    try:
+        facts = json.loads(facts_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def read_junit(path: Path) -> Run:
+    """Records from the ``conformance.*`` properties of each test case; suite facts from merge-junit."""
+    from junitparser import JUnitXml, Properties, TestSuite
+    from junitparser.junitparser import JUnitXmlError
+
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except (OSError, JUnitXmlError, SyntaxError, ValueError) as exc:
+        raise RunError(f"{path}: not a readable JUnit XML file: {exc}") from None
+    suites: list[TestSuite] = [xml] if isinstance(xml, TestSuite) else list(xml)
+    records: list[dict[str, Any]] = []
+    facts: dict[str, Any] = {}
+    for suite in suites:
+        for prop in suite.properties():  # type: ignore[no-untyped-call]
+            if prop.name.startswith(SUITE_PROPERTY_PREFIX):
+                facts[prop.name[len(SUITE_PROPERTY_PREFIX) :]] = _json_or_text(prop.value)
+        for case in suite:
+            found = case.child(Properties)  # type: ignore[no-untyped-call]
+            record = record_from_junit_properties({p.name: p.value for p in found} if found is not None else {})
+            if record:
+                records.append(record)
+    if not records:
+        raise RunError(
+            f"{path}: no test case carries the suite's conformance.* properties (was it written by this suite?)"
+        )
+    return Run(source=str(path), facts=facts, records=records, folder=path.parent)
+
+
+def _json_or_text(text: str | None) -> Any:
+    try:
+        return json.loads(text or "")
+    except ValueError:
+        return text
+
+
+def load_run(path: Path) -> Run:
+    """A run folder, a results.jsonl or a JUnit XML file."""
+    if path.is_dir():
+        results = path / RESULTS_FILE
+        if not results.exists():
+            raise RunError(f"{path}: not a run folder (no {RESULTS_FILE})")
+        records, warnings = read_jsonl(results)
+        return Run(str(path), _facts_beside(path), records, warnings, folder=path.resolve())
+    if not path.exists():
+        raise RunError(f"{path}: no such run folder or file")
+    if path.suffix == ".xml":
+        return read_junit(path)
+    records, warnings = read_jsonl(path)
+    return Run(str(path), _facts_beside(path), records, warnings, folder=path.parent.resolve())
