@@ -1,6 +1,10 @@
 """``python -m conformance``: what happens outside a test run.
 
     python -m conformance topology [--json] [--topology-file FILE] [--virtual-devices N]
+    python -m conformance recommend [RUN]
+    python -m conformance compare BASELINE CURRENT [--bandwidth-tolerance R] [--json]
+    python -m conformance report [RUN]
+    python -m conformance merge-junit OUT IN...
 
 Each command is an argparse subcommand with a ``run`` function returning the exit status; bad
 input prints one line to stderr and exits 2.
@@ -9,11 +13,13 @@ input prints one line to stderr and exits 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from conformance.cli_common import PROG, USAGE_ERROR
 from conformance.topology import (
     Device,
     Topology,
@@ -24,8 +30,8 @@ from conformance.topology import (
     load_topology_file,
 )
 
-PROG = "python -m conformance"
-USAGE_ERROR = 2
+# Each exposes register(commands); see cli_common.
+COMMAND_MODULES = ("conformance.recommend", "conformance.compare", "conformance.report", "conformance.junit_merge")
 DEFAULT_VIRTUAL_DEVICES = 4
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")
 
@@ -67,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"CPU devices when there is no GPU (default {DEFAULT_VIRTUAL_DEVICES})",
     )
     topology.set_defaults(run=topology_command)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(commands)
     return parser
 
 

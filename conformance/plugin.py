@@ -10,6 +10,7 @@ import pytest
 from conformance.launch.case import CaseResult
 from conformance.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file
 from conformance.results import new_run_id
+from conformance.runs import Run, RunError, load_run
 from conformance.scenario import Scenario, ScenarioError, load_scenario
 from conformance.session import ConformanceSession, failure_text
 from conformance.settings import SettingError, Settings, add_options
@@ -50,17 +51,28 @@ def _ladder(settings: Settings) -> tuple[Rung, ...]:
     return build_ladder(user)
 
 
+def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
+    """Read before any case starts, so a bad baseline stops the run at once (the controller only)."""
+    if settings.baseline is None or hasattr(config, "workerinput"):
+        return None
+    try:
+        return load_run(settings.baseline)
+    except RunError as exc:
+        raise SettingError(f"{settings.source('baseline')}: {exc}") from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         settings = resolve_settings(config)
         scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
         topology = _topology(config, settings, scenario)
         ladder = _ladder(settings)
-    except (SettingError, ScenarioError, TopologyError, RungError) as exc:
+        baseline = _baseline(config, settings)
+    except (SettingError, ScenarioError, TopologyError, RungError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
     workerinput = getattr(config, "workerinput", None)
     run_id = workerinput[WORKER_RUN_ID] if workerinput and WORKER_RUN_ID in workerinput else new_run_id()
-    session = ConformanceSession(config, settings, topology, scenario, run_id, ladder)
+    session = ConformanceSession(config, settings, topology, scenario, run_id, ladder, baseline)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "conformance_session")
     if config.pluginmanager.hasplugin("xdist"):

@@ -41,8 +41,8 @@ class Run:
         topology = self.facts.get("topology") or {}
         nccl = next((r["nccl"]["version"] for r in self.records if (r.get("nccl") or {}).get("version")), None)
         return {
-            "driver": topology.get("driver"),
-            "cuda": topology.get("cuda_driver"),
+            "driver": topology.get("driver") or self.facts.get("driver"),  # merged JUnit suite properties
+            "cuda": topology.get("cuda_driver") or self.facts.get("cuda"),
             "nccl": nccl or self.facts.get("nccl"),
             "torch": self.facts.get("torch"),
         }

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conformance import casefiles, results
+from conformance.conclude import Conclusion, conclude
 from conformance.ladder import LADDER_FILE, Decision, LadderBook, Step
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, Deadlines
 from conformance.matrix import BUILTIN_LADDER, DeviceSet, Rung
 from conformance.plan import Plan
+from conformance.runs import Run
 from conformance.scenario import Scenario
 from conformance.settings import Settings
 from conformance.summary import ladder_summary_lines, summary_lines
@@ -99,7 +101,10 @@ class ConformanceSession:
         scenario: Scenario | None,
         run_id: str,
         ladder: Sequence[Rung] = BUILTIN_LADDER,
+        baseline: Run | None = None,
     ) -> None:
+        self.baseline = baseline
+        self.conclusion = Conclusion()
         self.config = config
         self.settings = settings
         self.topology = topology
@@ -139,6 +144,11 @@ class ConformanceSession:
             "inherited_env": inherited_variables(),
             "simulated": self.simulated,
             "scenario": self.scenario.path if self.scenario else None,
+            "matrix": self.plan.mode,
+            "ladder": [
+                {"name": r.name, "set": dict(r.set), "unset_families": list(r.unset_families)} for r in self.plan.ladder
+            ],
+            "case_timeout": self.settings.case_timeout,
         }
 
     def ensure_run_dir(self) -> Path:
@@ -264,9 +274,14 @@ class ConformanceSession:
             if "conformance_case" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("timeout"):
                 item.add_marker(pytest.mark.timeout(outer, method="thread"))
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._runner is not None:
             self._runner.close()
+        if self.is_worker or not self.results_path.exists():
+            return
+        self.conclusion = conclude(self.run_dir, self.settings, self.baseline)
+        if self.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if self.is_worker:
@@ -277,3 +292,5 @@ class ConformanceSession:
                 terminalreporter.write_line(line)
             for line in ladder_summary_lines(records, self.plan.ladder, self.settings.case_timeout):
                 terminalreporter.write_line(line)
+        for line in self.conclusion.lines:
+            terminalreporter.write_line(line)

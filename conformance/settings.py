@@ -61,6 +61,25 @@ def _text(raw: str, where: str) -> str:
     return raw
 
 
+def _ratio(raw: str, where: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{where}: {raw!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise SettingError(f"{where}: {raw!r} must be a ratio above 0 and at most 1")
+    return value
+
+
+def _flag(raw: str, where: str) -> bool:
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingError(f"{where}: {raw!r} is not a yes/no value (1, true, yes, on / 0, false, no, off)")
+
+
 def _matrix(raw: str, where: str) -> str:
     value = raw.strip().lower()
     if value not in MATRIX_MODES:
@@ -82,6 +101,7 @@ class Setting:
     default: str | None
     parse: Callable[[str, str], Any]
     is_path: bool = False
+    is_flag: bool = False  # an option without a value (--html-report); ini and environment take yes/no
     multiple: bool = False  # repeatable option, ini line list, ';'-separated environment variable
 
     @property
@@ -111,6 +131,9 @@ MATRIX_HELP = "Environment rungs to run: adaptive (fallback rungs only where inh
 ENV_RUNG_HELP = "An extra environment rung NAME:VAR=VALUE[,VAR=VALUE] (repeatable; env var: ';'-separated)."
 ENV_RUNGS_FILE_HELP = 'TOML file of extra rungs: [[rung]] name = "...", env = { VAR = "value" }.'
 TOPOLOGY_FILE_HELP = "JSON topology (from 'python -m conformance topology --json') used instead of NVML."
+BASELINE_HELP = "A run (folder, results.jsonl or JUnit XML) to compare this run against; a regression fails the run."
+BANDWIDTH_TOLERANCE_HELP = "Bandwidth ratio current/baseline below which a passing case counts as a drop."
+HTML_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
 SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks the run simulated)."
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
@@ -127,6 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True),
     Setting("scenario", SCENARIO_HELP, None, _text, is_path=True),
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True),
+    Setting("baseline", BASELINE_HELP, None, _text, is_path=True),
+    Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio),
+    Setting("html_report", HTML_REPORT_HELP, "no", _flag, is_flag=True),
 )
 
 
@@ -144,6 +170,9 @@ class Settings:
     topology_file: Path | None = None
     scenario: Path | None = None
     reports_dir: Path = Path("reports")
+    baseline: Path | None = None
+    bandwidth_tolerance: float = 0.8
+    html_report: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def source(self, name: str) -> str:
@@ -154,13 +183,20 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "GPU environment conformance suite")
     for setting in SETTINGS:
         default_note = f" Default: {setting.default}." if setting.default else ""
+        help_text = f"{setting.help}{default_note} Also ini {setting.ini_key}, env {setting.env_var}."
+        if setting.is_flag:
+            group.addoption(
+                setting.option, dest=setting.dest, default=None, action="store_const", const="yes", help=help_text
+            )
+            parser.addini(setting.ini_key, setting.help, default=None)
+            continue
         group.addoption(
             setting.option,
             dest=setting.dest,
             default=None,
             action="append" if setting.multiple else "store",
             metavar=setting.name.upper(),
-            help=f"{setting.help}{default_note} Also ini {setting.ini_key}, env {setting.env_var}.",
+            help=help_text,
         )
         if setting.multiple:
             parser.addini(setting.ini_key, setting.help, type="linelist", default=None)

@@ -759,7 +759,7 @@ def test_cli_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
          "python -m conformance: error: argument --virtual-devices: expected a whole number of at least 1, got '0'"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
         (["topolgy"], "python -m conformance: error: argument COMMAND: invalid choice: 'topolgy' (choose from "
-                      "'topology')"),
+                      "'topology', 'recommend', 'compare', 'report', 'merge-junit')"),
     ],
 )  # fmt: skip
 def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str) -> None:

@@ -1,0 +1,495 @@
+"""Baseline comparison: ``python -m conformance compare BASELINE CURRENT``.
+
+Each side is a run folder, a ``results.jsonl`` or a JUnit XML written with ``--junitxml``.  Cases
+are matched by what they test, not by the names a run happened to give the devices:
+
+* the probe;
+* the devices by identity (``device_ids``: GPU UUIDs), so the same physical GPUs match whatever
+  ``CUDA_VISIBLE_DEVICES`` order named them ``gpu0..``, and another machine's GPUs never do;
+* the link class of a pair (``NV4``, ``PIX``, ``SYS``, ...), the kind of set otherwise;
+* the test id (module file, test, parameters) with each device name replaced by its id;
+* the environment rung (``env_name``).
+
+Reported, regressions first: verdict regressions (``pass`` -> anything else), bandwidth drops below
+the tolerance (current/baseline, for ``bandwidth_gbps`` and every size of ``metrics.busbw_gbps``) on
+cases that pass on both sides (not on simulated cases: gloo ranks on CPU measure no GPU link),
+fixes (anything else -> ``pass``), other verdict changes, changed NCCL transports (reported, not a
+regression), new and missing cases.  Missing cases are not regressions: the adaptive matrix runs
+fallback rungs only where they are needed, so a fixed machine leaves the baseline's fallback cases
+behind, and a run limited with ``-k`` leaves out the rest.  Negative controls (records with an
+``expected_verdict``) are compared like every other case.
+
+Exit status: 0 without regressions, 1 with regressions, 2 for bad input (a run that cannot be
+read, two empty runs, runs from different machines without ``--allow-different-machines``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.runs import Run, RunError
+from conformance.topology import align_columns
+
+COMMAND = "compare"
+PASS = "pass"
+DEFAULT_TOLERANCE = 0.8
+SUMMARY_WIDTH = 100
+
+CaseKey = tuple[str, tuple[str, ...], str, str, str]  # probe, device ids, link class, test id, rung
+
+
+class CompareError(ValueError):
+    """The two runs cannot be compared; the message is one line."""
+
+
+# --------------------------------------------------------------------------------------------
+# matching
+# --------------------------------------------------------------------------------------------
+
+
+def link_class(record: dict[str, Any]) -> str:
+    """A pair's link class; the kind of device set otherwise (all, single, last_half, ...)."""
+    kind = str(record.get("set_kind") or "all")
+    return str(record.get("link") or "?") if kind == "pair" else kind
+
+
+def _device_map(record: dict[str, Any]) -> dict[str, str]:
+    names = record.get("devices") or []
+    ids = record.get("device_ids") or []
+    return {str(n): str(i) for n, i in zip(names, ids, strict=False) if n and i and n != i}
+
+
+def with_device_ids(text: str, record: dict[str, Any]) -> str:
+    """``text`` with each of the record's device names (whole words only) replaced by its id."""
+    mapping = _device_map(record)
+    if not mapping:
+        return text
+    names = "|".join(re.escape(name) for name in sorted(mapping, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![A-Za-z0-9_])({names})(?![A-Za-z0-9_])")
+    return pattern.sub(lambda match: mapping[match.group(1)], text)
+
+
+def match_id(record: dict[str, Any]) -> str:
+    """The node id without its folder (the module file, test and parameters), devices by id.
+
+    Records without a node id fall back on the ladder key (the test id without the rung).
+    """
+    nodeid = str(record.get("nodeid") or "")
+    if "::" not in nodeid:
+        return with_device_ids(str(record.get("ladder_key") or nodeid), record)
+    module, rest = nodeid.split("::", 1)
+    return f"{module.rsplit('/', 1)[-1]}::{with_device_ids(rest, record)}"
+
+
+def case_key(record: dict[str, Any]) -> CaseKey:
+    ids = tuple(str(i) for i in record.get("device_ids") or [])
+    return (str(record.get("probe")), ids, link_class(record), match_id(record), str(record.get("env_name")))
+
+
+def _usable_records(run: Run, warnings: list[str]) -> list[dict[str, Any]]:
+    """The records of this suite (a verdict and a test id); a run with only unreadable lines is refused."""
+    if not run.records and run.warnings:
+        raise CompareError(f"{run.source}: no readable record ({run.warnings[0]})")
+    usable = [r for r in run.records if isinstance(r.get("verdict"), str) and (r.get("nodeid") or r.get("ladder_key"))]
+    left_out = len(run.records) - len(usable)
+    if left_out and not usable:
+        raise CompareError(f"{run.source}: no record of this suite (none of {left_out} has a verdict and a test id)")
+    if left_out:
+        warnings.append(f"{run.source}: {left_out} record(s) without a verdict or a test id skipped")
+    return usable
+
+
+def _index(source: str, records: list[dict[str, Any]], warnings: list[str]) -> dict[CaseKey, dict[str, Any]]:
+    cases: dict[CaseKey, dict[str, Any]] = {}
+    repeated = 0
+    for record in records:
+        key = case_key(record)
+        repeated += key in cases
+        cases[key] = record
+    if repeated:
+        warnings.append(f"{source}: {repeated} case(s) recorded more than once; the last record of each is compared")
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
+# machines and versions
+# --------------------------------------------------------------------------------------------
+
+
+def _host(run: Run) -> str | None:
+    host = run.facts.get("host")
+    return str(host) if host else None
+
+
+def run_device_ids(run: Run) -> frozenset[str]:
+    """Every device id of the run's machine (run.json's topology), else those its records name."""
+    topology = run.facts.get("topology")
+    devices = topology.get("devices") if isinstance(topology, dict) else None
+    if isinstance(devices, list) and devices:
+        return frozenset(str(d.get("uuid") or d.get("name")) for d in devices if isinstance(d, dict))
+    return frozenset(str(i) for r in run.records for i in r.get("device_ids") or [])
+
+
+def machine_difference(baseline: Run, current: Run) -> str | None:
+    """How the two runs' machines differ (host, device ids), or None when they may be the same.
+
+    A run may see part of its machine (CUDA_VISIBLE_DEVICES, -k), so device ids differ only when
+    neither side's set contains the other's.
+    """
+    old_host, new_host = _host(baseline), _host(current)
+    if old_host and new_host and old_host != new_host:
+        return f"hosts differ: {old_host} / {new_host}"
+    old, new = run_device_ids(baseline), run_device_ids(current)
+    if old and new and not (old <= new or new <= old):
+        only_old, only_new = sorted(old - new), sorted(new - old)
+        return (
+            f"device ids differ: {len(only_old)} only in the baseline ({only_old[0]}, ...), "
+            f"{len(only_new)} only in the current run ({only_new[0]}, ...)"
+        )
+    return None
+
+
+def _run_summary(run: Run, cases: int) -> dict[str, Any]:
+    simulated = bool(run.facts.get("simulated")) or any(r.get("simulated") for r in run.records)
+    return {
+        "source": run.source,
+        "run_id": run.run_id,
+        "host": _host(run),
+        "simulated": simulated,
+        "versions": run.versions,
+        "cases": cases,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# what changed
+# --------------------------------------------------------------------------------------------
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def bandwidths(record: dict[str, Any]) -> dict[str, float]:
+    """``bandwidth_gbps`` and ``busbw_gbps <size>`` for each size of ``metrics.busbw_gbps``."""
+    found: dict[str, float] = {}
+    if _positive(record.get("bandwidth_gbps")):
+        found["bandwidth_gbps"] = float(record["bandwidth_gbps"])
+    metrics = record.get("metrics")
+    busbw = metrics.get("busbw_gbps") if isinstance(metrics, dict) else None
+    for size, value in busbw.items() if isinstance(busbw, dict) else ():
+        if _positive(value):
+            found[f"busbw_gbps {size}"] = float(value)
+    return found
+
+
+def transport_labels(record: dict[str, Any]) -> list[str]:
+    transports = record.get("transports")
+    return sorted(str(t) for t in transports) if isinstance(transports, (dict, list)) else []
+
+
+def case_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """What names a case in a report: its node id, probe, devices (names and ids), link class, rung."""
+    return {
+        "case": str(record.get("nodeid") or record.get("ladder_key")),
+        "probe": record.get("probe"),
+        "devices": list(record.get("devices") or []),
+        "device_ids": list(record.get("device_ids") or []),
+        "link": link_class(record),
+        "env_name": record.get("env_name"),
+    }
+
+
+def _summary_text(record: dict[str, Any]) -> str:
+    text = " ".join(str(record.get("summary") or "").split())
+    return text if len(text) <= SUMMARY_WIDTH else text[: SUMMARY_WIDTH - 3] + "..."
+
+
+@dataclass
+class Comparison:
+    """What changed from ``baseline`` to ``current``; ``regressions`` decide the exit status."""
+
+    baseline: Run
+    current: Run
+    tolerance: float = DEFAULT_TOLERANCE
+    regressions: list[dict[str, Any]] = field(default_factory=list)  # kind "verdict" or "bandwidth"
+    fixes: list[dict[str, Any]] = field(default_factory=list)
+    verdict_changes: list[dict[str, Any]] = field(default_factory=list)  # neither side passes
+    transport_changes: list[dict[str, Any]] = field(default_factory=list)
+    new: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[dict[str, Any]] = field(default_factory=list)
+    matched: int = 0
+    baseline_cases: int = 0
+    current_cases: int = 0
+    bandwidth_not_compared: int = 0  # passing cases on a simulated side: gloo on CPU measures no GPU
+    machines: str | None = None  # how the machines differ, when that was allowed
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.regressions else 0
+
+    def add_match(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        self.matched += 1
+        before, after = str(old["verdict"]), str(new["verdict"])
+        verdicts = {**case_fields(new), "baseline": before, "current": after}
+        if before == PASS and after != PASS:
+            self.regressions.append({**verdicts, "kind": "verdict", "metric": "verdict", "summary": _summary_text(new)})
+        elif before != PASS and after == PASS:
+            self.fixes.append(verdicts)
+        elif before != after:
+            self.verdict_changes.append({**verdicts, "summary": _summary_text(new)})
+        elif before == PASS and (old.get("simulated") or new.get("simulated")):
+            self.bandwidth_not_compared += 1
+        elif before == PASS:
+            self._bandwidth_drops(old, new)
+        old_transports, new_transports = transport_labels(old), transport_labels(new)
+        if old_transports and new_transports and old_transports != new_transports:
+            self.transport_changes.append({**case_fields(new), "baseline": old_transports, "current": new_transports})
+
+    def _bandwidth_drops(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        now = bandwidths(new)
+        for metric, before in bandwidths(old).items():
+            after = now.get(metric)
+            if after is None or after / before >= self.tolerance:
+                continue
+            self.regressions.append(
+                {
+                    **case_fields(new),
+                    "kind": "bandwidth",
+                    "metric": metric,
+                    "baseline": before,
+                    "current": after,
+                    "ratio": round(after / before, 3),
+                }
+            )
+
+    # -- output -------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        return {
+            "matched": self.matched,
+            "regressions": len(self.regressions),
+            "verdict_regressions": sum(r["kind"] == "verdict" for r in self.regressions),
+            "bandwidth_drops": sum(r["kind"] == "bandwidth" for r in self.regressions),
+            "fixes": len(self.fixes),
+            "verdict_changes": len(self.verdict_changes),
+            "transport_changes": len(self.transport_changes),
+            "new": len(self.new),
+            "missing": len(self.missing),
+            "bandwidth_not_compared": self.bandwidth_not_compared,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "baseline": _run_summary(self.baseline, self.baseline_cases),
+            "current": _run_summary(self.current, self.current_cases),
+            "bandwidth_tolerance": self.tolerance,
+            "different_machines": self.machines,
+            "counts": self.counts(),
+            "regressions": self.regressions,
+            "fixes": self.fixes,
+            "verdict_changes": self.verdict_changes,
+            "transport_changes": self.transport_changes,
+            "new": self.new,
+            "missing": self.missing,
+            "warnings": self.warnings,
+            "exit_status": self.exit_status,
+        }
+
+    def lines(self) -> list[str]:
+        """The readable report: both runs and their versions, then regressions first."""
+        lines = self._header()
+        lines += _section(
+            "REGRESSIONS", self.regressions, ("", "case", "baseline", "current", "detail"), _regression_row
+        )
+        lines += _section("FIXES", self.fixes, ("case", "baseline", "current"), _fix_row)
+        lines += _section(
+            "OTHER VERDICT CHANGES", self.verdict_changes, ("case", "baseline", "current", "summary"), _change_row
+        )
+        lines += _section(
+            "TRANSPORT CHANGES (reported, not regressions)",
+            self.transport_changes,
+            ("case", "baseline", "current"),
+            _transport_row,
+        )
+        lines += _section("NEW CASES (only in the current run)", self.new, ("case", "verdict"), _case_row)
+        lines += _section("MISSING CASES (only in the baseline)", self.missing, ("case", "verdict"), _case_row)
+        lines += [f"warning: {w}" for w in self.warnings]
+        return [*lines, "", self._verdict_line()]
+
+    def _header(self) -> list[str]:
+        old, new = _run_summary(self.baseline, self.baseline_cases), _run_summary(self.current, self.current_cases)
+        lines = [f"baseline: {_run_line(old)}", f"current:  {_run_line(new)}"]
+        changed = [
+            f"{name} {old['versions'][name]} -> {value}"
+            for name, value in new["versions"].items()
+            if value and old["versions"].get(name) and value != old["versions"][name]
+        ]
+        if changed:
+            lines.append(f"versions changed: {', '.join(changed)}")
+        if self.machines:
+            lines.append(f"different machines (allowed): {self.machines}")
+        if self.bandwidth_not_compared:
+            lines.append(
+                f"bandwidth not compared on {self.bandwidth_not_compared} simulated case(s) "
+                "(gloo ranks on CPU measure no GPU link)"
+            )
+        return lines
+
+    def _verdict_line(self) -> str:
+        c = self.counts()
+        text = (
+            f"{c['regressions']} regression(s) ({c['verdict_regressions']} verdict, {c['bandwidth_drops']} bandwidth "
+            f"below {self.tolerance:g}x), {c['fixes']} fix(es), {c['verdict_changes']} other verdict change(s), "
+            f"{c['transport_changes']} transport change(s), {c['new']} new, {c['missing']} missing; "
+            f"{c['matched']} case(s) matched"
+        )
+        return f"{'REGRESSED' if self.regressions else 'no regressions'}: {text}"
+
+
+def _run_line(summary: dict[str, Any]) -> str:
+    facts = [f"run {summary['run_id'] or '-'}", f"host {summary['host'] or '-'}", f"{summary['cases']} cases"]
+    if summary["simulated"]:
+        facts.append("SIMULATED")
+    versions = summary["versions"]
+    text = ", ".join(f"{name} {versions.get(name) or '-'}" for name in ("driver", "cuda", "nccl", "torch"))
+    return f"{summary['source']} ({', '.join(facts)}): {text}"
+
+
+def _section(title: str, entries: list[dict[str, Any]], columns: tuple[str, ...], row: Any) -> list[str]:
+    if not entries:
+        return []
+    table = align_columns([columns, *(row(e) for e in entries)])
+    return ["", f"{title} ({len(entries)}):", *(f"  {line}" for line in table)]
+
+
+def _regression_row(entry: dict[str, Any]) -> tuple[str, ...]:
+    if entry["kind"] == "verdict":
+        return ("verdict", entry["case"], entry["baseline"], entry["current"], entry["summary"])
+    detail = f"{entry['metric']}: {entry['ratio']:g}x"
+    return ("bandwidth", entry["case"], f"{entry['baseline']:g} GB/s", f"{entry['current']:g} GB/s", detail)
+
+
+def _fix_row(entry: dict[str, Any]) -> tuple[str, ...]:
+    return (entry["case"], entry["baseline"], entry["current"])
+
+
+def _change_row(entry: dict[str, Any]) -> tuple[str, ...]:
+    return (entry["case"], entry["baseline"], entry["current"], entry["summary"])
+
+
+def _transport_row(entry: dict[str, Any]) -> tuple[str, ...]:
+    return (entry["case"], " ".join(entry["baseline"]), " ".join(entry["current"]))
+
+
+def _case_row(entry: dict[str, Any]) -> tuple[str, ...]:
+    return (entry["case"], entry["verdict"])
+
+
+# --------------------------------------------------------------------------------------------
+# the comparison
+# --------------------------------------------------------------------------------------------
+
+
+def _ordered(keys: Iterable[CaseKey], wanted: set[CaseKey]) -> list[CaseKey]:
+    return [k for k in keys if k in wanted]
+
+
+def compare(
+    baseline: Run, current: Run, tolerance: float = DEFAULT_TOLERANCE, allow_different_machines: bool = False
+) -> Comparison:
+    """Match the cases of two runs and say what changed; CompareError when they cannot be compared."""
+    if not 0 < tolerance <= 1:
+        raise CompareError(f"bandwidth tolerance {tolerance!r} must be a ratio above 0 and at most 1")
+    warnings = [*baseline.warnings, *current.warnings]
+    old = _index(baseline.source, _usable_records(baseline, warnings), warnings)
+    new = _index(current.source, _usable_records(current, warnings), warnings)
+    if not old and not new:
+        raise CompareError(f"both runs are empty ({baseline.source}, {current.source}): no case to compare")
+    difference = machine_difference(baseline, current)
+    if difference and not allow_different_machines:
+        raise CompareError(
+            f"the runs come from different machines ({difference}); compare them anyway with --allow-different-machines"
+        )
+    comparison = Comparison(baseline, current, tolerance, machines=difference, warnings=warnings)
+    comparison.baseline_cases, comparison.current_cases = len(old), len(new)
+    for key in _ordered(new, set(old)):
+        comparison.add_match(old[key], new[key])
+    comparison.new = [{**case_fields(new[k]), "verdict": new[k]["verdict"]} for k in _ordered(new, set(new) - set(old))]
+    comparison.missing = [
+        {**case_fields(old[k]), "verdict": old[k]["verdict"]} for k in _ordered(old, set(old) - set(new))
+    ]
+    comparison.regressions.sort(key=lambda r: r["kind"] != "verdict")  # stable: verdicts, then bandwidth
+    return comparison
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------------
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a ratio above 0 and at most 1, got {text!r}")
+    return value
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        COMMAND,
+        help="compare a run against a baseline run",
+        description=(
+            "Compare CURRENT against BASELINE (each a run folder, a results.jsonl or a JUnit XML): verdict "
+            "regressions, bandwidth drops, fixes, transport changes, new and missing cases. Exit status 0 "
+            "without regressions, 1 with regressions, 2 for bad input."
+        ),
+    )
+    add_run_argument(parser, "baseline", "BASELINE", optional=False)
+    add_run_argument(parser, "current", "CURRENT", optional=False)
+    parser.add_argument(
+        "--bandwidth-tolerance",
+        type=_ratio,
+        default=DEFAULT_TOLERANCE,
+        metavar="R",
+        help=f"current/baseline bandwidth below this ratio is a regression (default {DEFAULT_TOLERANCE})",
+    )
+    parser.add_argument(
+        "--allow-different-machines",
+        action="store_true",
+        help="compare runs from different hosts or devices (cases still match only on the same device ids)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_reports_dir_argument(parser)
+    parser.set_defaults(run=compare_command)
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    try:
+        baseline = load_run_argument(args.baseline, args.reports_dir)
+        current = load_run_argument(args.current, args.reports_dir)
+        comparison = compare(baseline, current, args.bandwidth_tolerance, args.allow_different_machines)
+    except (RunError, CompareError) as exc:
+        return fail(COMMAND, str(exc))
+    for message in comparison.warnings:
+        warn(COMMAND, message)
+    if args.json:
+        print(json.dumps(comparison.to_json(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(_without_warnings(comparison.lines(), comparison.warnings)))
+    return comparison.exit_status
+
+
+def _without_warnings(lines: Sequence[str], warnings: Sequence[str]) -> list[str]:
+    """The report without the warning lines (the command prints those on stderr)."""
+    printed = {f"warning: {w}" for w in warnings}
+    return [line for line in lines if line not in printed]

@@ -1,0 +1,53 @@
+"""The end of a run: the recommended environment, the baseline comparison and the HTML report.
+
+Called once, by the controller, after every case has been recorded, so it reads the run back from
+its folder exactly as ``python -m conformance recommend/compare/report`` would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance.runs import Run, RunError, load_run
+from conformance.settings import Settings
+
+
+@dataclass
+class Conclusion:
+    lines: list[str] = field(default_factory=list)
+    regressed: bool = False
+
+
+def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclusion:
+    """Recommend, compare and report on the finished run in ``run_dir``."""
+    from conformance.compare import CompareError, compare
+    from conformance.recommend import recommend, write_env_file
+    from conformance.report import write_report
+
+    conclusion = Conclusion()
+    try:
+        run = load_run(run_dir)
+    except RunError as exc:
+        conclusion.lines.append(f"no recommendation: {exc}")
+        return conclusion
+    if not run.records:
+        return conclusion
+    recommendation = recommend(run)
+    env_file = write_env_file(run, recommendation)
+    conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
+    regressions: list[dict[str, object]] = []
+    if baseline is not None:
+        try:
+            comparison = compare(baseline, run, settings.bandwidth_tolerance)
+        except CompareError as exc:
+            conclusion.lines.append(f"baseline comparison not possible: {exc}")
+            conclusion.regressed = True
+        else:
+            conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
+            regressions = list(comparison.regressions)
+            conclusion.regressed = comparison.exit_status != 0
+    if settings.html_report:
+        path = write_report(run, recommendation.lines(), regressions)
+        conclusion.lines.append(f"HTML report: {path}")
+    return conclusion

@@ -1,0 +1,575 @@
+"""The recommended environment per topology class: ``python -m conformance recommend [RUN]``.
+
+For every topology class (the link class of a device pair, e.g. ``NV18``/``PIX``/``SYS``, or the
+kind of any other device set: ``all``, ``single``, ``last_half``, ...) the first rung of the ladder
+on which every case of the class passed, what that rung costs in bandwidth against the best
+passing rung of the class, and the variables to set.  The classes' rungs are then joined into one
+environment: the union of their variables, or, where two rungs set one variable to different
+values, the value of the later rung in ladder order (the one that needs the most), naming the
+classes that then run on a broader setting than they need.
+
+Wrong data (verdict ``fail``) on any rung overrides everything: the machine is not fit for
+training, because framework copies are affected too, whatever NCCL is told.  Negative controls
+(``expected_verdict`` set) and skipped cases are ignored.
+
+The run's own ladder (``run.json``: ``ladder``) names the rungs; without it the built-in ladder.
+The environment is printed as ``export`` lines and written to ``recommended.env`` in the run
+folder (``VAR=VALUE`` lines under a comment header).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.matrix import BUILTIN_LADDER, Rung
+from conformance.runs import Run, RunError
+from conformance.summary import first_passing_rungs, link_class_of, rung_env_text
+
+COMMAND = "recommend"
+ENV_FILE = "recommended.env"
+UNFIT_STATUS = 1  # the command's exit status when any case delivered wrong data
+UNFIT_REASON = (
+    "framework copies (tensor.to between GPUs, cudaMemcpyPeer) are affected too, whatever NCCL is told; "
+    "no environment makes this machine safe: fix it (IOMMU/ACS, driver, hardware) and run the suite again"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# the pieces of a recommendation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One bandwidth figure on the class's rung against the best passing rung that measured it."""
+
+    figure: str  # "pair_exchange" (bandwidth_gbps) or "all_reduce busbw 1MiB" (metrics.busbw_gbps)
+    gbps: float
+    best_gbps: float
+    best_rung: str
+
+    @property
+    def cost_percent(self) -> float:
+        if self.best_gbps <= 0:
+            return 0.0
+        return round(max(0.0, (self.best_gbps - self.gbps) / self.best_gbps * 100), 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "figure": self.figure,
+            "gbps": self.gbps,
+            "best_gbps": self.best_gbps,
+            "best_rung": self.best_rung,
+            "cost_percent": self.cost_percent,
+        }
+
+
+@dataclass(frozen=True)
+class BandwidthCost:
+    """What a class's rung costs against its best passing rung; ``reason`` when not measured."""
+
+    rung: str
+    comparisons: tuple[Comparison, ...] = ()
+    reason: str = ""
+
+    @property
+    def worst(self) -> Comparison | None:
+        if not self.comparisons:
+            return None
+        return max(self.comparisons, key=lambda c: (c.cost_percent, c.figure))
+
+    def text(self) -> str:
+        worst = self.worst
+        if worst is None:
+            return f"not measured ({self.reason})"
+        if worst.cost_percent == 0:
+            return f"no cost: {self.rung} is the fastest passing rung ({worst.figure}: {worst.gbps:.2f} GB/s)"
+        return (
+            f"costs {worst.cost_percent:.1f}% against {worst.best_rung} "
+            f"({worst.figure}: {worst.gbps:.2f} vs {worst.best_gbps:.2f} GB/s)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "measured": worst is not None,
+            "cost_percent": worst.cost_percent if worst else None,
+            "reason": self.reason or None,
+            "text": self.text(),
+            "comparisons": [c.to_json() for c in self.comparisons],
+        }
+
+
+@dataclass(frozen=True)
+class ClassAdvice:
+    """One topology class: its first passing rung, or the cases no rung fixed."""
+
+    name: str
+    rung: Rung | None
+    bandwidth: BandwidthCost | None = None
+    failing: tuple[tuple[str, str], ...] = ()  # (nodeid, verdict) of the cases that never passed
+    tried: tuple[str, ...] = ()  # the rungs the class's failing cases ran on, in ladder order
+    not_passing_on_rung: tuple[tuple[str, str], ...] = ()  # cases that passed earlier but not on the rung
+
+    def line(self) -> str:
+        if self.rung is None:
+            tried = ", ".join(self.tried)
+            return f"{self.name}: no rung passed (tried {tried}): no environment fixes it; failing cases:"
+        bandwidth = self.bandwidth.text() if self.bandwidth else "not measured"
+        return f"{self.name}: {self.rung.name}: {rung_env_text(self.rung)}; bandwidth cost: {bandwidth}"
+
+    def to_json(self) -> dict[str, Any]:
+        rung = self.rung
+        return {
+            "rung": rung.name if rung else None,
+            "set": dict(rung.set) if rung else {},
+            "unset_families": list(rung.unset_families) if rung else [],
+            "env_text": rung_env_text(rung) if rung else None,
+            "bandwidth": self.bandwidth.to_json() if self.bandwidth else None,
+            "failing": [{"nodeid": n, "verdict": v} for n, v in self.failing],
+            "tried": list(self.tried),
+            "not_passing_on_rung": [{"nodeid": n, "verdict": v} for n, v in self.not_passing_on_rung],
+        }
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One variable two classes' rungs set differently; the later rung in ladder order wins."""
+
+    variable: str
+    chosen: str
+    chosen_rung: str
+    wanted: tuple[tuple[str, str, str], ...]  # (value, rung, class) per class that sets it
+
+    def text(self) -> str:
+        wants = ", ".join(f"{value} for {cls} ({rung})" for value, rung, cls in self.wanted)
+        return f"conflict: {self.variable} is {wants}; using {self.chosen} from {self.chosen_rung}, the later rung"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "variable": self.variable,
+            "chosen": self.chosen,
+            "chosen_rung": self.chosen_rung,
+            "wanted": [{"value": v, "rung": r, "class": c} for v, r, c in self.wanted],
+        }
+
+
+@dataclass
+class Recommendation:
+    """What to set, per class and overall; ``unfit`` when any case delivered wrong data."""
+
+    run_id: str | None
+    source: str
+    simulated: bool
+    unfit: bool
+    classes: list[ClassAdvice] = field(default_factory=list)
+    wrong_data: list[dict[str, Any]] = field(default_factory=list)  # nodeid, class, rung, summary
+    env: dict[str, str] = field(default_factory=dict)
+    unset_families: tuple[str, ...] = ()
+    conflicts: list[Conflict] = field(default_factory=list)
+    needed_by: dict[str, list[str]] = field(default_factory=dict)  # "VAR=VALUE" or the unset text -> classes
+    inherited_env: dict[str, str] = field(default_factory=dict)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def fixed(self) -> list[ClassAdvice]:
+        return [c for c in self.classes if c.rung is not None]
+
+    @property
+    def unfixed(self) -> list[str]:
+        return [c.name for c in self.classes if c.rung is None]
+
+    @property
+    def serves_every_class(self) -> bool:
+        """One rung's setting is what every class that some rung fixed needs."""
+        return len({_setting(c.rung) for c in self.fixed if c.rung is not None}) == 1
+
+    @property
+    def broader(self) -> list[tuple[str, str]]:
+        """(class, its own rung) of the classes the overall environment gives more than they need."""
+        overall = (tuple(sorted(self.env.items())), self.unset_families)
+        return [(c.name, c.rung.name) for c in self.fixed if c.rung is not None and _setting(c.rung) != overall]
+
+    def exports(self) -> list[str]:
+        """The environment as shell lines; empty when nothing needs setting (or the machine is unfit)."""
+        if self.unfit:
+            return []
+        lines = [rung_env_text(Rung("overall", unset_families=self.unset_families))] if self.unset_families else []
+        return lines + [f"export {k}={v}" for k, v in sorted(self.env.items())]
+
+    # -- text --------------------------------------------------------------------------------
+    def lines(self) -> list[str]:
+        lines = ["SIMULATED run: this is for the simulated machine, not this host"] if self.simulated else []
+        if self.unfit:
+            return lines + self._unfit_lines()
+        if not self.classes:
+            return lines + ["nothing to recommend: no case ran that can be used (all skipped or negative controls)"]
+        lines.append("per topology class, the first rung on which every case of the class passed:")
+        for advice in self.classes:
+            lines.append(f"  {advice.line()}")
+            lines += [f"    {verdict.upper()} {nodeid}" for nodeid, verdict in advice.failing]
+            if advice.not_passing_on_rung:
+                lines.append(f"    caution: on {advice.rung.name if advice.rung else '?'} these did not pass:")
+                lines += [f"      {verdict.upper()} {nodeid}" for nodeid, verdict in advice.not_passing_on_rung]
+        lines += self._overall_lines()
+        return lines
+
+    def _unfit_lines(self) -> list[str]:
+        count = len(self.wrong_data)
+        lines = [
+            f"NOT FIT FOR TRAINING: wrong data (verdict fail) in {count} case{'' if count == 1 else 's'}; "
+            f"{UNFIT_REASON}:"
+        ]
+        for case in self.wrong_data:
+            lines.append(f"  FAIL {case['nodeid']} ({case['class']}, rung {case['rung']}): {case['summary']}")
+        return lines
+
+    def _overall_lines(self) -> list[str]:
+        fixed = self.fixed
+        unfixed = ", ".join(self.unfixed)
+        if not fixed:
+            return [f"no environment fixes any class ({unfixed}); see the failing cases above"]
+        scope = f"every class an environment fixes (not {unfixed})" if unfixed else "every class"
+        if not self.env and not self.unset_families:
+            return [f"nothing needs setting: {scope} passed with the environment as it is", *self._inherited_note()]
+        if self.serves_every_class:
+            lines = [f"one setting serves {scope}:"]
+        elif self.conflicts:
+            lines = ["classes need conflicting settings:", *(f"  {c.text()}" for c in self.conflicts)]
+        else:
+            lines = [f"classes need different settings; they do not conflict, so their union serves {scope}:"]
+        if not self.serves_every_class:
+            lines += [f"  {what}: needed by {', '.join(classes)}" for what, classes in self.needed_by.items()]
+            broader = ", ".join(f"{cls} (needs {rung})" for cls, rung in self.broader)
+            lines.append(f"  would then run on a broader setting than they need: {broader}")
+        lines += [f"  {line}" for line in self.exports()]
+        return lines + self._inherited_note()
+
+    def _inherited_note(self) -> list[str]:
+        unset = self.unset_families
+        kept = {k: v for k, v in self.inherited_env.items() if not (unset and k.startswith(unset))}
+        if not kept:
+            return []
+        return [
+            f"note: every rung ran on top of what the run inherited: {' '.join(f'{k}={v}' for k, v in kept.items())}"
+        ]
+
+    # -- the .env file -------------------------------------------------------------------------
+    def env_text(self) -> str:
+        lines = [f"# recommended environment from conformance run {self.run_id or '(unknown run id)'}"]
+        if self.simulated:
+            lines.append("# SIMULATED run: this is for the simulated machine, not this host")
+        lines.append(
+            f"# VAR=VALUE lines: docker --env-file, systemd EnvironmentFile=, or set -a; . ./{ENV_FILE}; set +a"
+        )
+        if self.unfit:
+            lines.append(f"# NOT FIT FOR TRAINING: wrong data (verdict fail); {UNFIT_REASON}")
+            lines += [f"#   FAIL {case['nodeid']}" for case in self.wrong_data]
+            return "\n".join(lines) + "\n"
+        if not self.classes:
+            lines.append("# nothing to recommend: no case ran that can be used")
+            return "\n".join(lines) + "\n"
+        lines += [f"# {line}" for line in [*self._class_comments(), *self._inherited_note()]]
+        if self.unset_families:
+            text = rung_env_text(Rung("overall", unset_families=self.unset_families))
+            lines.append(f"# {text} before these: a .env file cannot unset")
+        if not self.env and not self.unset_families:
+            lines.append("# nothing needs setting: the environment as it is")
+        lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
+        return "\n".join(lines) + "\n"
+
+    def _class_comments(self) -> list[str]:
+        comments = []
+        for advice in self.classes:
+            if advice.rung is None:
+                comments.append(
+                    f"{advice.name}: no environment fixes it (no rung passed; tried {', '.join(advice.tried)})"
+                )
+            else:
+                comments.append(f"{advice.name}: {advice.rung.name}: {_assignments(advice.rung)}")
+        comments += [c.text() for c in self.conflicts]
+        if self.broader and not self.serves_every_class:
+            broader = ", ".join(f"{cls} (needs {rung})" for cls, rung in self.broader)
+            comments.append(f"broader setting than needed for: {broader}")
+        return comments
+
+    # -- JSON ------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "source": self.source,
+            "simulated": self.simulated,
+            "unfit": self.unfit,
+            "wrong_data": self.wrong_data,
+            "classes": {c.name: c.to_json() for c in self.classes},
+            "unfixed": self.unfixed,
+            "env": {} if self.unfit else dict(sorted(self.env.items())),
+            "unset_families": [] if self.unfit else list(self.unset_families),
+            "serves_every_class": bool(self.fixed) and self.serves_every_class,
+            "conflicts": [c.to_json() for c in self.conflicts],
+            "needed_by": self.needed_by,
+            "broader": [{"class": cls, "needs": rung} for cls, rung in self.broader],
+            "exports": self.exports(),
+            "inherited_env": self.inherited_env,
+            "lines": self.lines(),
+        }
+
+
+def _setting(rung: Rung) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    return tuple(sorted(rung.set.items())), tuple(rung.unset_families)
+
+
+def _assignments(rung: Rung) -> str:
+    """``VAR=VALUE ...`` as the .env file writes them (the unset text for ``clean``)."""
+    parts = [rung_env_text(Rung(rung.name, unset_families=rung.unset_families))] if rung.unset_families else []
+    parts += [f"{k}={v}" for k, v in sorted(rung.set.items())]
+    return " ".join(parts) or "nothing to set"
+
+
+# --------------------------------------------------------------------------------------------
+# from a run to a recommendation
+# --------------------------------------------------------------------------------------------
+
+
+def run_ladder(run: Run) -> tuple[Rung, ...]:
+    """The run's rungs (``run.json``: ``ladder``), else the built-in ladder; then rungs only records name."""
+    entries = run.facts.get("ladder")
+    ladder = list(BUILTIN_LADDER) if entries is None else _parse_ladder(entries)
+    known = {r.name for r in ladder}
+    for record in run.records:
+        name = record.get("env_name")
+        if isinstance(name, str) and name not in known:
+            env = record.get("env")
+            found = {k: v for k, v in env.items() if isinstance(v, str)} if isinstance(env, dict) else {}
+            ladder.append(Rung(name, found, description="only named by the records"))
+            known.add(name)
+    return tuple(ladder)
+
+
+def _parse_ladder(entries: Any) -> list[Rung]:
+    if not isinstance(entries, list):
+        raise RunError("run.json: ladder is not a list of rungs")
+    ladder = []
+    for number, entry in enumerate(entries, start=1):
+        try:
+            name, env, unset = entry["name"], entry.get("set") or {}, entry.get("unset_families") or []
+            texts = [name, *env, *env.values(), *unset]
+            valid = isinstance(unset, list) and all(isinstance(v, str) for v in texts)
+        except (TypeError, KeyError, AttributeError):
+            valid = False
+        if not valid:
+            raise RunError(f"run.json: ladder entry {number} is not {{name, set, unset_families}}: {entry!r}")
+        ladder.append(Rung(name, dict(env), tuple(unset)))
+    return ladder
+
+
+def usable_records(run: Run) -> list[dict[str, Any]]:
+    """Records a recommendation reads: not negative controls, not skipped, whole."""
+    return [
+        r
+        for r in run.records
+        if r.get("expected_verdict") is None
+        and r.get("verdict") not in (None, "skip")
+        and isinstance(r.get("nodeid"), str)
+        and isinstance(r.get("env_name"), str)
+    ]
+
+
+def _case_key(record: dict[str, Any]) -> str:
+    return str(record.get("ladder_key") or record["nodeid"])
+
+
+def _failing_cases(records: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """(nodeid, verdict) of every record of the cases that never passed."""
+    passed = {_case_key(r) for r in records if r["verdict"] == "pass"}
+    return tuple((r["nodeid"], r["verdict"]) for r in records if _case_key(r) not in passed)
+
+
+def _figures(record: dict[str, Any]) -> dict[str, float]:
+    """Bandwidth figures of one record: ``bandwidth_gbps`` and ``metrics.busbw_gbps`` per size."""
+    probe = str(record.get("probe") or "?")
+    found: dict[str, float] = {}
+    value = record.get("bandwidth_gbps")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        found[probe] = float(value)
+    metrics = record.get("metrics")
+    busbw = metrics.get("busbw_gbps") if isinstance(metrics, dict) else None
+    for size, number in busbw.items() if isinstance(busbw, dict) else ():
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            found[f"{probe} busbw {size}"] = float(number)
+    return found
+
+
+def _mean_figures(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for record in records:
+        for figure, number in _figures(record).items():
+            values.setdefault(figure, []).append(number)
+    return {figure: sum(v) / len(v) for figure, v in values.items()}
+
+
+def bandwidth_cost(records: list[dict[str, Any]], rung: str) -> BandwidthCost:
+    """The rung's figures against the best passing rung of the class, figure by figure (means)."""
+    passing: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["verdict"] == "pass":
+            passing.setdefault(r["env_name"], []).append(r)
+    if not set(passing) - {rung}:
+        return BandwidthCost(rung, reason=f"only {rung} passed")
+    means = {name: _mean_figures(found) for name, found in passing.items()}
+    if not means.get(rung):
+        return BandwidthCost(rung, reason=f"no bandwidth figure on {rung}")
+    comparisons = []
+    for figure, gbps in sorted(means[rung].items()):
+        others = {name: m[figure] for name, m in means.items() if name != rung and figure in m}
+        if others:
+            best_rung, best = max([(rung, gbps), *others.items()], key=lambda item: item[1])
+            comparisons.append(Comparison(figure, round(gbps, 4), round(best, 4), best_rung))
+    if not comparisons:
+        return BandwidthCost(rung, reason=f"no figure measured both on {rung} and on another passing rung")
+    return BandwidthCost(rung, tuple(comparisons))
+
+
+def _class_advice(name: str, rung: Rung | None, records: list[dict[str, Any]], ladder: Sequence[Rung]) -> ClassAdvice:
+    if rung is None:
+        failing = _failing_cases(records)
+        ran = {r["env_name"] for r in records if (r["nodeid"], r["verdict"]) in failing}
+        return ClassAdvice(name, None, failing=failing, tried=tuple(r.name for r in ladder if r.name in ran))
+    on_rung = tuple(
+        (r["nodeid"], r["verdict"]) for r in records if r["env_name"] == rung.name and r["verdict"] != "pass"
+    )
+    return ClassAdvice(name, rung, bandwidth_cost(records, rung.name), not_passing_on_rung=on_rung)
+
+
+def _join(classes: Sequence[ClassAdvice], ladder: Sequence[Rung]) -> tuple[dict[str, str], list[Conflict]]:
+    """The union of the classes' variables; a variable set differently takes the later rung's value."""
+    order = {r.name: i for i, r in enumerate(ladder)}
+    wanted: dict[str, list[tuple[str, str, str]]] = {}
+    for advice in classes:
+        if advice.rung is not None:
+            for variable, value in advice.rung.set.items():
+                wanted.setdefault(variable, []).append((value, advice.rung.name, advice.name))
+    env: dict[str, str] = {}
+    conflicts = []
+    for variable, wants in sorted(wanted.items()):
+        value, rung, _ = max(wants, key=lambda w: order.get(w[1], len(order)))
+        env[variable] = value
+        if len({w[0] for w in wants}) > 1:
+            conflicts.append(Conflict(variable, value, rung, tuple(wants)))
+    return env, conflicts
+
+
+def _needed_by(classes: Sequence[ClassAdvice], env: dict[str, str], unset: tuple[str, ...]) -> dict[str, list[str]]:
+    needed: dict[str, list[str]] = {}
+    if unset:
+        text = rung_env_text(Rung("overall", unset_families=unset))
+        needed[text] = [c.name for c in classes if c.rung is not None and c.rung.unset_families]
+    for variable, value in sorted(env.items()):
+        needed[f"{variable}={value}"] = [
+            c.name for c in classes if c.rung is not None and c.rung.set.get(variable) == value
+        ]
+    return needed
+
+
+def _wrong_data(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"nodeid": r["nodeid"], "class": link_class_of(r), "rung": r.get("env_name"), "summary": r.get("summary", "")}
+        for r in records
+        if r["verdict"] == "fail"
+    ]
+
+
+def recommend(run: Run) -> Recommendation:
+    """The recommendation for a finished run (raises RunError when its ladder cannot be read)."""
+    ladder = run_ladder(run)
+    records = usable_records(run)
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_class.setdefault(link_class_of(r), []).append(r)
+    first = first_passing_rungs(records, ladder)
+    classes = [_class_advice(name, rung, by_class[name], ladder) for name, rung in first.items()]
+    env, conflicts = _join(classes, ladder)
+    unset: list[str] = []
+    for advice in classes:
+        for family in advice.rung.unset_families if advice.rung else ():
+            if family not in unset:
+                unset.append(family)
+    inherited = run.facts.get("inherited_env")
+    wrong = _wrong_data(records)
+    return Recommendation(
+        run_id=run.run_id,
+        source=run.source,
+        simulated=bool(run.facts.get("simulated")) or any(r.get("simulated") for r in run.records),
+        unfit=bool(wrong),
+        classes=classes,
+        wrong_data=wrong,
+        env=env,
+        unset_families=tuple(unset),
+        conflicts=conflicts,
+        needed_by=_needed_by(classes, env, tuple(unset)),
+        inherited_env={str(k): str(v) for k, v in inherited.items()} if isinstance(inherited, dict) else {},
+    )
+
+
+def write_env_file(run: Run, recommendation: Recommendation) -> Path:
+    """``recommended.env`` in the run folder; returns its path (OSError when it cannot be written)."""
+    if run.folder is None:
+        raise RunError(f"{run.source}: no run folder to write {ENV_FILE} into")
+    path = run.folder / ENV_FILE
+    tmp = path.with_name(f".{ENV_FILE}.tmp")
+    tmp.write_text(recommendation.env_text(), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------------
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        COMMAND,
+        help="the environment to use, per topology class, from a finished run",
+        description=(
+            "Per topology class, the first environment rung on which every case passed and what it costs in "
+            f"bandwidth; the environment to use as export lines, also written to {ENV_FILE} in the run folder."
+        ),
+    )
+    add_run_argument(parser)
+    add_reports_dir_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    parser.set_defaults(run=recommend_command)
+
+
+def recommend_command(args: argparse.Namespace) -> int:
+    try:
+        run = load_run_argument(args.run_path, args.reports_dir)
+        recommendation = recommend(run)
+    except RunError as exc:
+        return fail(COMMAND, str(exc))
+    for message in run.warnings:
+        warn(COMMAND, message)
+    if not recommendation.classes:
+        what = (
+            "recorded no case" if not run.records else "has no case to go by (every case skipped or a negative control)"
+        )
+        return fail(COMMAND, f"{run.source}: nothing to recommend: the run {what}")
+    try:
+        path = write_env_file(run, recommendation)
+    except (OSError, RunError) as exc:
+        return fail(COMMAND, f"{ENV_FILE} cannot be written: {exc}")
+    if args.json:
+        print(json.dumps({**recommendation.to_json(), "env_file": str(path)}, indent=2, sort_keys=True))
+    else:
+        print(f"recommended environment for run {recommendation.run_id or '(unknown run id)'} ({run.source}):")
+        for line in recommendation.lines():
+            print(line)
+        print(f"(written to {path})")
+    return UNFIT_STATUS if recommendation.unfit else 0
