@@ -1,0 +1,87 @@
+"""The end of a pytest run: recommendation, ``--baseline`` and ``--html-report``.
+
+Real runs of the suite's plugin: the session reads its own run back when every case is recorded,
+writes recommended.env (and report.html), compares against a baseline and fails the session on a
+regression even when every test passed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import read_records
+
+RunSuite = Callable[..., pytest.RunResult]
+
+PAIR_TEST = """
+def test_pair(conformance_case, device_pair):
+    conformance_case("pair_exchange", device_pair, sizes=[4])
+"""
+
+
+def test_recommendation_and_report_written_at_the_end(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
+) -> None:
+    pytester.makepyfile(test_p=PAIR_TEST)
+    result = run_suite("--virtual-devices=2", "--html-report")
+    result.assert_outcomes(passed=1)
+    run_dir = (reports_dir / "latest").resolve()
+    result.stdout.fnmatch_lines(
+        [
+            "recommended environment:",
+            "nothing needs setting*",
+            f"(written to {run_dir / 'recommended.env'})",
+            f"HTML report: {run_dir / 'report.html'}",
+        ]
+    )
+    assert (run_dir / "recommended.env").read_text().startswith("#")
+    html = (run_dir / "report.html").read_text()
+    assert "<html" in html and "cpu0" in html and "<script" not in html
+
+
+NEGATIVE_CONTROL_TEST = """
+from conformance.matrix import DeviceSet
+
+def test_negative_control(conformance_case, conformance):
+    result = conformance_case("fail_one_rank", DeviceSet(conformance.topology.devices, "all"), expect="error")
+    assert result.verdict == "error"
+"""
+
+
+def test_regression_fails_a_session_whose_tests_pass(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, tmp_path: Path
+) -> None:
+    """A test that expects its case's error passes, yet fails the session against a baseline.
+
+    In the baseline that case passed, so this run is a regression (pass -> error).
+    """
+    pytester.makepyfile(test_n=NEGATIVE_CONTROL_TEST)
+    first = run_suite("--virtual-devices=2")
+    first.assert_outcomes(passed=1)
+    (record,) = read_records(reports_dir)
+    assert record["verdict"] == "error"
+    baseline = tmp_path / "baseline.jsonl"
+    baseline.write_text(json.dumps({**record, "run_id": "older-run", "verdict": "pass", "root_cause": None}) + "\n")
+
+    result = run_suite("--virtual-devices=2", f"--baseline={baseline}")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"against baseline {baseline}:", "REGRESSIONS (1):", "*test_negative_control*"])
+
+    same = run_suite("--virtual-devices=2", f"--baseline={reports_dir / 'latest'}")
+    assert same.ret == pytest.ExitCode.OK
+    same.stdout.fnmatch_lines(["no regressions*"])
+
+
+def test_bad_baseline_stops_the_run_before_any_case(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, tmp_path: Path
+) -> None:
+    pytester.makepyfile(test_p=PAIR_TEST)
+    result = run_suite("--virtual-devices=2", f"--baseline={tmp_path / 'missing'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: conformance: command-line option --baseline: {tmp_path / 'missing'}: *"])
+    assert not (reports_dir / "latest").exists()
