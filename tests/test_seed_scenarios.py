@@ -207,6 +207,15 @@ def test_noncontiguous_barrier(pytester: pytest.Pytester, run_suite: RunSuite, r
     ]
     result.assert_outcomes(failed=2, passed=4)
     result.stdout.fnmatch_lines(["deadlines paid: 2 (up to 3s each)"])
+    # no environment variable fixes a device guess: the recommendation says so, for those subsets
+    result.stdout.fnmatch_lines(
+        [
+            "recommended environment:",
+            "  every_other: no rung passed (tried inherited): no environment fixes it; failing cases:",
+            "  last_half: no rung passed (tried inherited): no environment fixes it; failing cases:",
+        ],
+        consecutive=False,
+    )
 
 
 # The whole 8-GPU PCIe box: every SYS pair hangs until NCCL_P2P_LEVEL=NVL
@@ -261,8 +270,12 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
         [
             "SYS: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
             f"deadlines paid: {len(sys_pairs) + 2} (up to 5s each)",
+            "recommended environment:",
+            "*SYS: p2p_level_nvl: export NCCL_P2P_LEVEL=NVL*",
         ]
     )
+    env_file = (reports_dir / "latest" / "recommended.env").read_text()
+    assert "NCCL_P2P_LEVEL=NVL" in env_file and "NCCL_P2P_DISABLE" not in env_file
     prefix = "suites/test_pairs.py::test_pair_exchange"
     assert failed_nodeids(result) == sorted(
         [f"{prefix}[{pair}-SYS-inherited]" for pair in sys_pairs]
@@ -369,6 +382,13 @@ def test_oom_at_checkpoint(pytester: pytest.Pytester, run_suite: RunSuite, repor
     assert deadlines_paid(records) == 0
     result.assert_outcomes(failed=2, passed=6)
     result.stdout.fnmatch_lines(["[[]simulated[]] error: rank 0 (gpu0) in probe (all_*): OutOfMemoryError: CUDA out *"])
+    result.stdout.fnmatch_lines(
+        [
+            "recommended environment:",
+            "  all: no rung passed (tried inherited): no environment fixes it; failing cases:",
+        ],
+        consecutive=False,
+    )
 
 
 def test_hang_ignores_sigterm(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:

@@ -1,0 +1,74 @@
+"""Reading finished runs back: what is whole is read, what is not is said, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main
+from conformance.results import SCHEMA, junit_properties, record_from_junit_properties
+from conformance.runs import RunError, load_run, read_jsonl, resolve_run_path
+
+RECORD = {
+    "schema": SCHEMA, "run_id": "r1", "nodeid": "suites/test_pairs.py::test_pair_exchange[cpu0-cpu1-inherited]",
+    "probe": "pair_exchange", "devices": ["cpu0", "cpu1"], "device_ids": ["cpu0", "cpu1"], "link": "CPU",
+    "set_kind": "pair", "ladder_key": "test_pair_exchange[cpu0-cpu1]", "backend": "gloo", "env_name": "inherited",
+    "env": {}, "verdict": "pass", "expected_verdict": None, "summary": "", "root_cause": None, "victims": [],
+    "ranks": [{"rank": 0, "exit": 0}], "bandwidth_gbps": 0.25, "metrics": {"busbw_gbps": {"1MiB": 1.5}},
+    "p2p_status": None, "transports": {}, "nccl_warnings": [], "seconds": 0.1, "stop_reason": None,
+    "simulated": False,
+}  # fmt: skip
+
+
+def test_newer_schema_and_cut_off_lines_are_skipped_and_said(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    newer = {**RECORD, "schema": SCHEMA + 1, "nodeid": "from-the-future"}
+    path.write_text(json.dumps(RECORD) + "\n" + json.dumps(newer) + "\n" + json.dumps(RECORD)[:40])
+    records, warnings = read_jsonl(path)
+    assert records == [RECORD]
+    assert warnings == [
+        f"{path}: line 3 is not whole JSON (cut off?); skipped",
+        f"{path}: 1 record(s) of a newer schema than {SCHEMA} skipped; upgrade the suite",
+    ]
+
+
+def test_commands_print_what_was_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "results.jsonl").write_text(json.dumps(RECORD) + "\n" + json.dumps(RECORD)[:40])
+    assert main(["recommend", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "line 2 is not whole JSON (cut off?); skipped" in err
+
+
+@pytest.mark.parametrize("name", ["missing", "empty-folder"])
+def test_unknown_run_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    (tmp_path / "empty-folder").mkdir()
+    with pytest.raises(RunError):
+        load_run(tmp_path / name)
+    for command in ("recommend", "report"):
+        assert main([command, str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(tmp_path / name) in err
+
+
+def test_junit_without_the_suites_properties(tmp_path: Path) -> None:
+    xml = tmp_path / "other.xml"
+    xml.write_text('<testsuites><testsuite name="x"><testcase classname="a" name="b"/></testsuite></testsuites>')
+    with pytest.raises(RunError, match="no test case carries the suite's conformance"):
+        load_run(xml)
+
+
+def test_every_record_field_survives_junit_properties() -> None:
+    properties = dict(junit_properties(RECORD))
+    assert properties["conformance.verdict"] == "pass"  # text stays readable in the XML
+    assert properties["conformance.devices"] == '["cpu0", "cpu1"]'
+    assert record_from_junit_properties(properties) == RECORD
+
+
+def test_latest_is_the_default_run_and_a_bare_run_id_works(tmp_path: Path) -> None:
+    (tmp_path / "20261121-000000-abcd").mkdir()
+    assert resolve_run_path(None, tmp_path) == tmp_path / "latest"
+    assert resolve_run_path("20261121-000000-abcd", tmp_path) == tmp_path / "20261121-000000-abcd"
