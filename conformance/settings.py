@@ -30,13 +30,24 @@ class SettingError(ValueError):
     """A setting's value is unusable; the message names the value and its source."""
 
 
-def _positive_number(raw: str, where: str) -> float:
+def _number(raw: str, where: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
         raise SettingError(f"{where}: {raw!r} is not a number") from None
+
+
+def _positive_number(raw: str, where: str) -> float:
+    value = _number(raw, where)
     if not value > 0 or value == float("inf"):
         raise SettingError(f"{where}: {raw!r} must be a positive, finite number of seconds")
+    return value
+
+
+def _ratio(raw: str, where: str) -> float:
+    value = _number(raw, where)
+    if not 0 < value <= 1:
+        raise SettingError(f"{where}: {raw!r} must be a ratio above 0 and at most 1")
     return value
 
 
@@ -50,25 +61,18 @@ def _positive_int(raw: str, where: str) -> int:
     return value
 
 
-def _backend(raw: str, where: str) -> str:
-    value = raw.strip().lower()
-    if value not in BACKENDS:
-        raise SettingError(f"{where}: unknown backend {raw!r}; choose one of {', '.join(BACKENDS)}")
-    return value
+def _choice(what: str, choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(raw: str, where: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise SettingError(f"{where}: unknown {what} {raw!r}; choose one of {', '.join(choices)}")
+        return value
+
+    return parse
 
 
 def _text(raw: str, where: str) -> str:
     return raw
-
-
-def _ratio(raw: str, where: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(f"{where}: {raw!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise SettingError(f"{where}: {raw!r} must be a ratio above 0 and at most 1")
-    return value
 
 
 def _flag(raw: str, where: str) -> bool:
@@ -78,13 +82,6 @@ def _flag(raw: str, where: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise SettingError(f"{where}: {raw!r} is not a yes/no value (1, true, yes, on / 0, false, no, off)")
-
-
-def _matrix(raw: str, where: str) -> str:
-    value = raw.strip().lower()
-    if value not in MATRIX_MODES:
-        raise SettingError(f"{where}: unknown matrix {raw!r}; choose one of {', '.join(MATRIX_MODES)}")
-    return value
 
 
 def _rung(raw: str, where: str) -> Rung:
@@ -138,13 +135,13 @@ SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks 
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("backend", BACKEND_HELP, "auto", _backend),
+    Setting("backend", BACKEND_HELP, "auto", _choice("backend", BACKENDS)),
     Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _positive_int),
     Setting("init_timeout", INIT_TIMEOUT_HELP, "30", _positive_number),
     Setting("op_timeout", OP_TIMEOUT_HELP, "30", _positive_number),
     Setting("case_timeout", CASE_TIMEOUT_HELP, "60", _positive_number),
     Setting("grace", GRACE_HELP, "3", _positive_number),
-    Setting("matrix", MATRIX_HELP, "adaptive", _matrix),
+    Setting("matrix", MATRIX_HELP, "adaptive", _choice("matrix", MATRIX_MODES)),
     Setting("env_rung", ENV_RUNG_HELP, None, _rung, multiple=True),
     Setting("env_rungs_file", ENV_RUNGS_FILE_HELP, None, _text, is_path=True),
     Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True),
