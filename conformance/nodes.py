@@ -1,0 +1,159 @@
+"""Which node of a multi-node run this pytest is, and whether the nodes agree before any NCCL call.
+
+The node layout comes, from high to low priority, from the suite's own settings (``--nnodes``,
+``--node-rank``, ``--master-addr``, ``--master-port`` and their ini / CONFORMANCE_* twins), from
+SLURM (``SLURM_NNODES``, ``SLURM_NODEID``, the first host of ``SLURM_JOB_NODELIST``), or from
+torchrun-style variables (``NNODES``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``).  One node
+is the default.
+
+Fingerprints: each node describes what must match across nodes (GPU count, NCCL, torch, the
+suite's version) and what may differ (host, interface names); :func:`compare_fingerprints` turns
+them into the table a run shows instead of hanging in communicator setup.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from conformance.topology import align_columns
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
+
+# Fields that must be equal on every node, and fields that are shown but may differ.
+MUST_MATCH = ("gpu_count", "nccl", "torch", "suite")
+MAY_DIFFER = ("hostname", "cuda_visible_devices", "driver", "cuda", "nccl_env")
+
+
+class NodeError(ValueError):
+    """The node layout is inconsistent; the message names the values and where they came from."""
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    source: str = "default"  # where the layout came from
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
+    head = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not head or not head.group(1):
+        raise NodeError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+    prefix, ranges = head.group(1), head.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _int(value: str, name: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise NodeError(f"{name}={value!r} is not a whole number") from None
+    if number < minimum:
+        raise NodeError(f"{name}={value!r} must be at least {minimum}")
+    return number
+
+
+def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
+    if "SLURM_NNODES" not in environ or "SLURM_NODEID" not in environ:
+        return None
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    return NodeSetup(
+        nnodes=_int(environ["SLURM_NNODES"], "SLURM_NNODES", 1),
+        node_rank=_int(environ["SLURM_NODEID"], "SLURM_NODEID", 0),
+        master_addr=first_host(nodelist) if nodelist else None,
+        master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
+        source="SLURM",
+    )
+
+
+def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
+    if "NNODES" not in environ and "NODE_RANK" not in environ:
+        return None
+    return NodeSetup(
+        nnodes=_int(environ.get("NNODES", "1"), "NNODES", 1),
+        node_rank=_int(environ.get("NODE_RANK", "0"), "NODE_RANK", 0),
+        master_addr=environ.get("MASTER_ADDR"),
+        master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
+        source="torchrun variables",
+    )
+
+
+def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSetup:
+    """The layout: explicit settings (only those given) over SLURM over torchrun variables."""
+    found = _from_slurm(environ) or _from_torchrun(environ) or NodeSetup()
+    values = {**asdict(found), **{k: v for k, v in explicit.items() if v is not None}}
+    if any(v is not None for v in explicit.values()):
+        values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
+    setup = NodeSetup(**values)
+    if setup.node_rank >= setup.nnodes:
+        raise NodeError(f"node rank {setup.node_rank} is not below the node count {setup.nnodes} ({setup.source})")
+    if setup.multi_node:
+        if not setup.master_addr:
+            raise NodeError(f"{setup.nnodes} nodes need the first node's address (--master-addr or MASTER_ADDR)")
+        if setup.master_port is None:
+            setup = NodeSetup(**{**asdict(setup), "master_port": DEFAULT_MASTER_PORT})
+        if not 0 < (setup.master_port or 0) < 65536:
+            raise NodeError(f"master port {setup.master_port} is not a TCP port ({setup.source})")
+    return setup
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    node_rank: int
+    hostname: str
+    gpu_count: int
+    gpu_uuids: tuple[str, ...]
+    cuda_visible_devices: str | None
+    driver: str | None
+    cuda: str | None
+    nccl: str | None
+    torch: str | None
+    suite: str | None
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+
+    def value(self, name: str) -> str:
+        value = getattr(self, name)
+        if isinstance(value, Mapping):
+            return " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+        return "-" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class FingerprintCheck:
+    fatal: tuple[str, ...]  # fields that differ and must not
+    differing: tuple[str, ...]  # fields that differ and may
+    table: tuple[str, ...]  # a row per field, a column per node
+
+    @property
+    def ok(self) -> bool:
+        return not self.fatal
+
+
+def compare_fingerprints(prints: Sequence[Fingerprint]) -> FingerprintCheck:
+    """Which fields differ across nodes; fatal where they must match."""
+    ordered = sorted(prints, key=lambda p: p.node_rank)
+
+    def differs(name: str) -> bool:
+        return len({p.value(name) for p in ordered}) > 1
+
+    fatal = tuple(name for name in MUST_MATCH if differs(name))
+    differing = tuple(name for name in MAY_DIFFER if differs(name))
+    header = ("field", *(f"node {p.node_rank}" for p in ordered), "")
+    rows = [header]
+    for name in (*MUST_MATCH, *MAY_DIFFER):
+        mark = "MUST MATCH" if name in fatal else ("differs (allowed)" if name in differing else "")
+        rows.append((name, *(p.value(name) for p in ordered), mark))
+    return FingerprintCheck(fatal, differing, tuple(align_columns(rows)))

@@ -1,0 +1,95 @@
+"""Node layout (settings over SLURM over torchrun variables) and the cross-node fingerprint table."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.nodes import (
+    DEFAULT_MASTER_PORT,
+    Fingerprint,
+    NodeError,
+    NodeSetup,
+    compare_fingerprints,
+    first_host,
+    node_setup,
+)
+
+NONE = {"nnodes": None, "node_rank": None, "master_addr": None, "master_port": None}
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [("gpu01", "gpu01"), ("gpu[03-05,9]", "gpu03"), ("gpu[07],cpu1", "gpu07"), ("a1,a2", "a1"), ("n[1-2]x", "n1")],
+)
+def test_first_host_of_a_slurm_node_list(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
+
+
+def test_one_node_by_default() -> None:
+    assert node_setup(NONE, {}) == NodeSetup(1, 0, None, None, "default")
+
+
+def test_slurm_fills_the_layout() -> None:
+    env = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[10-13]"}
+    assert node_setup(NONE, env) == NodeSetup(4, 2, "gpu10", DEFAULT_MASTER_PORT, "SLURM")
+    assert node_setup(NONE, {**env, "MASTER_PORT": "31000"}).master_port == 31000
+
+
+def test_torchrun_variables_fill_the_layout() -> None:
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    assert node_setup(NONE, env) == NodeSetup(2, 1, "10.0.0.1", 29400, "torchrun variables")
+
+
+def test_explicit_settings_win_over_slurm() -> None:
+    env = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[10-13]"}
+    setup = node_setup({**NONE, "master_addr": "10.1.1.1", "master_port": 30000}, env)
+    assert setup == NodeSetup(4, 2, "10.1.1.1", 30000, "settings over SLURM")
+
+
+@pytest.mark.parametrize(
+    ("explicit", "env", "message"),
+    [
+        ({**NONE, "nnodes": 2, "node_rank": 2}, {}, "node rank 2 is not below the node count 2 (settings)"),
+        ({**NONE, "nnodes": 2}, {}, "2 nodes need the first node's address (--master-addr or MASTER_ADDR)"),
+        (NONE, {"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES='two' is not a whole number"),
+        (NONE, {"NNODES": "0"}, "NNODES='0' must be at least 1"),
+        ({**NONE, "nnodes": 2, "master_addr": "h", "master_port": 70000}, {}, "master port 70000 is not a TCP port"),
+        (NONE, {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "[1-2]"}, "names no host"),
+    ],
+)
+def test_inconsistent_layouts_are_refused(explicit: dict[str, object], env: dict[str, str], message: str) -> None:
+    with pytest.raises(NodeError) as caught:
+        node_setup(explicit, env)
+    assert message in str(caught.value)
+
+
+def fingerprint(rank: int, **changes: object) -> Fingerprint:
+    base: dict[str, object] = dict(
+        node_rank=rank, hostname=f"node{rank}", gpu_count=8, gpu_uuids=(), cuda_visible_devices=None,
+        driver="570.124.06", cuda="12.8", nccl="2.26.2", torch="2.13.0", suite="0.1.0", nccl_env={},
+    )  # fmt: skip
+    base.update(changes)
+    return Fingerprint(**base)  # type: ignore[arg-type]
+
+
+def test_matching_nodes_pass_and_hostnames_may_differ() -> None:
+    check = compare_fingerprints([fingerprint(1), fingerprint(0)])
+    assert check.ok and check.fatal == () and check.differing == ("hostname",)
+    assert check.table[0].split() == ["field", "node", "0", "node", "1"]
+    assert "differs (allowed)" in next(row for row in check.table if row.startswith("hostname"))
+
+
+def test_fewer_gpus_on_one_node_is_fatal_and_shown() -> None:
+    check = compare_fingerprints(
+        [fingerprint(0), fingerprint(1, gpu_count=4, cuda_visible_devices="0,1,2,3", nccl_env={"NCCL_DEBUG": "WARN"})]
+    )
+    assert not check.ok and check.fatal == ("gpu_count",)
+    assert check.differing == ("hostname", "cuda_visible_devices", "nccl_env")
+    row = next(r for r in check.table if r.startswith("gpu_count"))
+    assert row.split() == ["gpu_count", "8", "4", "MUST", "MATCH"]
+    assert next(r for r in check.table if r.startswith("nccl_env")).split()[1:3] == ["-", "NCCL_DEBUG=WARN"]
+
+
+def test_version_mismatches_are_fatal() -> None:
+    check = compare_fingerprints([fingerprint(0), fingerprint(1, nccl="2.21.5", torch="2.12.0"), fingerprint(2)])
+    assert check.fatal == ("nccl", "torch")
