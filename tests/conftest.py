@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -55,6 +56,35 @@ def read_records(reports_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
+
+
+@pytest.fixture
+def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs see no CONFORMANCE_* setting, no inherited NCCL/GLOO/TORCH variable and no GPU.
+
+    So results do not depend on the shell the tests run in (rung ``clean`` is then the same
+    environment as ``inherited``), and a GPU host behaves like this machine.
+    """
+    from conformance.settings import SETTINGS
+
+    for setting in SETTINGS:
+        monkeypatch.delenv(setting.env_var, raising=False)
+    for name in list(os.environ):
+        if name.startswith(INHERITED_FAMILIES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def copy_suites(pytester: pytest.Pytester, *names: str) -> list[str]:
+    """Copy the repository's suite files into the pytester folder; return their relative paths."""
+    target = pytester.path / "suites"
+    target.mkdir(exist_ok=True)
+    for name in names:
+        shutil.copy(REPO / "suites" / name, target / name)
+    return [f"suites/{name}" for name in names]
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from conformance.settings import SETTINGS
 from conftest import COLLECTIVE_TEST, scenario_text
 
 OLD_RECORDS = b'{"run_id": "old-run", "verdict": "pass"}\n{"run_id": "old-run", "verdict": "hang"}\n'
@@ -38,12 +37,7 @@ class Existing:
         assert found == [self.file]
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No setting leaks in from the outer environment; no GPU is visible even on a GPU host."""
-    for setting in SETTINGS:
-        monkeypatch.delenv(setting.env_var, raising=False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import pytest
 from conformance.cli import main
 from conformance.compare import CompareError, Comparison, case_key, compare, match_id
 from conformance.runs import Run, load_run
-from conformance.settings import SETTINGS
 
 RunSuite = Callable[..., pytest.RunResult]
 
@@ -69,15 +68,7 @@ def write_tiny_suite(pytester: pytest.Pytester) -> tuple[str, str]:
     return f"--topology-file={pytester.path / 'box.json'}", f"--scenario={pytester.path / 'sys-p2p-hang.toml'}"
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No setting and no NCCL variable leaks in (so rung ``clean`` is ``inherited`` and skipped)."""
-    for setting in SETTINGS:
-        monkeypatch.delenv(setting.env_var, raising=False)
-    for name in list(os.environ):
-        if name.startswith(("NCCL_", "TORCH_NCCL_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:

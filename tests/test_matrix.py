@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import shutil
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -32,8 +30,7 @@ from conformance.matrix import (
     parse_rung_spec,
 )
 from conformance.scenario import p2p_used
-from conformance.settings import SETTINGS
-from conftest import COLLECTIVE_TEST, REPO, read_records, scenario_text
+from conftest import COLLECTIVE_TEST, REPO, copy_suites, read_records, scenario_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,15 +55,7 @@ def test_pair(conformance_case, device_pair):
 """
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No setting leaks in; no NCCL variable is inherited, so ``clean`` is the inherited environment."""
-    for setting in SETTINGS:
-        monkeypatch.delenv(setting.env_var, raising=False)
-    for name in list(os.environ):
-        if name.startswith(("NCCL_", "TORCH_NCCL_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def write_topology(pytester: pytest.Pytester, name: str, links: dict[str, str]) -> Path:
@@ -611,13 +600,6 @@ def test_ladder_book_waits_only_for_selected_rungs(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def copy_suite(pytester: pytest.Pytester, name: str) -> str:
-    target = pytester.path / "suites"
-    target.mkdir(exist_ok=True)
-    shutil.copy(REPO / "suites" / name, target / name)
-    return f"suites/{name}"
-
-
 def collected(run_suite: RunSuite, *args: str) -> list[str]:
     result = run_suite("--collect-only", "-q", f"--topology-file={NVSWITCH}", *args, timeout=90)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
@@ -633,7 +615,7 @@ NVSWITCH_PAIRS = [f"gpu{a}-gpu{b}-NV18" for a, b in itertools.combinations(range
 
 
 def test_plan_lists_every_pair_per_rung(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
-    suite = copy_suite(pytester, "test_pairs.py")
+    suite = copy_suites(pytester, "test_pairs.py")[0]
     items = collected(run_suite, suite)
     ids = pair_ids(items)
     assert len(NVSWITCH_PAIRS) == 28
@@ -655,7 +637,7 @@ def test_plan_lists_every_pair_per_rung(pytester: pytest.Pytester, run_suite: Ru
 
 
 def test_plan_inherited_matrix_and_user_rung(pytester: pytest.Pytester, run_suite: RunSuite) -> None:
-    suite = copy_suite(pytester, "test_pairs.py")
+    suite = copy_suites(pytester, "test_pairs.py")[0]
     items = collected(run_suite, "--matrix=inherited", suite)
     assert pair_ids(items) == [f"{p}-inherited" for p in NVSWITCH_PAIRS]
     assert len([line for line in items if "::test_peer_copy[" in line]) == 28

@@ -8,8 +8,6 @@ finished run back the way ``python -m conformance recommend`` does.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,7 @@ from conformance.cli import main
 from conformance.matrix import BUILTIN_LADDER
 from conformance.recommend import Recommendation, recommend, write_env_file
 from conformance.runs import Run, RunError, load_run
-from conformance.settings import SETTINGS
-from conftest import REPO
+from conftest import REPO, copy_suites
 
 RunSuite = Callable[..., pytest.RunResult]
 
@@ -564,25 +561,6 @@ TIMEOUTS = ("--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1
 WRONG_DATA = "send/recv 4B: 1 of 1 elements wrong; first at index 0: got 2.0, expected 1.0"
 
 
-@pytest.fixture
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No setting leaks in, and nothing is inherited that the recommendation would mention."""
-    for setting in SETTINGS:
-        monkeypatch.delenv(setting.env_var, raising=False)
-    for name in list(os.environ):
-        if name.startswith(("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-
-
-def copy_suites(pytester: pytest.Pytester, *names: str) -> list[str]:
-    target = pytester.path / "suites"
-    target.mkdir(exist_ok=True)
-    for name in names:
-        shutil.copy(REPO / "suites" / name, target / name)
-    return [f"suites/{name}" for name in names]
-
-
 def finished(reports_dir: Path, result: pytest.RunResult, simulated: bool) -> tuple[Run, Recommendation, Path]:
     """The run read back; the session wrote the same .env file and showed the same lines."""
     run = load_run(reports_dir / "latest")
@@ -622,7 +600,7 @@ def on_three_gpus(folder: Path, scenario: str) -> Path:
     return path
 
 
-@pytest.mark.usefixtures("clean_environment")
+@pytest.mark.usefixtures("isolated_env")
 def test_sys_hang_recommends_p2p_level_nvl_for_sys_only(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -663,7 +641,7 @@ def test_sys_hang_recommends_p2p_level_nvl_for_sys_only(
     assert (data["env"], data["unfit"], data["simulated"]) == ({"NCCL_P2P_LEVEL": "NVL"}, False, True)
 
 
-@pytest.mark.usefixtures("clean_environment")
+@pytest.mark.usefixtures("isolated_env")
 def test_wrong_data_scenario_is_not_fit_for_training(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -700,7 +678,7 @@ def test_wrong_data_scenario_is_not_fit_for_training(
     assert "export" not in out
 
 
-@pytest.mark.usefixtures("clean_environment")
+@pytest.mark.usefixtures("isolated_env")
 def test_single_gpu_needs_shm_off(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
     scenario = SCENARIOS / "single-gpu-nccl-init.toml"
     suites = copy_suites(pytester, "test_collectives.py")
@@ -720,7 +698,7 @@ def test_single_gpu_needs_shm_off(pytester: pytest.Pytester, run_suite: RunSuite
     ]
 
 
-@pytest.mark.usefixtures("clean_environment")
+@pytest.mark.usefixtures("isolated_env")
 def test_healthy_run_says_nothing_needs_setting(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
 ) -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,8 +20,7 @@ from typing import Any
 import pytest
 
 from conformance.scenario import load_scenario
-from conformance.settings import SETTINGS
-from conftest import REPO, read_records
+from conftest import REPO, copy_suites, read_records
 
 RunSuite = Callable[..., pytest.RunResult]
 
@@ -32,23 +29,7 @@ TIMEOUTS = ("--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1
 SAME_ENV = "same environment as rung inherited here"
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No setting leaks in; no NCCL variable is inherited, so ``clean`` is the inherited environment."""
-    for setting in SETTINGS:
-        monkeypatch.delenv(setting.env_var, raising=False)
-    for name in list(os.environ):
-        if name.startswith(("NCCL_", "TORCH_NCCL_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-
-
-def copy_suites(pytester: pytest.Pytester, *names: str) -> list[str]:
-    target = pytester.path / "suites"
-    target.mkdir(exist_ok=True)
-    for name in names:
-        shutil.copy(REPO / "suites" / name, target / name)
-    return [f"suites/{name}" for name in names]
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def scenario_args(name: str) -> tuple[Path, tuple[str, ...]]:
