@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 
 import pytest
 import torch
-from test_compare import CUDA, DRIVER, clean_environment, record, write_tiny_suite
+from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
 from conformance.cli import main
 from conformance.junit_merge import merge, property_text
@@ -24,7 +24,7 @@ from conformance.runs import _json_or_text, load_run
 
 RunSuite = Callable[..., pytest.RunResult]
 PROG = "python -m conformance merge-junit"
-__all__ = ["clean_environment"]  # the autouse fixture, used here too
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
