@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.casefiles import read_json
 from conformance.results import LATEST, RESULTS_FILE, SCHEMA, record_from_junit_properties
 
 RUN_FACTS = "run.json"
@@ -86,11 +87,7 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _facts_beside(path: Path) -> dict[str, Any]:
-    facts_path = path / RUN_FACTS if path.is_dir() else path.with_name(RUN_FACTS)
-    try:
-        facts = json.loads(facts_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    facts = read_json(path / RUN_FACTS if path.is_dir() else path.with_name(RUN_FACTS))
     return facts if isinstance(facts, dict) else {}
 
 

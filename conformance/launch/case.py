@@ -165,6 +165,7 @@ class CaseRunner:
 
     def _write_spec(self, spec: CaseSpec, case_dir: Path) -> None:
         env_set, env_unset = rank_environment(spec)
+        devices = rank_devices(spec)
         casefiles.write_json_atomic(
             case_dir / casefiles.CASE_SPEC,
             {
@@ -172,8 +173,8 @@ class CaseRunner:
                 "probe": spec.probe,
                 "backend": spec.backend,
                 "world_size": spec.world_size,
-                "devices": rank_devices(spec)[: spec.world_size],
-                "peers": rank_devices(spec)[spec.world_size :],
+                "devices": devices[: spec.world_size],
+                "peers": devices[spec.world_size :],
                 "single_process": spec.single_process,
                 "set_kind": spec.set_kind,
                 "links": list(spec.links),
