@@ -34,6 +34,7 @@ from typing import Any
 
 from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
 from conformance.runs import Run, RunError
+from conformance.summary import link_class_of
 from conformance.topology import align_columns
 
 COMMAND = "compare"
@@ -51,12 +52,6 @@ class CompareError(ValueError):
 # --------------------------------------------------------------------------------------------
 # matching
 # --------------------------------------------------------------------------------------------
-
-
-def link_class(record: dict[str, Any]) -> str:
-    """A pair's link class; the kind of device set otherwise (all, single, last_half, ...)."""
-    kind = str(record.get("set_kind") or "all")
-    return str(record.get("link") or "?") if kind == "pair" else kind
 
 
 def _device_map(record: dict[str, Any]) -> dict[str, str]:
@@ -94,7 +89,9 @@ def measured_on_gpu(record: dict[str, Any]) -> bool:
 
 def case_key(record: dict[str, Any]) -> CaseKey:
     ids = tuple(str(i) for i in record.get("device_ids") or [])
-    return (str(record.get("probe")), ids, link_class(record), match_id(record), str(record.get("env_name")))
+    node = record.get("node_rank")  # a multi-node run holds every node's records
+    where = match_id(record) if node is None else f"node{node}:{match_id(record)}"
+    return (str(record.get("probe")), ids, link_class_of(record), where, str(record.get("env_name")))
 
 
 def _usable_records(run: Run, warnings: list[str]) -> list[dict[str, Any]]:
@@ -206,7 +203,7 @@ def case_fields(record: dict[str, Any]) -> dict[str, Any]:
         "probe": record.get("probe"),
         "devices": list(record.get("devices") or []),
         "device_ids": list(record.get("device_ids") or []),
-        "link": link_class(record),
+        "link": link_class_of(record),
         "env_name": record.get("env_name"),
     }
 

@@ -40,6 +40,7 @@ class Rung:
     set: Mapping[str, str] = field(default_factory=dict)
     unset_families: tuple[str, ...] = ()
     description: str = ""
+    across_nodes: bool = False  # matters only between nodes (network rungs): cross-node cases only
 
     def unset(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         return tuple(sorted(k for k in environ if k.startswith(self.unset_families) and k not in self.set))
@@ -78,6 +79,31 @@ BUILTIN_LADDER: tuple[Rung, ...] = (
         description="sockets only",
     ),
 )
+
+
+NET_LINK = "NET"  # the link class between two nodes
+GDR_OFF = Rung(
+    "gdr_off", {"NCCL_NET_GDR_LEVEL": "LOC"}, description="no GPUDirect RDMA: NIC traffic staged in host memory",
+    across_nodes=True,
+)  # fmt: skip
+
+
+def interface_rung_name(interface: str) -> str:
+    return "socket_ifname_" + re.sub(r"[^A-Za-z0-9_]", "_", interface)
+
+
+def node_rungs(shared_interfaces: Sequence[str]) -> tuple[Rung, ...]:
+    """Rungs for cross-node cases: GPUDirect RDMA off, then one per network interface every node has."""
+    per_interface = tuple(
+        Rung(
+            interface_rung_name(name),
+            {"NCCL_SOCKET_IFNAME": f"={name}", "GLOO_SOCKET_IFNAME": name},
+            description=f"bootstrap and socket traffic on {name} only",
+            across_nodes=True,
+        )
+        for name in sorted(shared_interfaces)
+    )
+    return (GDR_OFF, *per_interface)
 
 
 def _check_variable(name: str, value: Any, where: str) -> None:
@@ -131,9 +157,9 @@ def load_rungs_file(path: Path, where: str) -> list[Rung]:
     return rungs
 
 
-def build_ladder(user_rungs: Sequence[tuple[Rung, str]]) -> tuple[Rung, ...]:
-    """The built-in ladder, then the user's rungs; names must be unique."""
-    ladder = list(BUILTIN_LADDER)
+def build_ladder(user_rungs: Sequence[tuple[Rung, str]], across_nodes: Sequence[Rung] = ()) -> tuple[Rung, ...]:
+    """The built-in ladder, the cross-node rungs of a multi-node run, then the user's; names are unique."""
+    ladder = [*BUILTIN_LADDER, *across_nodes]
     seen = {r.name for r in ladder}
     for rung, where in user_rungs:
         if rung.name in seen:
@@ -148,7 +174,9 @@ class DeviceSet:
     """Devices for one case.
 
     ``kind``: all, single, pair or a subset name; ``isolate``: the ranks see only these devices
-    (CUDA_VISIBLE_DEVICES), as a job launched on a subset of the machine does.
+    (CUDA_VISIBLE_DEVICES), as a job launched on a subset of the machine does.  Across nodes
+    (``nodes`` names them): ``across_nodes`` (every device of every node) or ``node_pair`` (the
+    first device of each of two nodes); ``devices`` are then this node's part.
     """
 
     devices: tuple[Device, ...]
@@ -157,10 +185,15 @@ class DeviceSet:
     kind: str = "all"
     isolate: bool = False
     links: tuple[str, ...] = ()  # every link class between the set's devices
+    nodes: tuple[int, ...] = ()  # node ranks taking part, for sets across nodes
 
     @property
     def base_id(self) -> str:
         """The id without the rung: what the ladder is climbed for."""
+        if self.kind == "across_nodes":
+            return f"nodes{len(self.nodes)}x{len(self.devices)}"
+        if self.kind == "node_pair":
+            return "-".join(f"node{n}" for n in self.nodes)
         if self.kind == "all":
             parts = [f"all{len(self.devices)}"]
         elif self.kind in ("single", "pair"):
@@ -176,7 +209,7 @@ class DeviceSet:
         return f"{self.base_id}-{self.rung.name}"
 
     def with_rung(self, rung: Rung) -> DeviceSet:
-        return DeviceSet(self.devices, self.link, rung, self.kind, self.isolate, self.links)
+        return DeviceSet(self.devices, self.link, rung, self.kind, self.isolate, self.links, self.nodes)
 
 
 def _links_between(topology: Topology, devices: Sequence[Device]) -> tuple[str, ...]:
@@ -208,9 +241,23 @@ def barrier_sets(topology: Topology) -> list[DeviceSet]:
     return sets
 
 
+def across_nodes(topology: Topology, nnodes: int) -> list[DeviceSet]:
+    return [DeviceSet(topology.devices, "all", kind="across_nodes", links=(NET_LINK,), nodes=tuple(range(nnodes)))]
+
+
+def node_pairs(topology: Topology, nnodes: int) -> list[DeviceSet]:
+    """Each pair of nodes, one rank on each (this node's first device)."""
+    return [
+        DeviceSet(topology.devices[:1], NET_LINK, kind="node_pair", links=(NET_LINK,), nodes=(a, b))
+        for a in range(nnodes)
+        for b in range(a + 1, nnodes)
+    ]
+
+
 DEVICE_SET_FIXTURES = {
     "device_set": all_devices,
     "single_device": each_device,
     "device_pair": each_pair,
     "barrier_device_set": barrier_sets,
 }
+NODE_SET_FIXTURES = {"node_device_set": across_nodes, "node_pair": node_pairs}

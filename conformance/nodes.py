@@ -13,7 +13,11 @@ them into the table a run shows instead of hanging in communicator setup.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import re
+import socket
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -24,7 +28,8 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on n
 
 # Fields that must be equal on every node, and fields that are shown but may differ.
 MUST_MATCH = ("gpu_count", "nccl", "torch", "suite")
-MAY_DIFFER = ("hostname", "cuda_visible_devices", "driver", "cuda", "nccl_env")
+MAY_DIFFER = ("hostname", "cuda_visible_devices", "driver", "cuda", "nccl_env", "interfaces")
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 class NodeError(ValueError):
@@ -123,12 +128,22 @@ class Fingerprint:
     torch: str | None
     suite: str | None
     nccl_env: Mapping[str, str] = field(default_factory=dict)
+    interfaces: Mapping[str, str] = field(default_factory=dict)  # name -> IPv4 address
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Fingerprint:
+        data = json.loads(text)
+        data["gpu_uuids"] = tuple(data.get("gpu_uuids") or ())
+        return cls(**data)
 
     def value(self, name: str) -> str:
         value = getattr(self, name)
         if isinstance(value, Mapping):
             return " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
-        return "-" if value is None else str(value)
+        return "-" if value is None else (str(value) or "(empty)")
 
 
 @dataclass(frozen=True)
@@ -157,3 +172,30 @@ def compare_fingerprints(prints: Sequence[Fingerprint]) -> FingerprintCheck:
         mark = "MUST MATCH" if name in fatal else ("differs (allowed)" if name in differing else "")
         rows.append((name, *(p.value(name) for p in ordered), mark))
     return FingerprintCheck(fatal, differing, tuple(align_columns(rows)))
+
+
+def ipv4_address(interface: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def network_interfaces() -> dict[str, str]:
+    """The interfaces of this host that have an IPv4 address: name -> address."""
+    found = {}
+    for _, name in socket.if_nameindex():
+        address = ipv4_address(name)
+        if address:
+            found[name] = address
+    return found
+
+
+def shared_interfaces(prints: Sequence[Fingerprint]) -> list[str]:
+    """Interfaces every node has by name, loopback left out (it never reaches another node)."""
+    if not prints:
+        return []
+    names = set.intersection(*(set(p.interfaces) for p in prints))
+    return sorted(n for n in names if not any(p.interfaces[n].startswith("127.") for p in prints))

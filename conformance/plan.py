@@ -12,13 +12,16 @@ from collections.abc import Sequence
 import pytest
 
 from conformance.ladder import Step
-from conformance.matrix import DEVICE_SET_FIXTURES, INHERITED, DeviceSet, Rung, each_pair
+from conformance.matrix import DEVICE_SET_FIXTURES, INHERITED, NODE_SET_FIXTURES, DeviceSet, Rung, each_pair
 from conformance.topology import Topology
 
 
 class Plan:
-    def __init__(self, topology: Topology, ladder: Sequence[Rung], mode: str, fallbacks_matter: bool = True) -> None:
+    def __init__(
+        self, topology: Topology, ladder: Sequence[Rung], mode: str, fallbacks_matter: bool = True, nnodes: int = 1
+    ) -> None:
         self.topology = topology
+        self.nnodes = nnodes
         self.ladder = tuple(ladder)
         self.mode = mode
         self.fallbacks_matter = fallbacks_matter  # False: gloo, not simulated (no NCCL variable is read)
@@ -30,11 +33,16 @@ class Plan:
 
     @property
     def rungs(self) -> tuple[Rung, ...]:
+        """Every rung a case may climb (those that matter only across nodes included)."""
         if self.mode == "inherited":
             return (INHERITED,)
         if self.mode == "adaptive" and not self.fallbacks_matter:
             return (INHERITED, *(r for r in self.ladder if r.sets_beyond_nccl))
         return self.ladder
+
+    @property
+    def local_rungs(self) -> tuple[Rung, ...]:
+        return tuple(r for r in self.rungs if not r.across_nodes)
 
     def not_applicable(self, fixture: str) -> str | None:
         """Why multi-device sets cannot run on this machine (one GPU, MIG), if they cannot."""
@@ -48,15 +56,30 @@ class Plan:
             return f"MIG is enabled on {', '.join(mig)}: NCCL does not run across MIG instances"
         return None
 
+    def not_across_nodes(self) -> str | None:
+        if self.nnodes > 1:
+            return None
+        return (
+            "a one-node run: cross-node cases need --nnodes 2 or more with --node-rank and --master-addr "
+            "(or SLURM / torchrun variables), one pytest per node"
+        )
+
     def parametrize(self, metafunc: pytest.Metafunc) -> None:
         for fixture, plan in DEVICE_SET_FIXTURES.items():
-            if fixture not in metafunc.fixturenames:
-                continue
-            reason = self.not_applicable(fixture)
-            if reason:
-                metafunc.parametrize(fixture, [pytest.param(None, marks=pytest.mark.skip(reason=reason))], ids=["none"])
-                continue
-            sets = [s.with_rung(r) for s in plan(self.topology) for r in self.rungs]
+            if fixture in metafunc.fixturenames:
+                sets = [s.with_rung(r) for s in plan(self.topology) for r in self.local_rungs]
+                self._parametrize(metafunc, fixture, self.not_applicable(fixture), sets)
+        for fixture, node_plan in NODE_SET_FIXTURES.items():
+            if fixture in metafunc.fixturenames:
+                sets = [s.with_rung(r) for s in node_plan(self.topology, self.nnodes) for r in self.rungs]
+                self._parametrize(metafunc, fixture, self.not_across_nodes(), sets)
+
+    @staticmethod
+    def _parametrize(metafunc: pytest.Metafunc, fixture: str, skip_reason: str | None, sets: list[DeviceSet]) -> None:
+        if skip_reason:
+            skipped = pytest.param(None, marks=pytest.mark.skip(reason=skip_reason))
+            metafunc.parametrize(fixture, [skipped], ids=["none"])
+        else:
             metafunc.parametrize(fixture, sets, ids=[s.id for s in sets])
 
     def step(self, item: pytest.Item, device_set: DeviceSet) -> Step:
@@ -77,7 +100,7 @@ class Plan:
 
     def _item_step(self, item: pytest.Item) -> Step | None:
         params = getattr(item, "callspec", None)
-        for fixture in DEVICE_SET_FIXTURES:
+        for fixture in (*DEVICE_SET_FIXTURES, *NODE_SET_FIXTURES):
             device_set = params.params.get(fixture) if params is not None else None
             if isinstance(device_set, DeviceSet):
                 return self.step(item, device_set)

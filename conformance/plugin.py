@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from conformance.launch.case import CaseResult
-from conformance.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file
+from conformance.launch.nodegroup import NodeGroup, NodeGroupError, StartCheck
+from conformance.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file, node_rungs
+from conformance.nodes import NodeError, node_setup
 from conformance.results import new_run_id
 from conformance.runs import Run, RunError, load_run
 from conformance.scenario import Scenario, ScenarioError, load_scenario
-from conformance.session import ConformanceSession, failure_text
-from conformance.settings import SettingError, Settings, add_options
+from conformance.session import ConformanceSession, failure_text, local_fingerprint, node_progress_limit
+from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
 from conformance.topology import Topology, TopologyError, discover, load_topology_file
 
@@ -43,12 +46,12 @@ def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | No
         raise SettingError(f"{settings.source('backend')}: {exc}") from None
 
 
-def _ladder(settings: Settings) -> tuple[Rung, ...]:
+def _ladder(settings: Settings, across_nodes: Sequence[Rung] = ()) -> tuple[Rung, ...]:
     user = [(rung, settings.source("env_rung")) for rung in settings.env_rung]
     if settings.env_rungs_file is not None:
         where = settings.source("env_rungs_file")
         user = [(rung, str(settings.env_rungs_file)) for rung in load_rungs_file(settings.env_rungs_file, where)] + user
-    return build_ladder(user)
+    return build_ladder(user, across_nodes)
 
 
 def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
@@ -61,18 +64,53 @@ def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
         raise SettingError(f"{settings.source('baseline')}: {exc}") from None
 
 
+def _uses_xdist(config: pytest.Config) -> bool:
+    return bool(config.getoption("numprocesses", None)) or config.getoption("dist", "no") != "no"
+
+
+def _join_nodes(
+    config: pytest.Config, settings: Settings, topology: Topology, run_id: str
+) -> tuple[NodeGroup | None, StartCheck | None]:
+    """Multi-node runs: meet the other nodes at node 0's store and compare fingerprints first."""
+    explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
+    try:
+        setup = node_setup(explicit, os.environ)
+    except NodeError as exc:
+        sources = ", ".join(f"{settings.source(n)}" for n in NODE_LAYOUT if explicit[n] is not None)
+        raise SettingError(f"{exc}" + (f" (from {sources})" if sources else "")) from None
+    if not setup.multi_node or config.option.help or config.option.version:
+        return None, None
+    if _uses_xdist(config):
+        raise SettingError(
+            f"{setup.nnodes} nodes (from {setup.source}): a multi-node run is one pytest process per node; "
+            "drop -n/--dist (cross-node cases must run in the same order on every node)"
+        )
+    try:
+        group = NodeGroup.connect(setup, settings.rendezvous_timeout, node_progress_limit(settings))
+    except NodeGroupError as exc:
+        raise SettingError(str(exc)) from None
+    start = group.start(local_fingerprint(setup.node_rank, topology), run_id)
+    if start.fatal_text:
+        group.close()
+        raise SettingError(f"node {setup.node_rank}: {start.fatal_text}")
+    return group, start
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "conformance_gpu: the case needs the NCCL backend and GPUs")
+    workerinput = getattr(config, "workerinput", None)
+    run_id = workerinput[WORKER_RUN_ID] if workerinput and WORKER_RUN_ID in workerinput else new_run_id()
     try:
         settings = resolve_settings(config)
         scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
         topology = _topology(config, settings, scenario)
-        ladder = _ladder(settings)
+        nodes, start = _join_nodes(config, settings, topology, run_id)
+        ladder = _ladder(settings, node_rungs(start.interfaces) if start else ())
         baseline = _baseline(config, settings)
     except (SettingError, ScenarioError, TopologyError, RungError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
-    workerinput = getattr(config, "workerinput", None)
-    run_id = workerinput[WORKER_RUN_ID] if workerinput and WORKER_RUN_ID in workerinput else new_run_id()
-    session = ConformanceSession(config, settings, topology, scenario, run_id, ladder, baseline)
+    run_id = start.run_id if start else run_id
+    session = ConformanceSession(config, settings, topology, scenario, run_id, ladder, baseline, nodes, start)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "conformance_session")
     if config.pluginmanager.hasplugin("xdist"):

@@ -98,6 +98,10 @@ def case_record(
         "stop_reason": result.stop_reason,
         "stop_seconds": result.stop_seconds if result.stop_reason else None,
         "simulated": result.simulated,
+        "node_rank": result.node_rank,
+        "nodes": list(spec.nodes) if spec.nodes else None,
+        "root_node": result.root_node,
+        "node_verdicts": {str(k): v for k, v in result.node_verdicts.items()} if result.node_verdicts else None,
         "case_dir": str(result.case_dir),
         "time": time.time(),
     }
@@ -131,7 +135,7 @@ JUNIT_PROPERTIES = (
     "schema", "run_id", "nodeid", "probe", "devices", "device_ids", "link", "set_kind", "ladder_key",
     "backend", "env_name", "env", "verdict", "expected_verdict", "summary", "root_cause", "victims",
     "ranks", "bandwidth_gbps", "metrics", "p2p_status", "transports", "nccl_warnings", "seconds",
-    "stop_reason", "simulated",
+    "stop_reason", "simulated", "node_rank", "nodes", "root_node", "node_verdicts",
 )  # fmt: skip
 # Properties whose value is plain text; every other one is JSON.
 JUNIT_TEXT_PROPERTIES = frozenset(

@@ -8,6 +8,7 @@ import re
 import socket
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,15 +18,18 @@ import pytest
 from conformance import casefiles, results
 from conformance.conclude import Conclusion, conclude
 from conformance.ladder import LADDER_FILE, Decision, LadderBook, Step
-from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, Deadlines
-from conformance.matrix import BUILTIN_LADDER, DeviceSet, Rung
+from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode, Deadlines
+from conformance.launch.nodegroup import NodeGroup, NodeProblem, StartCheck
+from conformance.matrix import BUILTIN_LADDER, NODE_SET_FIXTURES, DeviceSet, Rung
+from conformance.nodes import Fingerprint, NodeSetup, network_interfaces
 from conformance.plan import Plan
 from conformance.runs import Run
 from conformance.scenario import Scenario
 from conformance.settings import Settings
 from conformance.summary import ladder_summary_lines, summary_lines
 from conformance.topology import Topology, link_matrix_lines
-from conformance.verdict import stack_excerpt
+from conformance.verdict import Decision as CaseDecision
+from conformance.verdict import decide_across_nodes, stack_excerpt
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -34,6 +38,11 @@ INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 OUTER_NET_MARGIN = 30.0  # pytest-timeout fires this long after the case watchdog should have
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
+
+
+def node_progress_limit(settings: Settings) -> float:
+    """How long a node may stay in one test before the others stop waiting for it at a cross-node case."""
+    return settings.rendezvous_timeout + settings.case_timeout + settings.grace + OUTER_NET_MARGIN
 
 
 def choose_backend(setting: str, topology: Topology) -> str:
@@ -61,6 +70,24 @@ def nccl_wheel_version() -> str | None:
         if re.fullmatch(r"nvidia-nccl-cu\d+", name):
             return f"{dist.version} ({name})"
     return None
+
+
+def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
+    """What this node tells the others before any collective (``nodes.MUST_MATCH`` must agree)."""
+    return Fingerprint(
+        node_rank=node_rank,
+        hostname=socket.gethostname(),
+        gpu_count=len(topology.devices),
+        gpu_uuids=tuple(d.uuid or d.name for d in topology.devices),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        driver=topology.driver,
+        cuda=topology.cuda_driver,
+        nccl=nccl_wheel_version(),
+        torch=package_version("torch"),
+        suite=package_version("gpu-conformance"),
+        nccl_env={k: v for k, v in inherited_variables().items() if k.startswith("NCCL_")},
+        interfaces=network_interfaces(),
+    )
 
 
 def failure_text(result: CaseResult) -> str:
@@ -102,8 +129,13 @@ class ConformanceSession:
         run_id: str,
         ladder: Sequence[Rung] = BUILTIN_LADDER,
         baseline: Run | None = None,
+        nodes: NodeGroup | None = None,
+        start: StartCheck | None = None,
     ) -> None:
         self.baseline = baseline
+        self.nodes = nodes  # multi-node runs only
+        self.start = start
+        self.node_notes: list[str] = []
         self.conclusion = Conclusion()
         self.config = config
         self.settings = settings
@@ -111,9 +143,12 @@ class ConformanceSession:
         self.scenario = scenario
         self.run_id = run_id
         self.backend = choose_backend(settings.backend, topology)
-        self.run_dir = settings.reports_dir / run_id
+        folder = run_id if not self.node_rank else f"{run_id}-node{self.node_rank}"  # shared file systems
+        self.run_dir = settings.reports_dir / folder
         self.results_path = self.run_dir / results.RESULTS_FILE
-        self.plan = Plan(topology, ladder, settings.matrix, fallbacks_matter=self.backend == "nccl" or self.simulated)
+        fallbacks_matter = self.backend == "nccl" or self.simulated
+        nnodes = nodes.setup.nnodes if nodes else 1
+        self.plan = Plan(topology, ladder, settings.matrix, fallbacks_matter=fallbacks_matter, nnodes=nnodes)
         ladder_wait = settings.case_timeout + OUTER_NET_MARGIN
         self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, settings.matrix, ladder_wait)
         self._runner: CaseRunner | None = None
@@ -122,6 +157,23 @@ class ConformanceSession:
     def simulated(self) -> bool:
         """Faults injected, or a GPU machine (a topology file) played by gloo ranks on CPU."""
         return self.scenario is not None or (self.topology.kind == "gpu" and self.backend == "gloo")
+
+    @property
+    def node_rank(self) -> int | None:
+        return self.nodes.me if self.nodes else None
+
+    @property
+    def setup(self) -> NodeSetup | None:
+        return self.nodes.setup if self.nodes else None
+
+    @property
+    def verdict_wait(self) -> float:
+        """How long a node waits for the others' verdicts once its own part of a case is over."""
+        return self.settings.case_timeout + self.settings.grace + OUTER_NET_MARGIN
+
+    @property
+    def progress_limit(self) -> float:
+        return node_progress_limit(self.settings)
 
     @property
     def sizes(self) -> list[int]:
@@ -149,6 +201,8 @@ class ConformanceSession:
                 {"name": r.name, "set": dict(r.set), "unset_families": list(r.unset_families)} for r in self.plan.ladder
             ],
             "case_timeout": self.settings.case_timeout,
+            "node_rank": self.node_rank,
+            "nnodes": self.setup.nnodes if self.setup else 1,
         }
 
     def ensure_run_dir(self) -> Path:
@@ -157,7 +211,8 @@ class ConformanceSession:
             run_json = self.run_dir / "run.json"
             if not run_json.exists():
                 casefiles.write_json_atomic(run_json, self.run_facts())
-            results.point_latest(self.settings.reports_dir, self.run_id)
+            if not self.node_rank:  # other nodes leave 'latest' to node 0 (a shared file system)
+                results.point_latest(self.settings.reports_dir, self.run_id)
         return self.run_dir
 
     @property
@@ -205,6 +260,7 @@ class ConformanceSession:
             isolate=device_set.isolate,
             p2p_status=self.topology.p2p_status(*pair) if pair else None,
             single_process=single_process,
+            nodes=device_set.nodes,
         )
 
     def run(
@@ -212,13 +268,24 @@ class ConformanceSession:
     ) -> CaseResult:
         """Run one case for ``item`` (unless the ladder skips its rung) and record it when it ends."""
         step = self.plan.step(item, device_set)
+        if device_set.nodes and self.node_rank not in device_set.nodes:
+            reason = f"node {self.node_rank} takes no part in {device_set.base_id}"
+            self.book.record(step, "skipped", reason)
+            pytest.skip(reason)
+        gone = self.nodes.absent(device_set.nodes) if self.nodes and device_set.nodes else None
+        if gone is not None and step.rung_index > 0:
+            reason = f"no environment rung brings a node back: {gone.reason}"
+            self.book.record(step, "skipped", reason)
+            pytest.skip(reason)
         decision = self._rung_decision(step)
         if not decision.run:
             self.book.record(step, "skipped", decision.reason)
             pytest.skip(decision.reason)
         outcome = "error"
         try:
-            result = self.runner.run(self.case_spec(item, probe, device_set, params))
+            spec = self.case_spec(item, probe, device_set, params)
+            result = self._run_across_nodes(spec, device_set) if device_set.nodes else self.runner.run(spec)
+            result.node_rank = self.node_rank
             outcome = result.verdict
         finally:
             self.book.record(step, outcome)
@@ -227,6 +294,44 @@ class ConformanceSession:
         item.user_properties.extend(results.junit_properties(record))
         if result.verdict not in ("pass", "skip"):
             self._attach_logs(item, result)
+        return result
+
+    def _run_across_nodes(self, spec: CaseSpec, device_set: DeviceSet) -> CaseResult:
+        """Meet the other nodes at this case, run this node's ranks, then agree on one verdict."""
+        group = self.nodes
+        if group is None:
+            raise RuntimeError(f"{spec.nodeid}: a cross-node case in a one-node run")
+        nodes = device_set.nodes
+        prefix = group.case_prefix(spec.nodeid)
+        problem = group.absent(nodes) or group.meet(prefix, "arrived", nodes, "1", self.progress_limit)
+        if problem is not None:
+            return self._node_missing(spec, problem)
+        setup = group.setup
+        per_node = len(spec.devices)
+        spec = replace(
+            spec,
+            cross_node=CrossNode(
+                host=setup.master_addr or "",
+                port=setup.master_port or 0,
+                prefix=f"{prefix}/ranks",
+                rank_offset=nodes.index(group.me) * per_node,
+                world_size=len(nodes) * per_node,
+                node_rank=group.me,
+            ),
+        )
+        result = self.runner.run(spec)
+        mine = json.dumps({"verdict": result.verdict, "summary": result.decision.summary})
+        problem = group.meet(prefix, "verdict", nodes, mine, self.verdict_wait)
+        verdicts = {n: json.loads(text) for n, text in group.read(prefix, "verdict", nodes).items()}
+        missing = (problem.node, problem.reason) if problem else None
+        result.decision, result.root_node = decide_across_nodes(group.me, result.decision, verdicts, missing)
+        result.node_verdicts = {n: v["verdict"] for n, v in verdicts.items()}
+        return result
+
+    def _node_missing(self, spec: CaseSpec, problem: NodeProblem) -> CaseResult:
+        decision = CaseDecision("hang", None, [], f"hang in rendezvous: {problem.reason}")
+        result = self.runner.not_started(spec, decision)
+        result.root_node = problem.node
         return result
 
     def _attach_logs(self, item: pytest.Item, result: CaseResult) -> None:
@@ -258,7 +363,35 @@ class ConformanceSession:
             lines.append("conformance: inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
         if self.scenario:
             lines.append(f"conformance: SIMULATED run, scenario {self.scenario.name!r} ({self.scenario.path})")
+        return lines + self._node_header_lines()
+
+    def _node_header_lines(self) -> list[str]:
+        if self.nodes is None or self.start is None:
+            return []
+        setup = self.nodes.setup
+        lines = [
+            f"conformance: node {setup.node_rank} of {setup.nnodes} (layout from {setup.source}), "
+            f"run store on {setup.master_addr}:{setup.master_port}; shared interfaces: "
+            f"{', '.join(self.start.interfaces) or 'none'}"
+        ]
+        lines += [f"conformance: {reason}" for reason in self.start.missing.values()]
+        if self.start.check is not None and self.start.check.differing:
+            differing = ", ".join(self.start.check.differing)
+            lines.append(f"conformance: the nodes differ where they may ({differing}):")
+            lines += [f"conformance:   {row}" for row in self.start.check.table]
         return lines
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.nodes is not None:
+            self.nodes.now_at(nodeid)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Every node must run the same tests in the same order: cross-node cases meet by position."""
+        if self.nodes is None:
+            return
+        differences = self.nodes.same_collection([item.nodeid for item in session.items])
+        if differences:
+            raise pytest.UsageError("conformance: the nodes collected different tests:\n" + "\n".join(differences))
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         self.plan.parametrize(metafunc)
@@ -270,22 +403,53 @@ class ConformanceSession:
         if not self.config.pluginmanager.hasplugin("timeout"):
             return
         outer = self.settings.case_timeout + OUTER_NET_MARGIN
+        across = outer + self.progress_limit + self.verdict_wait  # cross-node cases also wait for the others
         for item in items:
-            if "conformance_case" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("timeout"):
-                item.add_marker(pytest.mark.timeout(outer, method="thread"))
+            fixtures = getattr(item, "fixturenames", ())
+            if "conformance_case" in fixtures and not item.get_closest_marker("timeout"):
+                crosses = any(name in fixtures for name in NODE_SET_FIXTURES)
+                item.add_marker(pytest.mark.timeout(across if crosses else outer, method="thread"))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._runner is not None:
             self._runner.close()
+        if self.nodes is not None:
+            self._exchange_records()
+            self.nodes.close()
         if self.is_worker or not self.results_path.exists():
             return
         self.conclusion = conclude(self.run_dir, self.settings, self.baseline)
         if self.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _exchange_records(self) -> None:
+        """Node 0 gathers every node's records into its results.jsonl; the others send theirs."""
+        group = self.nodes
+        if group is None:
+            return
+        group.now_at("the end of its run")
+        if group.me != 0:
+            mine = [json.dumps(r, sort_keys=True) for r in results.read_records(self.results_path)]
+            self.node_notes.append(f"node {group.me}: {group.publish_results(mine)}")
+            return
+
+        def waiting(node: int) -> None:
+            self.node_notes.append(f"node 0 waited for node {node}'s records (it was at {group.where(node)})")
+
+        gathered, gone = group.gather_results(waiting)
+        self.ensure_run_dir()
+        for node, lines in sorted(gathered.items()):
+            for line in lines:
+                results.append_record(self.results_path, json.loads(line))
+            self.node_notes.append(f"node {node}: {len(lines)} records gathered into {self.results_path}")
+        for node, reason in sorted(gone.items()):
+            self.node_notes.append(f"node {node}: records missing: {reason}")
+
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if self.is_worker:
             return
+        for line in self.node_notes:
+            terminalreporter.write_line(f"conformance: {line}")
         records = [r for r in results.read_records(self.results_path) if r.get("run_id") == self.run_id]
         if records:
             for line in summary_lines(records, self.simulated):

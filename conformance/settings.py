@@ -61,6 +61,30 @@ def _positive_int(raw: str, where: str) -> int:
     return value
 
 
+def _node_rank(raw: str, where: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{where}: {raw!r} is not a whole number") from None
+    if value < 0:
+        raise SettingError(f"{where}: {raw!r} must be 0 or more")
+    return value
+
+
+def _port(raw: str, where: str) -> int:
+    value = _positive_int(raw, where)
+    if value > 65535:
+        raise SettingError(f"{where}: {raw!r} is not a TCP port (1-65535)")
+    return value
+
+
+def _host(raw: str, where: str) -> str:
+    value = raw.strip()
+    if not value or any(c.isspace() for c in value):
+        raise SettingError(f"{where}: {raw!r} is not a host name or address")
+    return value
+
+
 def _choice(what: str, choices: tuple[str, ...]) -> Callable[[str, str], str]:
     def parse(raw: str, where: str) -> str:
         value = raw.strip().lower()
@@ -132,6 +156,11 @@ BASELINE_HELP = "A run (folder, results.jsonl or JUnit XML) to compare this run 
 BANDWIDTH_TOLERANCE_HELP = "Bandwidth ratio current/baseline below which a passing case counts as a drop."
 HTML_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
 SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks the run simulated)."
+NNODES_HELP = "Nodes in a multi-node run (one pytest per node). Default: SLURM_NNODES, NNODES, else 1."
+NODE_RANK_HELP = "This node's rank, 0 for the node hosting the run's store. Default: SLURM_NODEID, NODE_RANK."
+MASTER_ADDR_HELP = "Address of node 0, whose TCPStore serves the run. Default: SLURM_JOB_NODELIST, MASTER_ADDR."
+MASTER_PORT_HELP = "TCP port of the run's store on node 0. Default: MASTER_PORT, else 29500."
+RENDEZVOUS_TIMEOUT_HELP = "Seconds the nodes wait for each other at the start before a missing node is a hang."
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
 SETTINGS: tuple[Setting, ...] = (
@@ -150,7 +179,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("baseline", BASELINE_HELP, None, _text, is_path=True),
     Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio),
     Setting("html_report", HTML_REPORT_HELP, "no", _flag, is_flag=True),
+    Setting("nnodes", NNODES_HELP, None, _positive_int),
+    Setting("node_rank", NODE_RANK_HELP, None, _node_rank),
+    Setting("master_addr", MASTER_ADDR_HELP, None, _host),
+    Setting("master_port", MASTER_PORT_HELP, None, _port),
+    Setting("rendezvous_timeout", RENDEZVOUS_TIMEOUT_HELP, "60", _positive_number),
 )
+NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
 
 @dataclass(frozen=True)
@@ -170,6 +205,11 @@ class Settings:
     baseline: Path | None = None
     bandwidth_tolerance: float = 0.8
     html_report: bool = False
+    nnodes: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rendezvous_timeout: float = 60.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def source(self, name: str) -> str:

@@ -41,9 +41,9 @@ def summary_lines(records: list[dict[str, Any]], simulated: bool) -> list[str]:
 
 
 def link_class_of(record: dict[str, Any]) -> str:
-    """Pairs by link class; other device sets by their kind (all, single, last_half, ...)."""
+    """Pairs (of devices, of nodes: NET) by link class; other sets by their kind (all, single, ...)."""
     kind = record.get("set_kind") or "all"
-    return str(record.get("link") or "?") if kind == "pair" else kind
+    return str(record.get("link") or "?") if kind in ("pair", "node_pair") else kind
 
 
 def first_passing_rungs(records: list[dict[str, Any]], ladder: Sequence[Rung]) -> dict[str, Rung | None]:

@@ -195,3 +195,27 @@ def decide(reports: Sequence[RankReport]) -> Decision:
     victims = [r for r in failed if r is not root]
     summary = _describe(verdict, root, stuck if root is None else [root])
     return Decision(verdict, root, victims, summary)
+
+
+# Across nodes: a node with wrong data, then one with a real failure, explains the others' hangs.
+NODE_PRECEDENCE = ("fail", "crash", "error", "hang", "inconclusive", "skip", "pass")
+
+
+def decide_across_nodes(
+    me: int, local: Decision, verdicts: dict[int, dict[str, str]], missing: tuple[int, str] | None
+) -> tuple[Decision, int | None]:
+    """One verdict for a cross-node case from every node's own: (decision, the node it comes from).
+
+    ``missing`` (node, reason): a node that never came or stopped answering is the root cause.
+    """
+    local_failed = [r for r in (local.victims + ([local.root] if local.root else []))]
+    if missing is not None:
+        node, reason = missing
+        return Decision("hang", None, local_failed, f"hang across nodes: {reason}"), node
+    node = min(verdicts, key=lambda n: (NODE_PRECEDENCE.index(verdicts[n]["verdict"]), n))
+    verdict, summary = verdicts[node]["verdict"], verdicts[node]["summary"]
+    if verdict == "pass":
+        return Decision("pass", None, [], ""), None
+    if node == me:
+        return Decision(verdict, local.root, local.victims, f"node {node}: {summary}"), node
+    return Decision(verdict, None, local_failed, f"node {node}: {summary}"), node

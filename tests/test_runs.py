@@ -18,7 +18,7 @@ RECORD = {
     "env": {}, "verdict": "pass", "expected_verdict": None, "summary": "", "root_cause": None, "victims": [],
     "ranks": [{"rank": 0, "exit": 0}], "bandwidth_gbps": 0.25, "metrics": {"busbw_gbps": {"1MiB": 1.5}},
     "p2p_status": None, "transports": {}, "nccl_warnings": [], "seconds": 0.1, "stop_reason": None,
-    "simulated": False,
+    "simulated": False, "node_rank": 1, "nodes": [0, 1], "root_node": 1, "node_verdicts": {"0": "hang", "1": "error"},
 }  # fmt: skip
 
 

@@ -28,6 +28,18 @@ class Deadlines:
 
 
 @dataclass(frozen=True)
+class CrossNode:
+    """Where the ranks of a cross-node case meet: node 0's store, under the case's own prefix."""
+
+    host: str
+    port: int
+    prefix: str
+    rank_offset: int  # this node's first rank
+    world_size: int  # the ranks of every node together
+    node_rank: int
+
+
+@dataclass(frozen=True)
 class CaseSpec:
     """What to run: a probe on a device set, under one environment rung."""
 
@@ -45,9 +57,12 @@ class CaseSpec:
     isolate: bool = False  # the ranks see only these GPUs, renumbered from 0
     p2p_status: Mapping[str, str] | None = None  # NVML's view, for pairs
     single_process: bool = False  # one rank on the first device, the others as its peers
+    cross_node: CrossNode | None = None
+    nodes: tuple[int, ...] = ()  # the node ranks a cross-node case spans
 
     @property
     def world_size(self) -> int:
+        """The ranks this node starts."""
         return 1 if self.single_process else len(self.devices)
 
 
@@ -63,6 +78,9 @@ class CaseResult:
     stop_seconds: float
     nccl: dict[str, Any] | None = None  # what the ranks' NCCL_DEBUG logs said (nccl_log.NcclLog.to_record)
     lease_wait: float = 0.0  # seconds spent waiting for another case to free the devices
+    node_rank: int | None = None  # in a multi-node run: the node this result is from
+    root_node: int | None = None  # across nodes: the node the verdict comes from
+    node_verdicts: dict[int, str] | None = None  # across nodes: each node's own verdict
 
     @property
     def verdict(self) -> str:
@@ -166,13 +184,16 @@ class CaseRunner:
     def _write_spec(self, spec: CaseSpec, case_dir: Path) -> None:
         env_set, env_unset = rank_environment(spec)
         devices = rank_devices(spec)
+        across = spec.cross_node
         casefiles.write_json_atomic(
             case_dir / casefiles.CASE_SPEC,
             {
                 "nodeid": spec.nodeid,
                 "probe": spec.probe,
                 "backend": spec.backend,
-                "world_size": spec.world_size,
+                "world_size": across.world_size if across else spec.world_size,
+                "rank_offset": across.rank_offset if across else 0,
+                "store": {"host": across.host, "port": across.port, "prefix": across.prefix} if across else None,
                 "devices": devices[: spec.world_size],
                 "peers": devices[spec.world_size :],
                 "single_process": spec.single_process,
@@ -186,6 +207,12 @@ class CaseRunner:
                 "rules": self.rules,
             },
         )
+
+    def not_started(self, spec: CaseSpec, decision: Decision) -> CaseResult:
+        """A case whose ranks were never started (a node it needs is gone)."""
+        case_dir = self._fresh_case_dir(spec.nodeid)
+        self._write_spec(spec, case_dir)
+        return CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
 
     def run(self, spec: CaseSpec) -> CaseResult:
         case_dir = self._fresh_case_dir(spec.nodeid)

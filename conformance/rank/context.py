@@ -45,7 +45,8 @@ def describe_mismatch(label: str, got: torch.Tensor, expected: torch.Tensor) -> 
 class RankContext:
     def __init__(self, spec: Mapping[str, Any], rank: int, rank_path: Path) -> None:
         self.spec = spec
-        self.rank = rank
+        self.local_rank = rank  # this node's ranks count from 0; across nodes ``rank`` is global
+        self.rank: int = spec.get("rank_offset", 0) + rank
         self.world_size: int = spec["world_size"]
         self.device: dict[str, Any] = spec["devices"][rank]
         self.backend: str = spec["backend"]
@@ -53,7 +54,7 @@ class RankContext:
         self.params: dict[str, Any] = spec.get("params", {})
         self.rules = [Rule.from_dict(r) for r in spec.get("rules", [])]
         self.placement = Placement(
-            rank, self.device["name"], self.probe, spec.get("set_kind", "all"), tuple(spec.get("links", ()))
+            self.rank, self.device["name"], self.probe, spec.get("set_kind", "all"), tuple(spec.get("links", ()))
         )
         self.fired: set[int] = set()
         self.metrics: dict[str, Any] = {}

@@ -88,14 +88,28 @@ def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
     store_barrier(ctx, store, "initialized", spec["init_timeout"])
 
 
+def case_store(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> Any:
+    """The case's own FileStore; across nodes, node 0's TCPStore under the case's prefix."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=spec["init_timeout"])
+    meeting = spec.get("store")
+    if meeting:
+        ctx.phase("control", f"connect to node 0's store {meeting['host']}:{meeting['port']}")
+        client = dist.TCPStore(meeting["host"], meeting["port"], wait_for_workers=False, timeout=timeout)  # type: ignore[attr-defined]
+        return dist.PrefixStore(meeting["prefix"], client)  # type: ignore[attr-defined]
+    store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)  # type: ignore[attr-defined]
+    store.set_timeout(timeout)
+    return store
+
+
 def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:
     import torch.distributed as dist
 
     from conformance.rank.probes import PROBES
 
     ctx.phase("start")
-    store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)  # type: ignore[attr-defined]
-    store.set_timeout(datetime.timedelta(seconds=spec["init_timeout"]))
+    store = case_store(ctx, spec, case_dir)
     control(ctx, store, spec["init_timeout"])
     if spec.get("single_process"):
         PROBES[spec["probe"]](ctx)  # one process, no group (peer copies)

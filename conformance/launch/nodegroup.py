@@ -1,0 +1,362 @@
+"""The nodes of a multi-node run, meeting through the one TCPStore that node 0's pytest hosts.
+
+Keys of the run's store:
+
+    run_id, fingerprint/<k>, check, check_read/<k>   the start: node 0 judges every node's fingerprint
+    collection/<k>, collection_check, collection_read/<k>   the same tests in the same order everywhere
+    heartbeat/<k>, at/<k>                              each node's monitor thread: alive, and in which test
+    case/<id>/arrived/<k>, case/<id>/verdict/<k>       one cross-node case; its ranks use case/<id>/ranks
+    results/<k>, finished/<k>                          each node's records, gathered by node 0 at the end
+
+A node that never arrives, stops beating or ends its run early is a :class:`NodeProblem`: the case
+that waited for it becomes a ``hang`` naming it, and later cases know at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.nodes import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
+
+HEARTBEAT_SECONDS = 0.5
+SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone
+POLL_SECONDS = 0.1
+ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
+
+
+class NodeGroupError(RuntimeError):
+    """The run cannot go on across nodes (node 0 cannot host the store, the nodes disagree)."""
+
+
+@dataclass(frozen=True)
+class NodeProblem:
+    node: int
+    reason: str
+
+
+@dataclass
+class Heard:
+    """What this node's monitor knows of another node."""
+
+    count: int = -1
+    beat: float = field(default_factory=time.monotonic)  # when its heartbeat last moved
+    at: str = ""
+    moved: float = field(default_factory=time.monotonic)  # when it last changed test
+
+
+@dataclass(frozen=True)
+class StartCheck:
+    run_id: str
+    check: FingerprintCheck | None  # None: no other node arrived to compare with
+    missing: Mapping[int, str]
+    interfaces: tuple[str, ...]
+
+    @property
+    def fatal_text(self) -> str:
+        if self.check is None or self.check.ok:
+            return ""
+        fields = ", ".join(self.check.fatal)
+        table = "\n".join(self.check.table)
+        return f"the nodes differ in what must match ({fields}); stopping before any collective:\n{table}"
+
+
+def _store(setup: NodeSetup, host: bool, timeout: float) -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        setup.master_addr or "",
+        setup.master_port or 0,
+        is_master=host,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+class NodeGroup:
+    """A node's part in a multi-node run: the store, the heartbeats, the meeting points."""
+
+    def __init__(self, setup: NodeSetup, timeout: float, progress_limit: float, store: Any, lost: str = "") -> None:
+        self.setup = setup
+        self.me = setup.node_rank
+        self.others = [n for n in range(setup.nnodes) if n != self.me]
+        self.timeout = timeout
+        self.progress_limit = progress_limit  # how long a node may stay in one test before it counts as stuck
+        self.store = store
+        self.lost = lost  # why node 0's store cannot be reached, once it cannot
+        self.gone: dict[int, str] = {}
+        self.heard = {n: Heard() for n in self.others}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._at = ""
+        self._monitor: threading.Thread | None = None
+        self._case_counts: dict[str, int] = {}
+
+    @classmethod
+    def connect(cls, setup: NodeSetup, timeout: float, progress_limit: float) -> NodeGroup:
+        """Node 0 starts the store; the others connect to it, waiting up to ``timeout``."""
+        host = setup.node_rank == 0
+        where = f"{setup.master_addr}:{setup.master_port}"
+        try:
+            store = _store(setup, host, timeout)
+        except RuntimeError as exc:
+            if host:
+                raise NodeGroupError(f"node 0 cannot host the run's store on {where}: {exc}") from None
+            lost = f"node 0's store at {where} never answered within {timeout:g}s (rendezvous deadline)"
+            return cls(setup, timeout, progress_limit, None, lost)
+        group = cls(setup, timeout, progress_limit, store)
+        group._start_monitor()
+        return group
+
+    # -- the heartbeat monitor ----------------------------------------------------------------
+    def _start_monitor(self) -> None:
+        self._monitor = threading.Thread(target=self._beat, name="conformance-node-monitor", daemon=True)
+        self._monitor.start()
+
+    def _beat(self) -> None:
+        try:
+            store = _store(self.setup, False, self.timeout)  # its own connection: the main thread's is busy
+            while True:
+                store.add(f"heartbeat/{self.me}", 1)
+                store.set(f"at/{self.me}", self._at)
+                for node in self.others:
+                    self._hear(node, store.add(f"heartbeat/{node}", 0), store)
+                if self._stop.wait(HEARTBEAT_SECONDS):
+                    return
+        except RuntimeError as exc:
+            if not self._stop.is_set():
+                self._lose(exc)
+
+    def _hear(self, node: int, count: int, store: Any) -> None:
+        at = store.get(f"at/{node}").decode() if store.check([f"at/{node}"]) else ""
+        now = time.monotonic()
+        with self._lock:
+            heard = self.heard[node]
+            if count != heard.count:
+                heard.count, heard.beat = count, now
+            if at != heard.at:
+                heard.at, heard.moved = at, now
+
+    def _lose(self, exc: BaseException) -> None:
+        if not self.lost:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.lost = f"node 0's store stopped answering ({first_line})"
+
+    def now_at(self, nodeid: str) -> None:
+        """Tell the other nodes which test this node is in."""
+        self._at = nodeid
+
+    def where(self, node: int) -> str:
+        with self._lock:
+            at = self.heard[node].at if node in self.heard else ""
+        return at or "its start"
+
+    # -- problems ---------------------------------------------------------------------------
+    def problem(self, node: int) -> NodeProblem | None:
+        """Why ``node`` cannot take part any more, if it cannot."""
+        if self.lost:
+            return NodeProblem(0, self.lost)
+        if node in self.gone:
+            return NodeProblem(node, self.gone[node])
+        with self._lock:
+            heard = self.heard[node]
+            silent = time.monotonic() - heard.beat if heard.count >= 0 else 0.0  # never heard: deadlines decide
+        if silent > SILENCE_LIMIT:
+            last = self.where(node)
+            self.gone[node] = f"node {node} stopped answering: no heartbeat for {silent:.0f}s (last at {last})"
+            return NodeProblem(node, self.gone[node])
+        return None
+
+    def _stuck(self, node: int, since: float, limit: float) -> NodeProblem | None:
+        with self._lock:
+            last = max(since, self.heard[node].moved)
+        if time.monotonic() - last > limit:
+            return NodeProblem(node, f"node {node} did not get there within {limit:g}s; it is at {self.where(node)}")
+        return None
+
+    def wait_for(self, keys: Mapping[int, str], limit: float, fixed: bool = False) -> NodeProblem | None:
+        """Wait until every node's key is set, or a node is gone or stuck.
+
+        ``limit`` counts from the last time the node changed test, so a node busy with other cases
+        is waited for; ``fixed`` counts it from now (the start, where nobody has moved yet).
+        """
+        since = time.monotonic()
+        pending = dict(keys)
+        while pending:
+            try:
+                pending = {n: k for n, k in pending.items() if not self.store.check([k])}
+            except RuntimeError as exc:
+                self._lose(exc)
+            for node in sorted(pending):
+                found = self.problem(node)
+                if found is None and node in self.heard:
+                    found = self._stuck(node, since, limit) if not fixed else None
+                if found is None and fixed and time.monotonic() - since > limit:
+                    found = NodeProblem(node, f"node {node} never arrived within {limit:g}s (rendezvous deadline)")
+                if found is not None:
+                    return found
+            if pending:
+                time.sleep(POLL_SECONDS)
+        return None
+
+    # -- the start ----------------------------------------------------------------------------
+    def start(self, mine: Fingerprint, run_id: str) -> StartCheck:
+        """Exchange fingerprints; node 0 compares them and every node acts on its one check."""
+        if self.store is None:
+            return StartCheck(run_id, None, {0: self.lost}, ())
+        self.store.set(f"fingerprint/{self.me}", mine.to_json())
+        if self.me == 0:
+            return self._judge(mine, run_id)
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=self.timeout + ACK_WAIT))
+            check = json.loads(self.store.get("check"))
+            self.store.set(f"check_read/{self.me}", "1")
+        except RuntimeError as exc:
+            self._lose(exc)
+            return StartCheck(run_id, None, {0: self.lost}, ())
+        missing = {int(n): reason for n, reason in check["missing"].items()}
+        if self.me in missing:
+            self.lost = f"this node arrived after node 0 had closed the rendezvous ({missing[self.me]})"
+        self.gone.update({n: r for n, r in missing.items() if n != self.me})
+        prints = [Fingerprint.from_json(text) for text in check["prints"]]
+        return StartCheck(check["run_id"], compare_fingerprints(prints), missing, tuple(check["interfaces"]))
+
+    def _judge(self, mine: Fingerprint, run_id: str) -> StartCheck:
+        deadline = time.monotonic() + self.timeout
+        for node in self.others:
+            problem = self.wait_for({node: f"fingerprint/{node}"}, max(0.0, deadline - time.monotonic()), fixed=True)
+            if problem is not None:
+                self.gone[node] = problem.reason
+        arrived = [n for n in self.others if n not in self.gone]
+        prints = [mine, *(Fingerprint.from_json(self.store.get(f"fingerprint/{n}").decode()) for n in arrived)]
+        interfaces = tuple(shared_interfaces(prints))
+        check = {
+            "run_id": run_id,
+            "prints": [p.to_json() for p in prints],
+            "missing": {str(n): reason for n, reason in self.gone.items()},
+            "interfaces": list(interfaces),
+        }
+        self.store.set("check", json.dumps(check))
+        result = StartCheck(run_id, compare_fingerprints(prints), dict(self.gone), interfaces)
+        if result.fatal_text:  # the others must read the check before this store goes away
+            self.wait_for({n: f"check_read/{n}" for n in arrived}, ACK_WAIT, fixed=True)
+        return result
+
+    def same_collection(self, nodeids: Sequence[str]) -> list[str]:
+        """Node 0 compares every node's collected tests; the lines of differences (none: the same)."""
+        if self.store is None or self.lost:
+            return []
+        self.store.set(f"collection/{self.me}", json.dumps(list(nodeids)))
+        if self.me != 0:
+            try:
+                found = list(json.loads(self.store.get("collection_check")))
+                self.store.set(f"collection_read/{self.me}", "1")
+                return found
+            except RuntimeError as exc:
+                self._lose(exc)
+                return []
+        arrived = [n for n in self.others if n not in self.gone]
+        for node in arrived:
+            problem = self.wait_for({node: f"collection/{node}"}, self.timeout, fixed=True)
+            if problem is not None:
+                self.gone[node] = problem.reason
+        differences: list[str] = []
+        for node in (n for n in arrived if n not in self.gone):
+            theirs = json.loads(self.store.get(f"collection/{node}"))
+            differences.extend(collection_difference(list(nodeids), theirs, node))
+        self.store.set("collection_check", json.dumps(differences))
+        if differences:  # the others must read it before this store goes away
+            self.wait_for({n: f"collection_read/{n}" for n in arrived if n not in self.gone}, ACK_WAIT, fixed=True)
+        return differences
+
+    # -- cases --------------------------------------------------------------------------------
+    def case_prefix(self, nodeid: str) -> str:
+        """The store prefix of this run of ``nodeid``: the same on every node (same tests, same order)."""
+        count = self._case_counts[nodeid] = self._case_counts.get(nodeid, 0) + 1
+        return f"case/{nodeid}#{count}"
+
+    def absent(self, nodes: Iterable[int]) -> NodeProblem | None:
+        """A node of ``nodes`` already known to be gone (no case needs to wait for it)."""
+        for node in nodes:
+            found = NodeProblem(0, self.lost) if self.lost else None
+            found = found or (NodeProblem(node, self.gone[node]) if node in self.gone else None)
+            if found is not None:
+                return found
+        return None
+
+    def meet(self, prefix: str, stage: str, nodes: Sequence[int], value: str, limit: float) -> NodeProblem | None:
+        """Set this node's ``stage`` key of a case and wait for the other nodes' keys."""
+        try:
+            self.store.set(f"{prefix}/{stage}/{self.me}", value)
+        except RuntimeError as exc:
+            self._lose(exc)
+        others = [n for n in nodes if n != self.me]
+        return self.absent(others) or self.wait_for({n: f"{prefix}/{stage}/{n}" for n in others}, limit)
+
+    def read(self, prefix: str, stage: str, nodes: Sequence[int]) -> dict[int, str]:
+        found = {}
+        for node in nodes:
+            key = f"{prefix}/{stage}/{node}"
+            try:
+                if self.store.check([key]):
+                    found[node] = self.store.get(key).decode()
+            except RuntimeError as exc:
+                self._lose(exc)
+        return found
+
+    # -- the end ------------------------------------------------------------------------------
+    def publish_results(self, lines: Sequence[str]) -> str:
+        """A node other than 0 hands its records to node 0; returns what happened, for the summary."""
+        if self.store is None or self.lost:
+            return f"records not sent to node 0: {self.lost}"
+        try:
+            self.store.set(f"results/{self.me}", "\n".join(lines))
+            self.store.set(f"finished/{self.me}", "1")
+        except RuntimeError as exc:
+            self._lose(exc)
+            return f"records not sent to node 0: {self.lost}"
+        return f"{len(lines)} records sent to node 0"
+
+    def gather_results(self, waiting: Callable[[int], None]) -> tuple[dict[int, list[str]], dict[int, str]]:
+        """Node 0 collects each node's records; nodes that are gone are named instead."""
+        gathered: dict[int, list[str]] = {}
+        for node in self.others:
+            problem = self.absent([node])
+            if problem is None and not self.store.check([f"results/{node}"]):
+                waiting(node)
+                problem = self.wait_for({node: f"results/{node}"}, self.progress_limit)
+            if problem is not None:
+                self.gone.setdefault(node, problem.reason)
+                continue
+            text = self.store.get(f"results/{node}").decode()
+            gathered[node] = [line for line in text.splitlines() if line.strip()]
+        return gathered, {n: r for n, r in self.gone.items()}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=2 * HEARTBEAT_SECONDS + 1.0)
+        self.store = None  # node 0: the server goes with its last reference
+
+
+def collection_difference(mine: Sequence[str], theirs: Sequence[str], node: int, shown: int = 5) -> list[str]:
+    """What node ``node`` collected differently from node 0, as lines to show."""
+    if list(mine) == list(theirs):
+        return []
+    only_here = [n for n in mine if n not in set(theirs)]
+    only_there = [n for n in theirs if n not in set(mine)]
+    lines = [f"node {node} collected {len(theirs)} tests, node 0 collected {len(mine)}"]
+    lines += [f"  only on node 0: {n}" for n in only_here[:shown]]
+    lines += [f"  only on node {node}: {n}" for n in only_there[:shown]]
+    hidden = len(only_here) + len(only_there) - min(len(only_here), shown) - min(len(only_there), shown)
+    if hidden > 0:
+        lines.append(f"  ... and {hidden} more")
+    if not only_here and not only_there:
+        first = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)
+        lines.append(f"  same tests in another order; first difference at position {first + 1}: {mine[first]}")
+    return lines
