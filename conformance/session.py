@@ -238,7 +238,6 @@ class ConformanceSession:
         return self._runner
 
     def _rung_decision(self, step: Step) -> Decision:
-        self.ensure_run_dir()
         return self.book.decide(step, os.environ, self.plan.selected)
 
     def case_spec(self, item: pytest.Item, probe: str, device_set: DeviceSet, params: dict[str, Any]) -> CaseSpec:
@@ -268,6 +267,7 @@ class ConformanceSession:
     ) -> CaseResult:
         """Run one case for ``item`` (unless the ladder skips its rung) and record it when it ends."""
         step = self.plan.step(item, device_set)
+        self.ensure_run_dir()
         if device_set.nodes and self.node_rank not in device_set.nodes:
             reason = f"node {self.node_rank} takes no part in {device_set.base_id}"
             self.book.record(step, "skipped", reason)

@@ -127,3 +127,52 @@ from conformance.matrix import DeviceSet
 def test_case(conformance_case, conformance):
     conformance_case("{probe}", DeviceSet(conformance.topology.devices, "all"), sizes=[4])
 """
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Node:
+    """One node of a multi-node run: a pytest process of its own, its output in a file."""
+
+    def __init__(self, process: Any, log: Path, reports: Path, started: float) -> None:
+        self.process = process
+        self.log = log
+        self.reports = reports
+        self.started = started
+
+    def wait(self, timeout: float = 150) -> tuple[int, float]:
+        """(exit code, seconds since it started)."""
+        code = self.process.wait(timeout=timeout)
+        return code, time.monotonic() - self.started
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_node(
+    folder: Path, rank: int, nnodes: int, port: int, *args: str, addr: str = "127.0.0.1", prefix: tuple[str, ...] = ()
+) -> Node:
+    """Start ``pytest`` as node ``rank`` in ``folder``, whose suites/ is already copied.
+
+    ``prefix`` goes before the command (``ip netns exec NAME``).
+    """
+    import subprocess
+    import sys
+
+    reports = folder / f"reports-node{rank}"
+    log = folder / f"node{rank}.log"
+    command = [
+        *prefix, sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+        "-p", "no:warnings", "-rfs", f"--reports-dir={reports}", f"--nnodes={nnodes}", f"--node-rank={rank}",
+        f"--master-addr={addr}", f"--master-port={port}", *args,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT)
+    return Node(process, log, reports, time.monotonic())

@@ -1,0 +1,241 @@
+"""Multi-node runs on one machine: two or three pytest processes as nodes, over loopback, on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.launch.case import case_dir_name
+from conformance.launch.nodegroup import collection_difference
+from conformance.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rungs
+from conformance.plan import Plan
+from conformance.topology import Device, Topology
+from conformance.verdict import Decision, decide_across_nodes
+from conftest import copy_suites, free_port, scenario_text, start_node
+
+pytestmark = pytest.mark.usefixtures("isolated_env", "run_tag")
+FAST = ("--init-timeout=5", "--op-timeout=5", "--case-timeout=10", "--rendezvous-timeout=20")
+
+
+def gathered(node0_reports: Path) -> list[dict[str, Any]]:
+    path = node0_reports / "latest" / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def across(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("nodes")]
+
+
+def test_two_nodes_on_loopback_pass_and_node_0_gathers_every_record(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py", "test_pairs.py")
+    port = free_port()
+    nodes = [start_node(pytester.path, rank, 2, port, *files, *FAST, "--virtual-devices=2") for rank in (0, 1)]
+    outcomes = [node.wait() for node in nodes]
+    for node, (code, _) in zip(nodes, outcomes, strict=True):
+        assert code == 0, node.output
+        assert "4 passed" in node.output or "passed" in node.output
+    header = nodes[1].output
+    assert "conformance: node 1 of 2 (layout from settings), run store on 127.0.0.1:" in header
+    records = gathered(nodes[0].reports)
+    assert {r["node_rank"] for r in records} == {0, 1}
+    crossing = across(records)
+    assert {(r["node_rank"], r["probe"]) for r in crossing} == {
+        (n, p) for n in (0, 1) for p in ("all_reduce", "all_gather", "barrier", "pair_exchange")
+    }
+    assert all(r["verdict"] == "pass" and r["node_verdicts"] == {"0": "pass", "1": "pass"} for r in crossing)
+    pair = [r for r in crossing if r["set_kind"] == "node_pair"]
+    assert all(r["link"] == NET_LINK and r["bandwidth_gbps"] > 0 for r in pair)
+    # the local pairs of each node stay apart from the other node's (same device names)
+    assert sorted(r["node_rank"] for r in records if r["set_kind"] == "pair") == [0, 0, 1, 1]
+    assert "node 1: 6 records gathered into" in nodes[0].output
+    assert "NET: inherited" in nodes[0].output  # the recommendation covers the node-pair class
+    # node 1 keeps its own run folder beside node 0's (a shared file system must not mix them)
+    assert [p.name for p in nodes[1].reports.iterdir() if p.is_dir()][0].endswith("-node1")
+
+
+def test_three_nodes_each_node_pair_once(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py")
+    port = free_port()
+    args = (*files, *FAST, "--virtual-devices=1", "-k", "node_pair")
+    nodes = [start_node(pytester.path, rank, 3, port, *args) for rank in (0, 1, 2)]
+    for node in nodes:
+        code, _ = node.wait()
+        assert code == 0, node.output
+    assert "takes no part in node0-node1" in nodes[2].output
+    pairs = [(tuple(r["nodes"]), r["node_rank"]) for r in across(gathered(nodes[0].reports))]
+    assert sorted(pairs) == [((0, 1), 0), ((0, 1), 1), ((0, 2), 0), ((0, 2), 2), ((1, 2), 1), ((1, 2), 2)]
+
+
+def test_nodes_with_different_device_counts_stop_before_any_collective(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py", "test_pairs.py")
+    port = free_port()
+    node0 = start_node(pytester.path, 0, 2, port, *files, *FAST, "--virtual-devices=2")
+    node1 = start_node(pytester.path, 1, 2, port, *files, *FAST, "--virtual-devices=1")
+    for rank, node in enumerate((node0, node1)):
+        code, seconds = node.wait()
+        assert code == pytest.ExitCode.USAGE_ERROR, node.output
+        assert seconds < 30
+        text = node.output
+        assert f"node {rank}: the nodes differ in what must match (gpu_count); stopping before any collective" in text
+        row = next(line for line in text.splitlines() if line.startswith("gpu_count"))
+        assert row.split() == ["gpu_count", "2", "1", "MUST", "MATCH"]
+        assert not list(node.reports.glob("*/cases")), "a case started"
+
+
+def test_nodes_that_collected_different_tests_stop_with_the_difference(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py")
+    port = free_port()
+    node0 = start_node(pytester.path, 0, 2, port, *files, *FAST, "--virtual-devices=1")
+    node1 = start_node(pytester.path, 1, 2, port, *files, *FAST, "--virtual-devices=1", "-k", "not barrier")
+    for node in (node0, node1):
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.USAGE_ERROR, node.output
+        assert "the nodes collected different tests" in node.output
+        assert "only on node 0: suites/test_multinode.py::test_barrier_across_nodes[nodes2x1-inherited]" in node.output
+
+
+def test_a_node_killed_mid_run_is_a_hang_naming_it(pytester: pytest.Pytester) -> None:
+    """Node 1's rank hangs in the first cross-node case; node 1 is then killed with SIGKILL."""
+    files = copy_suites(pytester, "test_multinode.py")
+    hang = scenario_text('effect = "hang"\nphase = "probe"\nsets = ["across_nodes"]\nranks = [1]')
+    pytester.makefile(".toml", hang=hang)
+    port = free_port()
+    args = (*files, *FAST, "--virtual-devices=1", "--scenario=hang.toml", "--matrix=inherited")
+    node0 = start_node(pytester.path, 0, 2, port, *args)
+    node1 = start_node(pytester.path, 1, 2, port, *args)
+    first_case = case_dir_name("suites/test_multinode.py::test_all_reduce_across_nodes[nodes2x1-inherited]")
+    deadline = time.monotonic() + 60
+    while not [d for d in node1.reports.glob("*/cases") if (d / first_case / "rank0" / "phase.jsonl").exists()]:
+        assert time.monotonic() < deadline and node1.process.poll() is None, node1.output
+        time.sleep(0.1)
+    killed_at = time.monotonic()
+    os.kill(node1.process.pid, signal.SIGKILL)
+    node1.wait()
+    code, _ = node0.wait()
+    after_kill = time.monotonic() - killed_at
+    assert code == pytest.ExitCode.TESTS_FAILED, node0.output
+    assert after_kill < 30  # the case deadline (10 s) plus the heartbeat's silence limit, not a pytest timeout
+    records = {r["probe"]: r for r in gathered(node0.reports)}
+    first = records["all_reduce"]
+    assert first["verdict"] == "hang" and first["root_node"] == 1
+    assert first["summary"].startswith("hang across nodes: node 1 stopped answering: no heartbeat for")
+    later = records["pair_exchange"]  # known gone: no ranks started, no deadline paid again
+    assert later["verdict"] == "hang" and later["ranks"] == [] and "node 1 stopped answering" in later["summary"]
+    assert "node 1: records missing: node 1 stopped answering" in node0.output
+
+
+def test_a_node_that_never_starts_is_a_hang_after_the_rendezvous_deadline(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py", "test_pairs.py")
+    node0 = start_node(pytester.path, 0, 2, free_port(), *files, *FAST, "--virtual-devices=2", "--rendezvous-timeout=3")
+    code, seconds = node0.wait()
+    assert code == pytest.ExitCode.TESTS_FAILED, node0.output
+    assert seconds < 60
+    records = gathered(node0.reports)
+    crossing = across(records)
+    assert crossing and all(r["verdict"] == "hang" for r in crossing)
+    assert {r["summary"] for r in crossing} == {
+        "hang in rendezvous: node 1 never arrived within 3s (rendezvous deadline)"
+    }
+    assert all(r["verdict"] == "pass" for r in records if not r.get("nodes"))  # this node's own cases still ran
+    assert "node 1: records missing: node 1 never arrived within 3s" in node0.output
+
+
+def test_node_0_that_never_starts_is_named_by_the_others(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py")
+    node1 = start_node(pytester.path, 1, 2, free_port(), *files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=3")
+    code, seconds = node1.wait()
+    assert code == pytest.ExitCode.TESTS_FAILED, node1.output
+    assert seconds < 60
+    assert "hang in rendezvous: node 0's store at 127.0.0.1:" in node1.output
+    assert "never answered within 3s (rendezvous deadline)" in node1.output
+
+
+def test_one_node_skips_cross_node_cases_with_the_reason(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py")
+    result = pytester.runpytest_subprocess("-p", "conformance.plugin", "-p", "no:cacheprovider", "-rs", *files)
+    result.assert_outcomes(skipped=4)
+    result.stdout.fnmatch_lines(["*a one-node run: cross-node cases need --nnodes 2 or more*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--nnodes=2", "--node-rank=2", "--master-addr=127.0.0.1"), "node rank 2 is not below the node count 2"),
+        (("--nnodes=2", "--node-rank=1"), "2 nodes need the first node's address"),
+        (("--master-port=70000",), "command-line option --master-port: '70000' is not a TCP port"),
+        (("--node-rank=-1",), "command-line option --node-rank: '-1' must be 0 or more"),
+        (("--nnodes=2", "--master-addr=127.0.0.1", "-n", "2"), "a multi-node run is one pytest process per node"),
+    ],
+)
+def test_bad_node_settings_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
+    files = copy_suites(pytester, "test_multinode.py")
+    result = pytester.runpytest_subprocess("-p", "conformance.plugin", "-p", "no:cacheprovider", *files, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_node_layout_from_slurm_variables(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM's variables alone make a two-node run; node 1 never comes, so the rendezvous says so."""
+    files = copy_suites(pytester, "test_multinode.py")
+    port = free_port()
+    for name, value in {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost,other"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    args = ("-p", "conformance.plugin", "-p", "no:cacheprovider", "--virtual-devices=1", "--rendezvous-timeout=2")
+    result = pytester.runpytest_subprocess(*args, *files)
+    result.stdout.fnmatch_lines([f"conformance: node 0 of 2 (layout from SLURM), run store on localhost:{port}*"])
+    result.stdout.fnmatch_lines(["*node 1 never arrived within 2s (rendezvous deadline)*"])
+
+
+# -- pieces ---------------------------------------------------------------------------------
+
+
+def test_cross_node_verdict_names_the_node_with_the_real_failure() -> None:
+    local = Decision("hang", None, [], "ranks 0,1 all stuck in probe (all_reduce 4B)")
+    verdicts = {
+        0: {"verdict": "hang", "summary": local.summary},
+        1: {"verdict": "error", "summary": "rank 0 (cpu0) in probe: RuntimeError: boom"},
+    }
+    decision, node = decide_across_nodes(0, local, verdicts, None)
+    assert (decision.verdict, node) == ("error", 1)
+    assert decision.summary == "node 1: rank 0 (cpu0) in probe: RuntimeError: boom"
+    decision, node = decide_across_nodes(0, local, {**verdicts, 1: {"verdict": "fail", "summary": "x"}}, None)
+    assert (decision.verdict, node, decision.summary) == ("fail", 1, "node 1: x")
+    decision, node = decide_across_nodes(0, local, verdicts, (1, "node 1 stopped answering"))
+    assert (decision.verdict, node, decision.summary) == ("hang", 1, "hang across nodes: node 1 stopped answering")
+    passed = {n: {"verdict": "pass", "summary": ""} for n in (0, 1)}
+    assert decide_across_nodes(0, Decision("pass", None, [], ""), passed, None) == (
+        Decision("pass", None, [], ""),
+        None,
+    )
+
+
+def test_collection_difference_lines() -> None:
+    assert collection_difference(["a", "b"], ["a", "b"], 1) == []
+    assert collection_difference(["a", "b", "c"], ["a", "d"], 2) == [
+        "node 2 collected 2 tests, node 0 collected 3",
+        "  only on node 0: b",
+        "  only on node 0: c",
+        "  only on node 2: d",
+    ]
+    assert collection_difference(["a", "b"], ["b", "a"], 1)[-1] == (
+        "  same tests in another order; first difference at position 1: a"
+    )
+
+
+def test_node_rungs_and_node_pairs() -> None:
+    rungs = node_rungs(["ib0", "eth-1"])
+    assert [r.name for r in rungs] == ["gdr_off", "socket_ifname_eth_1", "socket_ifname_ib0"]
+    assert rungs[0] is GDR_OFF and dict(GDR_OFF.set) == {"NCCL_NET_GDR_LEVEL": "LOC"}
+    assert dict(rungs[1].set) == {"NCCL_SOCKET_IFNAME": "=eth-1", "GLOO_SOCKET_IFNAME": "eth-1"}
+    assert all(r.across_nodes for r in rungs)
+    topology = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
+    assert [s.base_id for s in node_pairs(topology, 3)] == ["node0-node1", "node0-node2", "node1-node2"]
+    plan = Plan(topology, (*BUILTIN_LADDER, *rungs), "full", nnodes=2)
+    assert not any(r.across_nodes for r in plan.local_rungs) and plan.rungs[-3:] == rungs
