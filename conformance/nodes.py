@@ -74,6 +74,11 @@ def _int(value: str, name: str, minimum: int) -> int:
 def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
     if "SLURM_NNODES" not in environ or "SLURM_NODEID" not in environ:
         return None
+    if environ.get("SLURM_LOCALID", "0") != "0":
+        raise NodeError(
+            f"SLURM started more than one task on this node (SLURM_LOCALID={environ['SLURM_LOCALID']}); "
+            "the suite is one pytest per node: srun --ntasks-per-node=1"
+        )
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     return NodeSetup(
         nnodes=_int(environ["SLURM_NNODES"], "SLURM_NNODES", 1),

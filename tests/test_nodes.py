@@ -11,7 +11,9 @@ from conformance.nodes import (
     NodeSetup,
     compare_fingerprints,
     first_host,
+    network_interfaces,
     node_setup,
+    shared_interfaces,
 )
 
 NONE = {"nnodes": None, "node_rank": None, "master_addr": None, "master_port": None}
@@ -55,6 +57,11 @@ def test_explicit_settings_win_over_slurm() -> None:
         (NONE, {"NNODES": "0"}, "NNODES='0' must be at least 1"),
         ({**NONE, "nnodes": 2, "master_addr": "h", "master_port": 70000}, {}, "master port 70000 is not a TCP port"),
         (NONE, {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "[1-2]"}, "names no host"),
+        (
+            NONE,
+            {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_LOCALID": "3", "SLURM_JOB_NODELIST": "a,b"},
+            "more than one task on this node (SLURM_LOCALID=3); the suite is one pytest per node",
+        ),
     ],
 )
 def test_inconsistent_layouts_are_refused(explicit: dict[str, object], env: dict[str, str], message: str) -> None:
@@ -93,3 +100,12 @@ def test_fewer_gpus_on_one_node_is_fatal_and_shown() -> None:
 def test_version_mismatches_are_fatal() -> None:
     check = compare_fingerprints([fingerprint(0), fingerprint(1, nccl="2.21.5", torch="2.12.0"), fingerprint(2)])
     assert check.fatal == ("nccl", "torch")
+
+
+def test_fingerprints_travel_as_json_and_shared_interfaces_leave_loopback_out() -> None:
+    a = fingerprint(0, interfaces={"lo": "127.0.0.1", "eth0": "10.0.0.1", "ib0": "10.1.0.1"}, gpu_uuids=("GPU-1",))
+    b = fingerprint(1, interfaces={"lo": "127.0.0.1", "eth0": "10.0.0.2"})
+    assert Fingerprint.from_json(a.to_json()) == a
+    assert shared_interfaces([a, b]) == ["eth0"]
+    assert shared_interfaces([]) == []
+    assert "lo" in network_interfaces()  # this host's own, read through the kernel
