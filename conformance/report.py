@@ -321,6 +321,7 @@ def _version_rows(facts: _Facts) -> list[tuple[str, Any]]:
         ("torch", versions.get("torch")),
         ("matrix", run.facts.get("matrix")),
         ("case timeout", run.facts.get("case_timeout")),
+        ("nodes", _nodes_text(facts.records)),
         ("inherited", " ".join(f"{k}={v}" for k, v in inherited.items()) or "no NCCL/GLOO/TORCH variable"),
     ]  # fmt: skip
     if topology is not None:
@@ -328,6 +329,13 @@ def _version_rows(facts: _Facts) -> list[tuple[str, Any]]:
         if topology.note:
             rows.append(("note", topology.note))
     return rows
+
+
+def _nodes_text(records: list[dict[str, Any]]) -> str:
+    nodes = sorted({r["node_rank"] for r in records if isinstance(r.get("node_rank"), int)})
+    if not nodes:
+        return "1"
+    return f"{len(nodes)} with records (node {', '.join(map(str, nodes))}); the device tables are node 0's"
 
 
 def _machine(facts: _Facts) -> str:
@@ -571,8 +579,10 @@ def _failure(record: dict[str, Any], number: int) -> str:
     verdict = str(record.get("verdict"))
     border = {"hang": "#f08c00", "fail": "#b3261e", "crash": "#6f2dbd", "error": "#d6336c"}.get(verdict, "#f5d90a")
     victims = ", ".join(str(v) for v in record.get("victims") or []) or "none"
+    node = record.get("node_rank")
     facts = (
-        f"rung <strong>{_e(record.get('env_name'))}</strong> · link {_e(record.get('link'))} · "
+        (f"node <strong>{_e(node)}</strong> · " if node is not None else "")
+        + f"rung <strong>{_e(record.get('env_name'))}</strong> · link {_e(record.get('link'))} · "
         f"{_e(record.get('seconds'))} s · stopped: {_e(record.get('stop_reason'))} · victims: {_e(victims)}"
     )
     expected = record.get("expected_verdict")
