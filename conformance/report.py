@@ -27,7 +27,7 @@ from typing import Any
 from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
 from conformance.matrix import BUILTIN_LADDER, Rung
 from conformance.runs import Run, RunError
-from conformance.summary import first_passing_rungs, link_class_of, rung_env_text
+from conformance.summary import first_passing_rungs, link_class_of, one_record_per_case, rung_env_text
 from conformance.topology import Topology
 from conformance.verdict import VERDICTS
 
@@ -186,7 +186,7 @@ class _Facts:
 
     @property
     def records(self) -> list[dict[str, Any]]:
-        return self.run.records
+        return one_record_per_case(self.run.records)
 
     @property
     def simulated(self) -> bool:

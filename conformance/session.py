@@ -26,7 +26,7 @@ from conformance.plan import Plan
 from conformance.runs import Run
 from conformance.scenario import Scenario
 from conformance.settings import Settings
-from conformance.summary import ladder_summary_lines, summary_lines
+from conformance.summary import ladder_summary_lines, one_record_per_case, summary_lines
 from conformance.topology import Topology, link_matrix_lines
 from conformance.verdict import Decision as CaseDecision
 from conformance.verdict import decide_across_nodes, stack_excerpt
@@ -319,7 +319,7 @@ class ConformanceSession:
                 node_rank=group.me,
             ),
         )
-        result = self.runner.run(spec)
+        result = self.runner.run(spec, group.peers(prefix, nodes))
         mine = json.dumps({"verdict": result.verdict, "summary": result.decision.summary})
         problem = group.meet(prefix, "verdict", nodes, mine, self.verdict_wait)
         verdicts = {n: json.loads(text) for n, text in group.read(prefix, "verdict", nodes).items()}
@@ -451,6 +451,7 @@ class ConformanceSession:
         for line in self.node_notes:
             terminalreporter.write_line(f"conformance: {line}")
         records = [r for r in results.read_records(self.results_path) if r.get("run_id") == self.run_id]
+        records = one_record_per_case(records)
         if records:
             for line in summary_lines(records, self.simulated):
                 terminalreporter.write_line(line)

@@ -18,6 +18,11 @@ def _verdict_cell(records: list[dict[str, Any]], verdict: str) -> str:
     return f"{len(matching)}{'e' if expected else ''}"
 
 
+def one_record_per_case(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A cross-node case leaves one record on each of its nodes; count it once (its first node's)."""
+    return [r for r in records if not r.get("nodes") or r.get("node_rank") == min(r["nodes"])]
+
+
 def summary_lines(records: list[dict[str, Any]], simulated: bool) -> list[str]:
     """Hangs and wrong data first, then probe x verdict counts."""
     title = "conformance summary" + (" (SIMULATED)" if simulated else "")

@@ -55,6 +55,9 @@ def test_two_nodes_on_loopback_pass_and_node_0_gathers_every_record(pytester: py
     assert sorted(r["node_rank"] for r in records if r["set_kind"] == "pair") == [0, 0, 1, 1]
     assert "node 1: 6 records gathered into" in nodes[0].output
     assert "NET: inherited" in nodes[0].output  # the recommendation covers the node-pair class
+    # the summary counts a cross-node case once, though each node recorded it
+    totals = next(line for line in nodes[0].output.splitlines() if line.startswith("pair_exchange "))
+    assert totals.split()[-1] == "3"  # node 0's pair and node 1's pair, and the node pair once
     # node 1 keeps its own run folder beside node 0's (a shared file system must not mix them)
     assert [p.name for p in nodes[1].reports.iterdir() if p.is_dir()][0].endswith("-node1")
 
@@ -128,6 +131,26 @@ def test_a_node_killed_mid_run_is_a_hang_naming_it(pytester: pytest.Pytester) ->
     later = records["pair_exchange"]  # known gone: no ranks started, no deadline paid again
     assert later["verdict"] == "hang" and later["ranks"] == [] and "node 1 stopped answering" in later["summary"]
     assert "node 1: records missing: node 1 stopped answering" in node0.output
+
+
+def test_an_error_on_one_node_is_the_root_cause_on_every_node_and_ends_the_wait(pytester: pytest.Pytester) -> None:
+    """Node 1's rank raises before it joins the group; node 0's rank, waiting for it, is stopped after the grace."""
+    files = copy_suites(pytester, "test_multinode.py")
+    error = scenario_text('effect = "error"\nphase = "init"\nsets = ["across_nodes"]\nranks = [1]\nmessage = "boom"')
+    pytester.makefile(".toml", error=error)
+    port = free_port()
+    args = (*files, "--init-timeout=9", "--op-timeout=9", "--case-timeout=10", "--grace=1", "--virtual-devices=1")
+    args = (*args, "--scenario=error.toml", "--matrix=inherited", "-k", "all_reduce")
+    nodes = [start_node(pytester.path, rank, 2, port, *args) for rank in (0, 1)]
+    for node in nodes:
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.TESTS_FAILED, node.output
+    records = {r["node_rank"]: r for r in gathered(nodes[0].reports)}
+    for record in records.values():
+        assert (record["verdict"], record["root_node"]) == ("error", 1)
+        assert record["summary"] == "node 1: rank 0 (cpu0) in init (init_process_group(gloo)): SimulatedError: boom"
+        assert record["node_verdicts"] == {"0": "hang", "1": "error"}
+    assert records[0]["stop_reason"] == "grace" and records[0]["seconds"] < 5  # not the 9 s init timeout
 
 
 def test_a_node_that_never_starts_is_a_hang_after_the_rendezvous_deadline(pytester: pytest.Pytester) -> None:

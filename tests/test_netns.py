@@ -34,7 +34,7 @@ CROSS_NODE_KINDS = ("node_pair", "across_nodes")
 SUITE = "test_multinode.py"
 DEADLINES = ("--init-timeout=4", "--op-timeout=4", "--case-timeout=8", "--rendezvous-timeout=30")
 NODE_ARGS = ("--virtual-devices=1", *DEADLINES, f"suites/{SUITE}")
-# How long both nodes may take, start to exit.  Measured: 36-40 s per node on a CPU-only machine
+# How long both nodes may take, start to exit.  Measured: 38-41 s per node on a CPU-only machine
 # (four inherited cases that each pay the 8 s case deadline, four fallback cases under 1 s each, and
 # start-up: interpreter, torch import, the nodes' rendezvous).  The bound: every case at its deadline
 # (8 cases x 8 s) would already exceed it, so a run that retried needlessly or waited on a lost node
@@ -82,7 +82,7 @@ def namespaces() -> Iterator[NamespacePair]:
             made.append(name)
         # Each end is born inside its namespace under its final name: nothing appears on the host.
         _make("link", "add", IFNAME, "netns", names[0], "type", "veth", "peer", "name", IFNAME, "netns", names[1])
-        for name, address in zip(names, addresses):
+        for name, address in zip(names, addresses, strict=True):
             _make("-n", name, "addr", "add", f"{address}/24", "dev", IFNAME)
             _make("-n", name, "link", "set", "lo", "up")
             _make("-n", name, "link", "set", IFNAME, "up")

@@ -14,7 +14,7 @@ from typing import Any
 from conformance import casefiles
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import leased
-from conformance.launch.watchdog import RankProcess, Supervision, supervise
+from conformance.launch.watchdog import Peers, RankProcess, Supervision, supervise
 from conformance.topology import Device
 from conformance.verdict import Decision, RankReport, decide, rank_report
 
@@ -214,7 +214,7 @@ class CaseRunner:
         self._write_spec(spec, case_dir)
         return CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
 
-    def run(self, spec: CaseSpec) -> CaseResult:
+    def run(self, spec: CaseSpec, peers: Peers | None = None) -> CaseResult:
         case_dir = self._fresh_case_dir(spec.nodeid)
         self._write_spec(spec, case_dir)
         self.server.ensure_started()  # once per process; not part of the case's time
@@ -222,7 +222,7 @@ class CaseRunner:
         lease_wait = self.deadlines.case_timeout + LEASE_WAIT_MARGIN
         with leased(self.lease_dir, device_ids, lease_wait) as waited:
             begun = time.monotonic()
-            ranks, supervision = self._start_and_supervise(spec, case_dir)
+            ranks, supervision = self._start_and_supervise(spec, case_dir, peers)
         reports = [rank_report(r, spec.devices[r.rank].name, supervision.started) for r in ranks]
         return CaseResult(
             spec=spec,
@@ -237,12 +237,15 @@ class CaseRunner:
             lease_wait=round(waited, 3),
         )
 
-    def _start_and_supervise(self, spec: CaseSpec, case_dir: Path) -> tuple[list[RankProcess], Supervision]:
+    def _start_and_supervise(
+        self, spec: CaseSpec, case_dir: Path, peers: Peers | None
+    ) -> tuple[list[RankProcess], Supervision]:
         pids, pgid = self.server.spawn(case_dir, spec.world_size)
         self.groups[pgid] = pids
         ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
         try:
-            supervision = supervise(self.server, ranks, pgid, self.deadlines.case_timeout, self.deadlines.grace)
+            deadlines = self.deadlines
+            supervision = supervise(self.server, ranks, pgid, deadlines.case_timeout, deadlines.grace, peers)
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             kill_group(pgid)
             raise

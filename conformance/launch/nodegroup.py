@@ -130,7 +130,7 @@ class NodeGroup:
                     return
         except RuntimeError as exc:
             if not self._stop.is_set():
-                self._lose(exc)
+                self.lose(exc)
 
     def _hear(self, node: int, count: int, store: Any) -> None:
         at = store.get(f"at/{node}").decode() if store.check([f"at/{node}"]) else ""
@@ -142,7 +142,7 @@ class NodeGroup:
             if at != heard.at:
                 heard.at, heard.moved = at, now
 
-    def _lose(self, exc: BaseException) -> None:
+    def lose(self, exc: BaseException) -> None:
         if not self.lost:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.lost = f"node 0's store stopped answering ({first_line})"
@@ -191,7 +191,7 @@ class NodeGroup:
             try:
                 pending = {n: k for n, k in pending.items() if not self.store.check([k])}
             except RuntimeError as exc:
-                self._lose(exc)
+                self.lose(exc)
             for node in sorted(pending):
                 found = self.problem(node)
                 if found is None and node in self.heard:
@@ -217,7 +217,7 @@ class NodeGroup:
             check = json.loads(self.store.get("check"))
             self.store.set(f"check_read/{self.me}", "1")
         except RuntimeError as exc:
-            self._lose(exc)
+            self.lose(exc)
             return StartCheck(run_id, None, {0: self.lost}, ())
         missing = {int(n): reason for n, reason in check["missing"].items()}
         if self.me in missing:
@@ -258,7 +258,7 @@ class NodeGroup:
                 self.store.set(f"collection_read/{self.me}", "1")
                 return found
             except RuntimeError as exc:
-                self._lose(exc)
+                self.lose(exc)
                 return []
         arrived = [n for n in self.others if n not in self.gone]
         for node in arrived:
@@ -294,9 +294,12 @@ class NodeGroup:
         try:
             self.store.set(f"{prefix}/{stage}/{self.me}", value)
         except RuntimeError as exc:
-            self._lose(exc)
+            self.lose(exc)
         others = [n for n in nodes if n != self.me]
         return self.absent(others) or self.wait_for({n: f"{prefix}/{stage}/{n}" for n in others}, limit)
+
+    def peers(self, prefix: str, nodes: Sequence[int]) -> CasePeers:
+        return CasePeers(self, prefix, [n for n in nodes if n != self.me])
 
     def read(self, prefix: str, stage: str, nodes: Sequence[int]) -> dict[int, str]:
         found = {}
@@ -306,7 +309,7 @@ class NodeGroup:
                 if self.store.check([key]):
                     found[node] = self.store.get(key).decode()
             except RuntimeError as exc:
-                self._lose(exc)
+                self.lose(exc)
         return found
 
     # -- the end ------------------------------------------------------------------------------
@@ -318,7 +321,7 @@ class NodeGroup:
             self.store.set(f"results/{self.me}", "\n".join(lines))
             self.store.set(f"finished/{self.me}", "1")
         except RuntimeError as exc:
-            self._lose(exc)
+            self.lose(exc)
             return f"records not sent to node 0: {self.lost}"
         return f"{len(lines)} records sent to node 0"
 
@@ -342,6 +345,31 @@ class NodeGroup:
         if self._monitor is not None:
             self._monitor.join(timeout=2 * HEARTBEAT_SECONDS + 1.0)
         self.store = None  # node 0: the server goes with its last reference
+
+
+@dataclass
+class CasePeers:
+    """The other nodes of one running case, as the watchdog sees them (``watchdog.Peers``)."""
+
+    group: NodeGroup
+    prefix: str
+    others: list[int]
+
+    def failed(self) -> bool:
+        """A rank failed on another node, or another node is gone."""
+        keys = [f"{self.prefix}/failed/{n}" for n in self.others]
+        try:
+            failed_there = any(self.group.store.check([key]) for key in keys)
+        except RuntimeError as exc:
+            self.group.lose(exc)
+            return True
+        return failed_there or any(self.group.problem(n) is not None for n in self.others)
+
+    def report_failure(self) -> None:
+        try:
+            self.group.store.set(f"{self.prefix}/failed/{self.group.me}", "1")
+        except RuntimeError as exc:
+            self.group.lose(exc)
 
 
 def collection_difference(mine: Sequence[str], theirs: Sequence[str], node: int, shown: int = 5) -> list[str]:

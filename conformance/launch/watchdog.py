@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from conformance import casefiles
 from conformance.launch.forkserver import ForkServerClient
@@ -127,26 +128,41 @@ def stop_case(server: ForkServerClient, pgid: int, alive: Sequence[RankProcess],
     return time.monotonic() - begun
 
 
+class Peers(Protocol):
+    """The other nodes of a cross-node case: a failure there starts this node's grace period too."""
+
+    def failed(self) -> bool: ...
+
+    def report_failure(self) -> None: ...
+
+
 def supervise(
     server: ForkServerClient,
     ranks: list[RankProcess],
     pgid: int,
     case_timeout: float,
     grace: float,
+    peers: Peers | None = None,
 ) -> Supervision:
-    """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure."""
+    """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure.
+
+    Across nodes, a failure on another node (or a node gone) counts as one here.
+    """
     started = time.time()
     deadline = time.monotonic() + case_timeout
     grace_deadline: float | None = None
     supervision = Supervision(ranks=ranks, started=started, ended=started)
     while True:
         alive = _collect_exits(server, ranks)
+        failed_here = any(r.exit_code is not None and r.exit_code not in HEALTHY_EXITS for r in ranks)
+        if grace_deadline is None and (failed_here or (alive and peers is not None and peers.failed())):
+            grace_deadline = time.monotonic() + grace
+            supervision.grace_started = time.time()
+            if failed_here and peers is not None:
+                peers.report_failure()
         if not alive:
             break
         now = time.monotonic()
-        if grace_deadline is None and any(r.exit_code is not None and r.exit_code not in HEALTHY_EXITS for r in ranks):
-            grace_deadline = now + grace
-            supervision.grace_started = time.time()
         limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)
         if now >= limit:
             supervision.stop_reason = "deadline" if limit == deadline else "grace"
