@@ -230,8 +230,8 @@ class NodeGroup:
         deadline = time.monotonic() + self.timeout
         for node in self.others:
             problem = self.wait_for({node: f"fingerprint/{node}"}, max(0.0, deadline - time.monotonic()), fixed=True)
-            if problem is not None:
-                self.gone[node] = problem.reason
+            if problem is not None:  # one deadline for all: name it, not what was left of it
+                self.gone[node] = f"node {node} never arrived within {self.timeout:g}s (rendezvous deadline)"
         arrived = [n for n in self.others if n not in self.gone]
         prints = [mine, *(Fingerprint.from_json(self.store.get(f"fingerprint/{n}").decode()) for n in arrived)]
         interfaces = tuple(shared_interfaces(prints))
