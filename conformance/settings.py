@@ -51,21 +51,22 @@ def _ratio(raw: str, where: str) -> float:
     return value
 
 
-def _positive_int(raw: str, where: str) -> int:
+def _whole_number(raw: str, where: str) -> int:
     try:
-        value = int(raw)
+        return int(raw)
     except ValueError:
         raise SettingError(f"{where}: {raw!r} is not a whole number") from None
+
+
+def _positive_int(raw: str, where: str) -> int:
+    value = _whole_number(raw, where)
     if value <= 0:
         raise SettingError(f"{where}: {raw!r} must be a positive whole number")
     return value
 
 
 def _node_rank(raw: str, where: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingError(f"{where}: {raw!r} is not a whole number") from None
+    value = _whole_number(raw, where)
     if value < 0:
         raise SettingError(f"{where}: {raw!r} must be 0 or more")
     return value

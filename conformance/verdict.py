@@ -208,7 +208,7 @@ def decide_across_nodes(
 
     ``missing`` (node, reason): a node that never came or stopped answering is the root cause.
     """
-    local_failed = [r for r in (local.victims + ([local.root] if local.root else []))]
+    local_failed = local.victims + ([local.root] if local.root else [])
     if missing is not None:
         node, reason = missing
         return Decision("hang", None, local_failed, f"hang across nodes: {reason}"), node

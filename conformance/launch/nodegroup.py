@@ -157,12 +157,19 @@ class NodeGroup:
         return at or "its start"
 
     # -- problems ---------------------------------------------------------------------------
-    def problem(self, node: int) -> NodeProblem | None:
-        """Why ``node`` cannot take part any more, if it cannot."""
+    def _known_problem(self, node: int) -> NodeProblem | None:
+        """Node 0's store lost, or ``node`` already found gone."""
         if self.lost:
             return NodeProblem(0, self.lost)
         if node in self.gone:
             return NodeProblem(node, self.gone[node])
+        return None
+
+    def problem(self, node: int) -> NodeProblem | None:
+        """Why ``node`` cannot take part any more, if it cannot."""
+        known = self._known_problem(node)
+        if known is not None:
+            return known
         with self._lock:
             heard = self.heard[node]
             silent = time.monotonic() - heard.beat if heard.count >= 0 else 0.0  # never heard: deadlines decide
@@ -172,12 +179,15 @@ class NodeGroup:
             return NodeProblem(node, self.gone[node])
         return None
 
-    def _stuck(self, node: int, since: float, limit: float) -> NodeProblem | None:
+    def _overdue(self, node: int, since: float, limit: float, fixed: bool) -> NodeProblem | None:
+        """Waited past ``limit``: from ``since`` when ``fixed``, else from the node's last change of test."""
         with self._lock:
-            last = max(since, self.heard[node].moved)
-        if time.monotonic() - last > limit:
-            return NodeProblem(node, f"node {node} did not get there within {limit:g}s; it is at {self.where(node)}")
-        return None
+            last = since if fixed else max(since, self.heard[node].moved)
+        if time.monotonic() - last <= limit:
+            return None
+        if fixed:
+            return NodeProblem(node, f"node {node} never arrived within {limit:g}s (rendezvous deadline)")
+        return NodeProblem(node, f"node {node} did not get there within {limit:g}s; it is at {self.where(node)}")
 
     def wait_for(self, keys: Mapping[int, str], limit: float, fixed: bool = False) -> NodeProblem | None:
         """Wait until every node's key is set, or a node is gone or stuck.
@@ -193,11 +203,7 @@ class NodeGroup:
             except RuntimeError as exc:
                 self.lose(exc)
             for node in sorted(pending):
-                found = self.problem(node)
-                if found is None and node in self.heard:
-                    found = self._stuck(node, since, limit) if not fixed else None
-                if found is None and fixed and time.monotonic() - since > limit:
-                    found = NodeProblem(node, f"node {node} never arrived within {limit:g}s (rendezvous deadline)")
+                found = self.problem(node) or self._overdue(node, since, limit, fixed)
                 if found is not None:
                     return found
             if pending:
@@ -282,12 +288,7 @@ class NodeGroup:
 
     def absent(self, nodes: Iterable[int]) -> NodeProblem | None:
         """A node of ``nodes`` already known to be gone (no case needs to wait for it)."""
-        for node in nodes:
-            found = NodeProblem(0, self.lost) if self.lost else None
-            found = found or (NodeProblem(node, self.gone[node]) if node in self.gone else None)
-            if found is not None:
-                return found
-        return None
+        return next((found for node in nodes if (found := self._known_problem(node)) is not None), None)
 
     def meet(self, prefix: str, stage: str, nodes: Sequence[int], value: str, limit: float) -> NodeProblem | None:
         """Set this node's ``stage`` key of a case and wait for the other nodes' keys."""
@@ -338,7 +339,7 @@ class NodeGroup:
                 continue
             text = self.store.get(f"results/{node}").decode()
             gathered[node] = [line for line in text.splitlines() if line.strip()]
-        return gathered, {n: r for n, r in self.gone.items()}
+        return gathered, dict(self.gone)
 
     def close(self) -> None:
         self._stop.set()
@@ -376,8 +377,9 @@ def collection_difference(mine: Sequence[str], theirs: Sequence[str], node: int,
     """What node ``node`` collected differently from node 0, as lines to show."""
     if list(mine) == list(theirs):
         return []
-    only_here = [n for n in mine if n not in set(theirs)]
-    only_there = [n for n in theirs if n not in set(mine)]
+    mine_set, theirs_set = set(mine), set(theirs)
+    only_here = [n for n in mine if n not in theirs_set]
+    only_there = [n for n in theirs if n not in mine_set]
     lines = [f"node {node} collected {len(theirs)} tests, node 0 collected {len(mine)}"]
     lines += [f"  only on node 0: {n}" for n in only_here[:shown]]
     lines += [f"  only on node {node}: {n}" for n in only_there[:shown]]
