@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.launch.case import CaseRunner, CaseSpec, Deadlines
+from conformance.deadlines import Deadlines
+from conformance.launch.case import CaseRunner, CaseSpec
 from conformance.results import append_record, case_record
 from conformance.topology import cpu_topology
 

@@ -6,6 +6,7 @@
     <case dir>/rank<k>/phase.jsonl              one line per phase the rank entered
     <case dir>/rank<k>/result.json              the rank's structured result (authoritative)
     <case dir>/rank<k>/nccl.log                 NCCL_DEBUG=INFO output (NCCL cases)
+    <case dir>/rank<k>/flight_recorder.json     torch's flight recorder, dumped at the deadline or on failure
 
 Exit codes are only a fallback for a rank that died before writing result.json.
 """
@@ -24,6 +25,7 @@ STDERR = "stderr.log"
 PHASES = "phase.jsonl"
 RESULT = "result.json"
 NCCL_LOG = "nccl.log"
+FLIGHT_RECORDER = "flight_recorder.json"
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -5,6 +5,7 @@
     python -m conformance compare BASELINE CURRENT [--bandwidth-tolerance R] [--json]
     python -m conformance report [RUN]
     python -m conformance merge-junit OUT IN...
+    python -m conformance smoke [--out DIR] [--skip-suite]
 
 Each command is an argparse subcommand with a ``run`` function returning the exit status; bad
 input prints one line to stderr and exits 2.
@@ -27,11 +28,18 @@ from conformance.topology import (
     align_columns,
     discover,
     link_matrix_lines,
+    link_note_lines,
     load_topology_file,
 )
 
 # Each exposes register(commands); see cli_common.
-COMMAND_MODULES = ("conformance.recommend", "conformance.compare", "conformance.report", "conformance.junit_merge")
+COMMAND_MODULES = (
+    "conformance.recommend",
+    "conformance.compare",
+    "conformance.report",
+    "conformance.junit_merge",
+    "conformance.smoke",
+)
 DEFAULT_VIRTUAL_DEVICES = 4
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")
 
@@ -109,11 +117,12 @@ def topology_command(args: argparse.Namespace) -> int:
 
 
 def topology_lines(topology: Topology) -> list[str]:
-    """The human-readable view: devices, link matrix, P2P exceptions, versions, note."""
+    """The human-readable view: devices, link matrix and its notes, P2P exceptions, versions, note."""
     lines = [_summary(topology)]
     if topology.kind == "gpu":
         lines += ["", *align_columns([DEVICE_COLUMNS, *(_device_row(d) for d in topology.devices)])]
         lines += ["", "Links (as nvidia-smi topo -m):", *link_matrix_lines(topology)]
+        lines += [f"Note: {line}" for line in link_note_lines(topology)]
         lines += _p2p_lines(topology)
         lines += ["", f"Driver {topology.driver or 'unknown'}, CUDA driver {topology.cuda_driver or 'unknown'}"]
     if topology.note:

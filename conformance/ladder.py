@@ -13,6 +13,7 @@ first, so everything a decision waits for comes earlier in every worker's queue.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -25,6 +26,21 @@ from conformance.results import append_record, read_records
 LADDER_FILE = "ladder.jsonl"
 Selected = AbstractSet[tuple[str, int]] | None
 POLL_SECONDS = 0.1
+# Failures no NCCL or torch NCCL variable changes: CUDA itself refused, in the rank's own torch call
+# (torch spells these "CUDA error: ..."; NCCL's own "Cuda failure '...'" is not here, because an NCCL
+# rung such as cumem_off can change what NCCL asks of CUDA).  Only rungs that set variables beyond
+# NCCL's (CUDA_*, GLOO_*, TORCH_*: user rungs) still run after one of these.
+UNCHANGEABLE_FAILURES = re.compile(
+    r"CUDA error: (?:operation not supported|no CUDA-capable device is detected"
+    r"|CUDA driver version is insufficient for CUDA runtime version|invalid device ordinal)"
+    r"|No CUDA GPUs are available",
+    re.IGNORECASE,
+)
+
+
+def unchangeable(verdict: str, message: str) -> bool:
+    """Whether a case's failure is one that no NCCL environment rung can change."""
+    return verdict in ("error", "crash") and bool(UNCHANGEABLE_FAILURES.search(message))
 
 
 class LadderWaitError(RuntimeError):
@@ -56,12 +72,14 @@ class LadderBook:
         self.mode = mode
         self.wait_seconds = wait_seconds
 
-    def record(self, step: Step, outcome: str, reason: str = "") -> None:
+    def record(self, step: Step, outcome: str, reason: str = "", final: bool = False) -> None:
+        """Record a rung's outcome; ``final``: no NCCL rung can change it (``unchangeable``)."""
         rung = self.ladder[step.rung_index].name
-        append_record(self.path, {"key": step.key, "rung": rung, "outcome": outcome, "reason": reason})
+        record = {"key": step.key, "rung": rung, "outcome": outcome, "reason": reason, "final": final}
+        append_record(self.path, record)
 
     def _outcomes(self) -> dict[tuple[str, str], str]:
-        return {(r["key"], r["rung"]): r["outcome"] for r in read_records(self.path)}
+        return {(r["key"], r["rung"]): "final" if r.get("final") else r["outcome"] for r in read_records(self.path)}
 
     def wait_for(self, wanted: Sequence[tuple[str, str]], budget_rungs: int) -> dict[tuple[str, str], str]:
         """Outcomes of ``wanted`` (key, rung) pairs, waiting while other items decide them."""
@@ -94,6 +112,9 @@ class LadderBook:
         if skipped:
             return Decision(False, f"adaptive matrix: the case does not apply here (skipped on rung {skipped[0]})")
         rung = self.ladder[k]
+        final = [names[i] for i in earlier if own[(step.key, names[i])] == "final"]
+        if final and not rung.sets_beyond_nccl:
+            return Decision(False, f"no NCCL environment rung changes the failure on rung {final[0]} (CUDA refused)")
         for other in self.ladder[:k]:
             if other.effective(environ) == rung.effective(environ):
                 return Decision(False, f"same environment as rung {other.name} here")

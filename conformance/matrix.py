@@ -230,14 +230,28 @@ def each_pair(topology: Topology) -> list[DeviceSet]:
     ]
 
 
+# Barrier device sets whose ranks see every GPU but use others than torch's guess for them.
+MISMATCHED_BARRIER_SETS = ("reversed", "last_half_all_visible")
+
+
 def barrier_sets(topology: Topology) -> list[DeviceSet]:
-    """All devices, then subsets a job may be given: the last half, every other device."""
+    """All devices; subsets a job may be given; and sets where torch's barrier guess is wrong.
+
+    ``last_half`` and ``every_other`` are isolated (CUDA_VISIBLE_DEVICES lists only them, so rank k
+    sees its GPU as cuda:k and torch's guess is right).  ``reversed`` (rank k on the k-th GPU from
+    the end) and ``last_half_all_visible`` (a launcher hands the last half to the ranks, every GPU
+    visible) are not: a barrier without a device runs on another rank's GPU (seed b).  Those two
+    exist only on GPU machines (real or simulated).
+    """
     devices = topology.devices
-    subsets = {"last_half": devices[len(devices) // 2 :], "every_other": devices[1::2]}
     sets = all_devices(topology)
-    for name, subset in subsets.items():
+    for name, subset in {"last_half": devices[len(devices) // 2 :], "every_other": devices[1::2]}.items():
         if len(subset) >= 2 and subset != devices:
             sets.append(DeviceSet(subset, "all", kind=name, isolate=True, links=_links_between(topology, subset)))
+    shared = {"reversed": devices[::-1], "last_half_all_visible": devices[len(devices) // 2 :]}
+    for name, subset in shared.items():
+        if len(subset) >= 2 and topology.kind == "gpu":  # CPU ranks have no device to guess
+            sets.append(DeviceSet(subset, "all", kind=name, links=_links_between(topology, subset)))
     return sets
 
 

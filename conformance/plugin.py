@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from conformance.deadlines import DeadlineError
 from conformance.launch.case import CaseResult
 from conformance.launch.nodegroup import NodeGroup, NodeGroupError, StartCheck
 from conformance.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file, node_rungs
@@ -42,6 +43,8 @@ def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | No
         return load_topology_file(scenario.topology, f"{scenario.path} [scenario] topology")
     try:
         return discover(settings.backend, settings.virtual_devices)
+    except TopologyError:
+        raise  # one line naming CUDA_VISIBLE_DEVICES or NVML; the backend setting is not its source
     except ValueError as exc:
         raise SettingError(f"{settings.source('backend')}: {exc}") from None
 
@@ -110,7 +113,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except (SettingError, ScenarioError, TopologyError, RungError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
     run_id = start.run_id if start else run_id
-    session = ConformanceSession(config, settings, topology, scenario, run_id, ladder, baseline, nodes, start)
+    try:
+        session = ConformanceSession(config, settings, topology, scenario, run_id, ladder, baseline, nodes, start)
+    except DeadlineError as exc:
+        raise pytest.UsageError(f"conformance: the deadlines are out of order: {exc}") from None
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "conformance_session")
     if config.pluginmanager.hasplugin("xdist"):

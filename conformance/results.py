@@ -84,6 +84,8 @@ def case_record(
                 "stopped_by": r.stopped_by,
                 "unkillable": r.unkillable,
                 "stack": stack_excerpt(r.stack) or None,
+                "collectives": r.collectives,
+                "barrier": r.metrics.get("barrier"),  # the GPU the rank used and the one its barrier ran on
             }
             for r in result.reports
         ],

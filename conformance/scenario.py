@@ -6,13 +6,15 @@
     topology = "machine.json"  # optional: the simulated machine (relative to this file)
 
     [[rule]]
-    effect = "hang"            # hang | crash | error | wrong_data | oom | slow
+    effect = "hang"            # hang | device_hang | crash | error | wrong_data | oom | slow
     phase = "probe"            # start | control | init | probe | verify | teardown
     ranks = [1]                # optional: only these ranks
     devices = ["cpu1"]         # optional: only ranks bound to these devices
     probes = ["all_reduce"]    # optional: only these probes
     links = ["SYS"]            # optional: only cases whose devices are joined by one of these classes
     sets = ["last_half"]       # optional: only these device-set kinds (all, single, pair, last_half, ...)
+    wrong_barrier_device = true  # optional: only while torch's barrier is about to run on another
+                               #   GPU than the rank's own (barrier_device.py has torch's rule)
     p2p = true                 # optional: only when simulated NCCL would (true) / would not (false)
                                #   use P2P over those links: NCCL_P2P_DISABLE and NCCL_P2P_LEVEL are
                                #   honoured as NCCL does (default level: SYS)
@@ -24,6 +26,9 @@
     seconds = 5                # slow only
 
 A rule's ``env`` conditions are checked in the rank, against the environment the case gave it.
+``hang`` blocks the rank on the host where the phase begins; ``device_hang`` is a kernel that never
+finishes: the host call returns at once (as NCCL's do) and the rank blocks at the step's next
+device synchronize, which is how a real GPU hang looks.
 """
 
 from __future__ import annotations
@@ -43,17 +48,21 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 PHASES = ("start", "control", "init", "probe", "verify", "teardown")
-EFFECTS = ("hang", "crash", "error", "wrong_data", "oom", "slow")
-DEFAULT_PHASE = {"wrong_data": "verify"}
+EFFECTS = ("hang", "device_hang", "crash", "error", "wrong_data", "oom", "slow")
+ONLY_PHASE = {"wrong_data": "verify", "device_hang": "probe"}  # effects tied to one phase
 EFFECT_FIELDS = {
     "hang": {"ignore_sigterm"},
+    "device_hang": set(),
     "crash": {"signal"},
     "error": {"message"},
     "oom": {"message"},
     "slow": {"seconds"},
     "wrong_data": set(),
 }
-COMMON_FIELDS = {"effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "when_env", "unless_env"}
+COMMON_FIELDS = {
+    "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "wrong_barrier_device", "when_env",
+    "unless_env",
+}  # fmt: skip
 # NCCL's P2P levels, nearest first; a pair uses P2P when its path is no farther than NCCL_P2P_LEVEL.
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -85,6 +94,7 @@ class Placement:
     probe: str
     set_kind: str = "all"
     links: tuple[str, ...] = ()
+    wrong_barrier_device: bool | None = None  # known only while a barrier probe is about to run one
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,7 @@ class Rule:
     links: tuple[str, ...] | None = None
     sets: tuple[str, ...] | None = None
     p2p: bool | None = None
+    wrong_barrier_device: bool | None = None
     when_env: Mapping[str, str] = field(default_factory=dict)
     unless_env: Mapping[str, str] = field(default_factory=dict)
     ignore_sigterm: bool = False
@@ -111,6 +122,8 @@ class Rule:
             links = [link for link in where.links if self.links is None or link in self.links]
             if not links or any(p2p_used(link, environ) for link in links) != self.p2p:
                 return False
+        if self.wrong_barrier_device is not None and where.wrong_barrier_device != self.wrong_barrier_device:
+            return False
         if any(environ.get(k) != v for k, v in self.when_env.items()):
             return False
         return not (self.unless_env and all(environ.get(k) == v for k, v in self.unless_env.items()))
@@ -207,11 +220,11 @@ def parse_rule(raw: Any, where: str) -> Rule:
     if effect not in EFFECTS:
         raise ScenarioError(f"{where}: unknown effect {effect!r}; choose one of {', '.join(EFFECTS)}")
     _check_effect_fields(raw, effect, where)
-    phase = raw.get("phase", DEFAULT_PHASE.get(effect, "probe"))
+    phase = raw.get("phase", ONLY_PHASE.get(effect, "probe"))
     if phase not in PHASES:
         raise ScenarioError(f"{where}: unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
-    if effect == "wrong_data" and phase != "verify":
-        raise ScenarioError(f"{where}: wrong_data corrupts received data, so its phase must be 'verify', not {phase!r}")
+    if effect in ONLY_PHASE and phase != ONLY_PHASE[effect]:
+        raise ScenarioError(f"{where}: {effect} happens in phase {ONLY_PHASE[effect]!r} only, not {phase!r}")
     return Rule(
         effect=effect,
         phase=phase,
@@ -221,6 +234,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
         links=_string_list(raw["links"], f"{where} links", str) if "links" in raw else None,
         sets=_string_list(raw["sets"], f"{where} sets", str) if "sets" in raw else None,
         p2p=_optional_bool(raw, "p2p", where),
+        wrong_barrier_device=_optional_bool(raw, "wrong_barrier_device", where),
         when_env=_env_table(raw.get("when_env", {}), f"{where} when_env"),
         unless_env=_env_table(raw.get("unless_env", {}), f"{where} unless_env"),
         **_effect_options(raw, where),

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import socket
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import metadata
@@ -15,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conformance import casefiles, results
+from conformance import casefiles, flight_recorder, results
 from conformance.conclude import Conclusion, conclude
-from conformance.ladder import LADDER_FILE, Decision, LadderBook, Step
-from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode, Deadlines
+from conformance.deadlines import OUTER_NET_MARGIN, Deadlines
+from conformance.ladder import LADDER_FILE, Decision, LadderBook, Step, unchangeable
+from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.launch.nodegroup import NodeGroup, NodeProblem, StartCheck
 from conformance.matrix import BUILTIN_LADDER, NODE_SET_FIXTURES, DeviceSet, Rung
 from conformance.nodes import Fingerprint, NodeSetup, network_interfaces
@@ -27,7 +27,7 @@ from conformance.runs import Run
 from conformance.scenario import Scenario
 from conformance.settings import Settings
 from conformance.summary import ladder_summary_lines, one_record_per_case, summary_lines
-from conformance.topology import Topology, link_matrix_lines
+from conformance.topology import Topology, link_matrix_lines, link_note_lines
 from conformance.verdict import Decision as CaseDecision
 from conformance.verdict import decide_across_nodes, stack_excerpt
 
@@ -35,9 +35,15 @@ if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
 INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
-OUTER_NET_MARGIN = 30.0  # pytest-timeout fires this long after the case watchdog should have
+# One folder for every user of the machine: /tmp, not TMPDIR, which users may set differently.
+MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
+# How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py).
+MEASUREMENT = {
+    "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5},
+    "gpu": {"bandwidth_bytes": 64 << 20, "bandwidth_warmup": 5, "bandwidth_iterations": 20},
+}
 
 
 def node_progress_limit(settings: Settings) -> float:
@@ -111,6 +117,9 @@ def failure_text(result: CaseResult) -> str:
     shown = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
     for r in shown:
         lines.append(f"stack of rank {r.rank} at the deadline:\n{stack_excerpt(r.stack)}")
+    for r in result.reports:
+        if r.collectives is not None and (r.failed or r.stopped_by):
+            lines.append(f"rank {r.rank}: {flight_recorder.describe(r.collectives)}")
     if root is not None and root.traceback and not root.stack:
         lines.append(f"traceback of rank {root.rank}:\n{root.traceback.strip()[-1500:]}")
     lines.append(f"rank logs: {result.case_dir}")
@@ -149,7 +158,8 @@ class ConformanceSession:
         fallbacks_matter = self.backend == "nccl" or self.simulated
         nnodes = nodes.setup.nnodes if nodes else 1
         self.plan = Plan(topology, ladder, settings.matrix, fallbacks_matter=fallbacks_matter, nnodes=nnodes)
-        ladder_wait = settings.case_timeout + OUTER_NET_MARGIN
+        self.deadlines.check()
+        ladder_wait = self.deadlines.outer_net
         self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, settings.matrix, ladder_wait)
         self._runner: CaseRunner | None = None
 
@@ -178,6 +188,11 @@ class ConformanceSession:
     @property
     def sizes(self) -> list[int]:
         return COLLECTIVE_SIZES["gpu" if self.backend == "nccl" else "cpu"]
+
+    @property
+    def deadlines(self) -> Deadlines:
+        s = self.settings
+        return Deadlines(s.init_timeout, s.op_timeout, s.case_timeout, s.grace, self.backend)
 
     @property
     def is_worker(self) -> bool:
@@ -221,16 +236,15 @@ class ConformanceSession:
         if self.topology.kind != "gpu":
             return None
         if self.backend == "nccl":
-            return Path(tempfile.gettempdir()) / "conformance-leases"
+            return MACHINE_LEASE_DIR
         return self.run_dir / "leases"
 
     @property
     def runner(self) -> CaseRunner:
         if self._runner is None:
-            s = self.settings
             self._runner = CaseRunner(
                 self.ensure_run_dir(),
-                Deadlines(s.init_timeout, s.op_timeout, s.case_timeout, s.grace),
+                self.deadlines,
                 rules=[r.to_dict() for r in self.scenario.rules] if self.scenario else [],
                 simulated=self.simulated,
                 lease_dir=self.lease_dir,
@@ -253,10 +267,11 @@ class ConformanceSession:
             env_name=rung.name,
             env_set=dict(rung.set),
             env_unset=rung.unset(os.environ),
-            params=params,
+            params={**MEASUREMENT["gpu" if self.backend == "nccl" else "cpu"], **params},
             set_kind=device_set.kind,
             links=device_set.links,
             isolate=device_set.isolate,
+            visible=self.topology.devices,
             p2p_status=self.topology.p2p_status(*pair) if pair else None,
             single_process=single_process,
             nodes=device_set.nodes,
@@ -281,14 +296,16 @@ class ConformanceSession:
         if not decision.run:
             self.book.record(step, "skipped", decision.reason)
             pytest.skip(decision.reason)
-        outcome = "error"
+        outcome, final_reason = "error", ""
         try:
             spec = self.case_spec(item, probe, device_set, params)
             result = self._run_across_nodes(spec, device_set) if device_set.nodes else self.runner.run(spec)
             result.node_rank = self.node_rank
             outcome = result.verdict
+            if unchangeable(result.verdict, result.decision.summary):
+                final_reason = result.decision.summary
         finally:
-            self.book.record(step, outcome)
+            self.book.record(step, outcome, final_reason, final=bool(final_reason))
         record = results.case_record(result, self.run_id, expect, step.key)
         results.append_record(self.results_path, record)
         item.user_properties.extend(results.junit_properties(record))
@@ -357,6 +374,7 @@ class ConformanceSession:
         if t.driver or t.cuda_driver:
             lines.append(f"conformance: driver {t.driver or '?'}, CUDA driver {t.cuda_driver or '?'}")
         lines.extend(f"conformance:   {line}" for line in link_matrix_lines(t))
+        lines.extend(f"conformance: {line}" for line in link_note_lines(t))
         lines.append(f"conformance: matrix {self.plan.mode}, rungs: {', '.join(r.name for r in self.plan.ladder)}")
         inherited = inherited_variables()
         if inherited:
@@ -402,7 +420,7 @@ class ConformanceSession:
         self.plan.order(items)
         if not self.config.pluginmanager.hasplugin("timeout"):
             return
-        outer = self.settings.case_timeout + OUTER_NET_MARGIN
+        outer = self.deadlines.outer_net
         across = outer + self.progress_limit + self.verdict_wait  # cross-node cases also wait for the others
         for item in items:
             fixtures = getattr(item, "fixturenames", ())

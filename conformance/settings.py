@@ -146,7 +146,7 @@ class Setting:
 BACKEND_HELP = "torch.distributed backend for the cases: auto (nccl when GPUs are found, else gloo), gloo or nccl."
 VIRTUAL_DEVICES_HELP = "Number of virtual CPU devices (gloo ranks) when no GPU is used."
 INIT_TIMEOUT_HELP = "Seconds a rank waits for rendezvous and process-group set-up (in-rank)."
-OP_TIMEOUT_HELP = "Seconds one collective may take inside a rank (init_process_group(timeout=...))."
+OP_TIMEOUT_HELP = "gloo: seconds a collective may take in a rank (init_process_group timeout); unused on NCCL."
 CASE_TIMEOUT_HELP = "Seconds the parent's watchdog gives a whole case before it is a hang."
 GRACE_HELP = "Seconds the other ranks get after one rank fails, before they are stopped."
 MATRIX_HELP = "Environment rungs to run: adaptive (fallback rungs only where inherited fails), full, inherited."

@@ -2,12 +2,24 @@
 
 The pytest process never initialises CUDA: GPUs are listed through NVML only (``nvidia-ml-py``,
 imported as ``pynvml``).  NVML numbers devices by PCI bus and ignores CUDA_VISIBLE_DEVICES, so the
-list is filtered through that variable here and every rank gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+list is filtered through that variable here; ranks are then told their GPUs by UUID
+(``launch/case.py``), so NVML's numbering and CUDA's never have to agree.
+
+CUDA_VISIBLE_DEVICES: comma-separated entries, each a decimal index (NVML's, i.e. PCI bus order), a
+``GPU-`` UUID or a unique prefix of one.  CUDA silently stops at the first entry it cannot resolve,
+which would turn a typo into a green CPU run; here any such entry (unknown, ambiguous, listed twice,
+a ``MIG-`` instance) is a :class:`DeviceSelectionError` naming the entry and what the machine has.
+The empty string, or a list starting with ``-1``, hides every GPU: a CPU run that says so.
+
+No nvidia-ml-py, no NVML library or driver, or no GPU: the CPU topology, with the reason.  NVML
+loaded but failing to list the GPUs is a :class:`TopologyError`: the machine is broken, not GPU-less.
 
 Per GPU pair the link class is named as ``nvidia-smi topo -m`` names it: ``NV<n>`` (n active
 NVLinks, directly or through NVSwitches), else the closest common PCIe ancestor: ``PIX`` (one PCIe
 switch), ``PXB`` (several switches), ``PHB`` (a host bridge), ``NODE`` (between host bridges of one
-NUMA node), ``SYS`` (across the CPU interconnect); ``?`` where NVML could not tell.
+NUMA node), ``SYS`` (across the CPU interconnect); ``?`` where NVML could not tell.  When NVML will
+not describe a GPU's NVLinks (no permission in a container, a function the driver lacks, an unknown
+error), its pairs get the PCIe class and ``Topology.link_notes`` says why.
 """
 
 from __future__ import annotations
@@ -50,6 +62,9 @@ P2P_CAPS = (
 P2P_STATUS_PREFIX = "NVML_P2P_STATUS_"
 # nvidia-ml-py keeps the misspelt NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED beside the correct name.
 P2P_STATUS_SPELLING = {"CHIPSET_NOT_SUPPORED": "CHIPSET_NOT_SUPPORTED"}
+MAX_PAIRS_NAMED = 3  # a link note naming more pairs counts them instead
+HIDE_EVERY_GPU = "CUDA_VISIBLE_DEVICES hides every GPU"
+WHOLE_GPUS_ONLY = "this suite tests whole GPUs (NCCL has no P2P between MIG instances): list GPUs by index or GPU- UUID"
 
 T = TypeVar("T")
 
@@ -71,7 +86,14 @@ class Device:
 
 
 class TopologyError(ValueError):
-    """A topology file is unusable; the message names the file and the problem."""
+    """The run cannot get its devices: an unusable topology file, a bad CUDA_VISIBLE_DEVICES, NVML failing.
+
+    The message is one line naming the input and the problem.
+    """
+
+
+class DeviceSelectionError(TopologyError):
+    """CUDA_VISIBLE_DEVICES has an entry that names no whole GPU of this machine exactly once."""
 
 
 def pair_key(a: Device, b: Device) -> str:
@@ -89,6 +111,7 @@ class Topology:
     p2p: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pair_key -> {"read": "OK", ...}
     driver: str | None = None
     cuda_driver: str | None = None
+    link_notes: Mapping[str, str] = field(default_factory=dict)  # pair_key -> why its link class is PCIe-only
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -145,6 +168,20 @@ def link_matrix_lines(topology: Topology) -> list[str]:
     return align_columns([header, *rows])
 
 
+def link_note_lines(topology: Topology) -> list[str]:
+    """One line per distinct link note, naming its pairs (or counting them when there are many)."""
+    pairs_by_note: dict[str, list[str]] = {}
+    for pair, note in topology.link_notes.items():
+        pairs_by_note.setdefault(note, []).append(pair)
+    return [f"{note} ({_pair_list(pairs)})" for note, pairs in pairs_by_note.items()]
+
+
+def _pair_list(pairs: Sequence[str]) -> str:
+    if len(pairs) > MAX_PAIRS_NAMED:
+        return f"{len(pairs)} pairs"
+    return ("pair " if len(pairs) == 1 else "pairs ") + " ".join(pairs)
+
+
 def align_columns(rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows of cells as left-aligned columns two spaces apart."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -155,33 +192,84 @@ def _or_na(value: int | None) -> str:
     return "N/A" if value is None else str(value)
 
 
-def _visible_filter(gpus: list[Device], visible: str | None) -> list[Device]:
-    """Keep and renumber the GPUs CUDA_VISIBLE_DEVICES selects (indices or UUID prefixes).
+def _visible_filter(
+    gpus: list[Device], visible: str | None, find_mig_parent: Callable[[str], Device | None] = lambda entry: None
+) -> list[Device]:
+    """Keep and renumber the GPUs CUDA_VISIBLE_DEVICES selects; raise DeviceSelectionError for a bad entry.
 
     ``gpus`` are numbered as NVML numbers them; the chosen ones keep that number as ``nvml_index``.
-    MIG instance UUIDs (``MIG-...``) are not resolved: like any unknown entry they end the list.
+    ``find_mig_parent`` names the GPU a ``MIG-`` entry belongs to, for the message.
     """
     if visible is None:
         return gpus
-    chosen: list[Device] = []
-    for token in (t.strip() for t in visible.split(",")):
-        if not token:
-            break
-        if token.isdigit():
-            match = [g for g in gpus if g.index == int(token)]
-        else:
-            match = [g for g in gpus if g.uuid and g.uuid.startswith(token)]
-        if not match:
-            break  # CUDA stops at the first invalid entry
-        chosen.append(match[0])
+    entries = [entry.strip() for entry in visible.split(",")]
+    if entries == [""] or entries[0] == "-1":
+        return []
+    chosen: dict[int, str] = {}  # NVML index -> the entry that chose it
+    for entry in entries:
+        gpu = _resolve_entry(entry, gpus, visible, find_mig_parent)
+        if gpu.index in chosen:
+            raise _selection_error(visible, entry, f"is GPU {gpu.index}, already listed as {chosen[gpu.index]!r}", gpus)
+        chosen[gpu.index] = entry
+    by_index = {gpu.index: gpu for gpu in gpus}
     return [
-        replace(g, name=f"gpu{i}", index=i, nvml_index=g.index if g.nvml_index is None else g.nvml_index)
-        for i, g in enumerate(chosen)
+        replace(gpu, name=f"gpu{i}", index=i, nvml_index=gpu.index if gpu.nvml_index is None else gpu.nvml_index)
+        for i, gpu in enumerate(by_index[index] for index in chosen)
     ]
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _resolve_entry(
+    entry: str, gpus: Sequence[Device], visible: str, find_mig_parent: Callable[[str], Device | None]
+) -> Device:
+    if entry.startswith("MIG-"):
+        raise DeviceSelectionError(_mig_refusal(visible, entry, find_mig_parent(entry)))
+    if entry.isascii() and entry.isdigit():
+        matches = [gpu for gpu in gpus if gpu.index == int(entry)]
+    elif entry.startswith("GPU-"):
+        matches = [gpu for gpu in gpus if (gpu.uuid or "").startswith(entry)]
+    else:
+        problem = "is empty" if not entry else "is not a GPU index or a GPU- UUID"
+        raise _selection_error(visible, entry, problem, gpus)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        indices = ", ".join(str(gpu.index) for gpu in matches)
+        raise _selection_error(visible, entry, f"starts the UUIDs of GPUs {indices}; give more of the UUID", gpus)
+    raise _selection_error(visible, entry, "matches no GPU", gpus)
+
+
+def _selection_error(visible: str, entry: str, problem: str, gpus: Sequence[Device]) -> DeviceSelectionError:
+    return DeviceSelectionError(
+        f"CUDA_VISIBLE_DEVICES={visible!r}: entry {entry!r} {problem}; this machine has {_machine_text(gpus)}"
+    )
+
+
+def _mig_refusal(visible: str, entry: str, parent: Device | None) -> str:
+    what = "a MIG instance NVML does not list"
+    if parent is not None:
+        what = f"a MIG instance of GPU {parent.index} ({parent.model}, {parent.uuid})"
+    return f"CUDA_VISIBLE_DEVICES={visible!r}: entry {entry!r} is {what}; {WHOLE_GPUS_ONLY}"
+
+
+def _machine_text(gpus: Sequence[Device]) -> str:
+    """``8 GPUs (NVIDIA L40S): 0 GPU-00000000-..., 1 ...``, the model per GPU only where they differ."""
+    uuids = [gpu.uuid or "" for gpu in gpus]
+    models = {gpu.model for gpu in gpus}
+    plural = "" if len(gpus) == 1 else "s"
+    if len(models) == 1:
+        listed = ", ".join(f"{gpu.index} {_short_uuid(gpu.uuid or '', uuids)}" for gpu in gpus)
+        return f"{len(gpus)} GPU{plural} ({models.pop()}): {listed}"
+    listed = ", ".join(f"{gpu.index} {_short_uuid(gpu.uuid or '', uuids)} ({gpu.model})" for gpu in gpus)
+    return f"{len(gpus)} GPU{plural}: {listed}"
+
+
+def _short_uuid(uuid: str, uuids: Sequence[str]) -> str:
+    """The UUID cut after a dash group, as short as still tells it from the others."""
+    for cut in (13, 18, 23, 28):
+        prefix = uuid[:cut]
+        if len(uuid) > cut and sum(other.startswith(prefix) for other in uuids) == 1:
+            return prefix + "..."
+    return uuid
 
 
 def sysfs_bus_id(bus_id: str) -> str:
@@ -213,10 +301,6 @@ def _caps_index(value: Any) -> Any:
     return value[0] if isinstance(value, tuple) else value
 
 
-def _error_classes(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:
-    return tuple(getattr(nvml, name) for name in names if hasattr(nvml, name))
-
-
 def p2p_status_names(nvml: Any) -> dict[int, str]:
     """NVML_P2P_STATUS_* values -> their names without the prefix ("OK", "CHIPSET_NOT_SUPPORTED" ...)."""
     names: dict[int, str] = {}
@@ -235,39 +319,112 @@ class _NvLinks:
     to_switch: int  # active links to NVSwitches
 
 
+@dataclass(frozen=True)
+class _NvLinksUnknown:
+    """NVML would not describe this GPU's NVLinks."""
+
+    error: str  # NVML's words: "Insufficient Permissions", "Function Not Found", ...
+
+
+NvLinkScan = _NvLinks | _NvLinksUnknown
+
+
+def _nvlink_count(a: Device, b: Device, scans: Mapping[str, NvLinkScan]) -> int | None:
+    """Active NVLinks between a and b (directly, else through NVSwitches); None when a failed scan leaves it open."""
+    scan_a, scan_b = scans[a.name], scans[b.name]
+    known = [(scan, peer) for scan, peer in ((scan_a, b), (scan_b, a)) if isinstance(scan, _NvLinks)]
+    direct = max((scan.to_gpu.get(sysfs_bus_id(peer.pci_bus_id or ""), 0) for scan, peer in known), default=0)
+    if direct:
+        return direct
+    if isinstance(scan_a, _NvLinks) and isinstance(scan_b, _NvLinks):
+        return min(scan_a.to_switch, scan_b.to_switch)
+    if any(scan.to_switch == 0 for scan, _ in known):
+        return 0  # the GPU that answered has no link to a switch and none to the other
+    return None
+
+
+def _unknown_nvlink_notes(scans: Mapping[str, NvLinkScan]) -> dict[str, str]:
+    """GPU name -> the note for its pairs; GPUs failing alike share one note naming them all."""
+    failing: dict[str, list[str]] = {}
+    for name, scan in scans.items():
+        if isinstance(scan, _NvLinksUnknown):
+            failing.setdefault(scan.error, []).append(name)
+    return {
+        name: f"NVLink state of {', '.join(names)} unknown ({error}): PCIe class shown"
+        for error, names in failing.items()
+        for name in names
+    }
+
+
 class _NvmlReader:
     """The queries of one NVML session.
 
-    Identity queries (handle, UUID, name, bus id) raise NVMLError: without them there is no GPU to
-    name.  Everything else is best effort: an NVMLError, or a function this nvidia-ml-py lacks
-    (AttributeError), leaves that fact unknown (None, "?", "UNKNOWN") instead of failing discovery.
+    Identity queries (count, handle, UUID, name, bus id) must answer: without them there is no GPU
+    to name, and their NVMLError is a TopologyError.  Everything else is best effort: an NVMLError
+    (NotSupported, NoPermission, FunctionNotFound where the driver's library lacks the function
+    nvidia-ml-py calls, ...) leaves that fact unknown (None, "?", "UNKNOWN") instead.
     """
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
-        self.soft_errors: tuple[type[BaseException], ...] = (nvml.NVMLError, AttributeError)
         self.handles: dict[int, Any] = {}
 
     def optional(self, query: Callable[[], T]) -> T | None:
         try:
             return query()
-        except self.soft_errors:
+        except self.nvml.NVMLError:
             return None
 
     def handle(self, gpu: Device) -> Any:
         assert gpu.nvml_index is not None, "listed GPUs carry their NVML index"
         return self.handles[gpu.nvml_index]
 
+    def identity(self, query: str, gpu: int | None, *args: Any) -> Any:
+        try:
+            return getattr(self.nvml, query)(*args)
+        except self.nvml.NVMLError as exc:
+            raise TopologyError(self.listing_failed(exc, query, gpu)) from None
+
+    def listing_failed(self, error: Exception, query: str, gpu: int | None) -> str:
+        where = query if gpu is None else f"{query} of GPU {gpu}"
+        if isinstance(error, self.nvml.NVMLError_FunctionNotFound):
+            where += ": the driver's NVML library lacks the function nvidia-ml-py calls"
+        return (
+            f"NVML is loaded but listing the GPUs failed: {error} ({where}); "
+            "fix the driver, or run on CPU with --backend gloo"
+        )
+
     def list_gpus(self) -> list[Device]:
-        nvml = self.nvml
-        gpus = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            handle = self.handles[i] = nvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            model = _text(nvml.nvmlDeviceGetName(handle))
-            bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
-            gpus.append(Device(f"gpu{i}", i, "gpu", uuid, model, bus_id, nvml_index=i))
-        return gpus
+        return [self.list_gpu(i) for i in range(self.identity("nvmlDeviceGetCount", None))]
+
+    def list_gpu(self, i: int) -> Device:
+        handle = self.handles[i] = self.identity("nvmlDeviceGetHandleByIndex", i, i)
+        uuid = self.identity("nvmlDeviceGetUUID", i, handle)
+        model = self.identity("nvmlDeviceGetName", i, handle)
+        bus_id = self.identity("nvmlDeviceGetPciInfo", i, handle).busId
+        return Device(f"gpu{i}", i, "gpu", uuid, model, bus_id, nvml_index=i)
+
+    def mig_parent(self, gpus: Sequence[Device], mig_uuid: str) -> Device | None:
+        """The listed GPU whose MIG instances include ``mig_uuid`` (or its legacy ``MIG-GPU-<uuid>/..`` form)."""
+        for gpu in gpus:
+            if any(uuid.startswith(mig_uuid) for uuid in self.mig_uuids(gpu)):
+                return gpu
+        legacy_parent = mig_uuid.removeprefix("MIG-").split("/")[0]
+        return next((gpu for gpu in gpus if legacy_parent.startswith("GPU-") and gpu.uuid == legacy_parent), None)
+
+    def mig_uuids(self, gpu: Device) -> list[str]:
+        """The UUIDs of the GPU's MIG instances; none where NVML cannot list them."""
+        nvml, handle = self.nvml, self.handle(gpu)
+        uuids = []
+        try:
+            for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    uuids.append(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)))
+                except nvml.NVMLError_NotFound:
+                    continue  # an empty slot
+        except nvml.NVMLError:
+            pass
+        return uuids
 
     def describe(self, gpu: Device) -> Device:
         """The GPU with its NUMA node, memory and MIG mode filled in."""
@@ -284,69 +441,60 @@ class _NvmlReader:
         return _sysfs_numa_node(bus_id)
 
     def driver_versions(self) -> tuple[str | None, str | None]:
-        driver = self.optional(lambda: _text(self.nvml.nvmlSystemGetDriverVersion()))
+        driver = self.optional(self.nvml.nvmlSystemGetDriverVersion)
         cuda = self.optional(lambda: cuda_version_text(int(self.nvml.nvmlSystemGetCudaDriverVersion())))
         return driver, cuda
 
-    def pairs(self, devices: Sequence[Device]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-        """Link class and NVML P2P status of every pair, keyed by ``pair_key``."""
-        nvlinks = {gpu.name: self.nvlinks(gpu) for gpu in devices}
-        ancestors = {getattr(self.nvml, name): link for name, link in ANCESTOR_LINKS if hasattr(self.nvml, name)}
+    def pairs(self, devices: Sequence[Device]) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, str]]:
+        """Link class, NVML P2P status and link note (where NVLink is unknown) of every pair, by ``pair_key``."""
+        scans = {gpu.name: self.nvlinks(gpu) for gpu in devices}
+        unknown_notes = _unknown_nvlink_notes(scans)
         names = p2p_status_names(self.nvml)
-        links, p2p = {}, {}
+        links, p2p, notes = {}, {}, {}
         for a, b in combinations(devices, 2):
-            links[pair_key(a, b)] = self.link_class(a, b, nvlinks, ancestors)
-            p2p[pair_key(a, b)] = {cap: self.p2p_status(a, b, constant, names) for cap, constant in P2P_CAPS}
-        return links, p2p
+            key = pair_key(a, b)
+            count = _nvlink_count(a, b, scans)
+            links[key] = f"NV{count}" if count else self.pcie_class(a, b)
+            if count is None:
+                notes[key] = unknown_notes.get(a.name) or unknown_notes[b.name]
+            p2p[key] = {cap: self.p2p_status(a, b, constant, names) for cap, constant in P2P_CAPS}
+        return links, p2p, notes
 
-    def nvlinks(self, gpu: Device) -> _NvLinks | None:
-        handle = self.handle(gpu)
-        return self.optional(lambda: self.scan_nvlinks(handle))
+    def nvlinks(self, gpu: Device) -> NvLinkScan:
+        try:
+            return self.scan_nvlinks(self.handle(gpu))
+        except self.nvml.NVMLError as exc:
+            return _NvLinksUnknown(str(exc))
 
     def scan_nvlinks(self, handle: Any) -> _NvLinks:
-        """Count active links by far end; NotSupported or InvalidArgument means no more links."""
+        """Count active links by far end; NotSupported or InvalidArgument on a link's state means no more links."""
         nvml = self.nvml
-        no_more_links = _error_classes(nvml, "NVMLError_NotSupported", "NVMLError_InvalidArgument")
         to_gpu: Counter[str] = Counter()
         to_switch = 0
         for link in range(nvml.NVML_NVLINK_MAX_LINKS):
             try:
-                active = nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED
-            except no_more_links:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 break
-            if not active:
+            if state != nvml.NVML_FEATURE_ENABLED:
                 continue
-            if self.remote_is_switch(handle, link):
+            far_end = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            if far_end == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
                 to_switch += 1
-            else:
-                to_gpu[sysfs_bus_id(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))] += 1
+            elif far_end == nvml.NVML_NVLINK_DEVICE_TYPE_GPU:
+                to_gpu[sysfs_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)] += 1
         return _NvLinks(dict(to_gpu), to_switch)
 
-    def remote_is_switch(self, handle: Any, link: int) -> bool:
-        kind = self.optional(lambda: self.nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
-        return kind is not None and kind == self.nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
-
-    def link_class(
-        self, a: Device, b: Device, nvlinks: Mapping[str, _NvLinks | None], ancestors: Mapping[int, str]
-    ) -> str:
-        """``NV<n>`` for n NVLinks between the two (through NVSwitches: the fewer switch links), else PCIe."""
-        links_a, links_b = nvlinks[a.name], nvlinks[b.name]
-        if links_a is None or links_b is None:
-            return UNKNOWN_LINK
-        count = links_a.to_gpu.get(sysfs_bus_id(b.pci_bus_id or ""), 0)
-        if not count and links_a.to_switch and links_b.to_switch:
-            count = min(links_a.to_switch, links_b.to_switch)
-        if count:
-            return f"NV{count}"
-        level = self.optional(lambda: self.nvml.nvmlDeviceGetTopologyCommonAncestor(self.handle(a), self.handle(b)))
+    def pcie_class(self, a: Device, b: Device) -> str:
+        """The closest common PCIe ancestor's class, or "?"."""
+        nvml = self.nvml
+        level = self.optional(lambda: nvml.nvmlDeviceGetTopologyCommonAncestor(self.handle(a), self.handle(b)))
+        ancestors = {getattr(nvml, name): link for name, link in ANCESTOR_LINKS if hasattr(nvml, name)}
         return UNKNOWN_LINK if level is None else ancestors.get(level, UNKNOWN_LINK)
 
     def p2p_status(self, a: Device, b: Device, constant: str, names: Mapping[int, str]) -> str:
-        status = self.optional(
-            lambda: self.nvml.nvmlDeviceGetP2PStatus(
-                self.handle(a), self.handle(b), _caps_index(getattr(self.nvml, constant))
-            )
-        )
+        caps = _caps_index(getattr(self.nvml, constant))
+        status = self.optional(lambda: self.nvml.nvmlDeviceGetP2PStatus(self.handle(a), self.handle(b), caps))
         return UNKNOWN_P2P if status is None else names.get(status, UNKNOWN_P2P)
 
 
@@ -358,29 +506,34 @@ def _start_nvml() -> tuple[Any, str]:
         return None, f"nvidia-ml-py (pynvml) is not importable: {exc}"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return None, f"NVML unavailable: {exc}"
     return pynvml, ""
 
 
 def _read_nvml(nvml: Any, visible: str | None) -> tuple[Topology | None, str]:
     reader = _NvmlReader(nvml)
-    try:
-        listed = reader.list_gpus()
-    except nvml.NVMLError as exc:
-        return None, f"NVML error while listing GPUs: {exc}"
-    chosen = _visible_filter(listed, visible)
+    listed = reader.list_gpus()
+    if not listed:
+        return None, "NVML reports no GPU"
+    chosen = _visible_filter(listed, visible, lambda entry: reader.mig_parent(listed, entry))
     if not chosen:
-        return None, "NVML reports no GPU" if not listed else "CUDA_VISIBLE_DEVICES selects no GPU"
+        return None, HIDE_EVERY_GPU
     devices = tuple(reader.describe(gpu) for gpu in chosen)
-    links, p2p = reader.pairs(devices)
+    links, p2p, notes = reader.pairs(devices)
     driver, cuda_driver = reader.driver_versions()
-    topology = Topology("gpu", devices, "nvml", links=links, p2p=p2p, driver=driver, cuda_driver=cuda_driver)
+    topology = Topology(
+        "gpu", devices, "nvml", links=links, p2p=p2p, driver=driver, cuda_driver=cuda_driver, link_notes=notes
+    )
     return topology, ""
 
 
 def nvml_topology(environ: Mapping[str, str]) -> tuple[Topology | None, str]:
-    """The GPUs CUDA_VISIBLE_DEVICES selects, their links and NVML's P2P status; else None and why."""
+    """The GPUs CUDA_VISIBLE_DEVICES selects, their links and NVML's P2P status; else None and why.
+
+    Raises TopologyError (DeviceSelectionError for CUDA_VISIBLE_DEVICES) where NVML is loaded but the
+    GPUs cannot be listed or selected.
+    """
     nvml, reason = _start_nvml()
     if nvml is None:
         return None, reason
@@ -389,14 +542,14 @@ def nvml_topology(environ: Mapping[str, str]) -> tuple[Topology | None, str]:
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:
+        except nvml.NVMLError:
             pass
 
 
 def nvml_gpus(environ: Mapping[str, str]) -> tuple[list[Device], str]:
     """The visible GPUs' identities (name, ordinal, UUID, model, bus id); an empty list comes with the reason.
 
-    ``nvml_topology`` has the rest (NUMA, memory, MIG, NVML index, links, P2P status).
+    ``nvml_topology`` has the rest (NUMA, memory, MIG, NVML index, links, P2P status) and raises as it does.
     """
     topology, reason = nvml_topology(environ)
     if topology is None:
@@ -405,7 +558,11 @@ def nvml_gpus(environ: Mapping[str, str]) -> tuple[list[Device], str]:
 
 
 def discover(backend: str, virtual_devices: int, environ: Mapping[str, str] | None = None) -> Topology:
-    """Pick the topology for a run.  Raises ValueError when ``nccl`` is asked for without GPUs."""
+    """Pick the topology for a run.
+
+    Raises ValueError when ``nccl`` is asked for without GPUs, and TopologyError (a ValueError) when
+    NVML cannot list the GPUs or CUDA_VISIBLE_DEVICES names something that is not a GPU here.
+    """
     environ = os.environ if environ is None else environ
     if backend == "gloo":
         return cpu_topology(virtual_devices, note="backend gloo chosen")

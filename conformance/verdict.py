@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance import casefiles
+from conformance import casefiles, flight_recorder
 from conformance.launch.watchdog import RankProcess
 
 VERDICTS = ("fail", "hang", "crash", "error", "inconclusive", "skip", "pass")
@@ -32,12 +32,29 @@ WAITING_FRAME = re.compile(r"torch/distributed/|store\.wait|\bwait\b", re.IGNORE
 
 
 STACK_EXCERPT_LINES = 12
+FLIGHT_RECORDER_FRAME = "conformance/flight_recorder.py"  # the rank's dumper thread, never the story
+
+
+def thread_stacks(stack: str) -> list[list[str]]:
+    """A faulthandler dump's frames, one list per thread, innermost first."""
+    threads: list[list[str]] = []
+    for line in stack.splitlines():
+        if "thread 0x" in line.lower() or not threads:
+            threads.append([])
+        if line.strip().startswith("File "):
+            threads[-1].append(line)
+    return [frames for frames in threads if frames]
+
+
+def rank_frames(stack: str) -> list[str]:
+    """The frames of the thread doing the rank's work: the first one that is not the flight-recorder dumper."""
+    threads = [t for t in thread_stacks(stack) if not any(FLIGHT_RECORDER_FRAME in line for line in t)]
+    return threads[0] if threads else []
 
 
 def stack_excerpt(stack: str, lines: int = STACK_EXCERPT_LINES) -> str:
-    """The innermost frames of the first thread in a faulthandler dump."""
-    frames = [line for line in stack.splitlines() if line.strip().startswith("File ")]
-    return "\n".join(frames[:lines])
+    """The innermost frames of the rank's working thread in a faulthandler dump."""
+    return "\n".join(rank_frames(stack)[:lines])
 
 
 def exit_label(code: int | None) -> str | int | None:
@@ -70,6 +87,7 @@ class RankReport:
     stack: str = ""
     unkillable: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
+    collectives: dict[str, Any] | None = None  # the flight recorder's last entries, when the rank dumped it
 
     @property
     def victim(self) -> bool:
@@ -117,6 +135,8 @@ def rank_report(proc: RankProcess, device: str, started: float) -> RankReport:
         stopped_by=proc.stopped_by,
         stack=proc.stack,
         unkillable=proc.unkillable,
+        collectives=flight_recorder.last_collectives(proc.path),
+        metrics={k: v for entry in phases for k, v in entry.get("facts", {}).items()},  # known even if killed
     )
     if isinstance(result, dict) and "status" in result:
         report.status = result["status"]
@@ -124,7 +144,7 @@ def rank_report(proc: RankProcess, device: str, started: float) -> RankReport:
         report.message = result.get("message", "")
         report.traceback = result.get("traceback", "")
         report.time = result.get("t")
-        report.metrics = result.get("metrics", {})
+        report.metrics = {**report.metrics, **result.get("metrics", {})}
         report.phase, report.step = result.get("phase", report.phase), result.get("step", report.step)
     else:
         report.status, report.message = _status_without_result(proc)
@@ -144,7 +164,7 @@ def _hang_root(stuck: Sequence[RankReport]) -> RankReport | None:
     """The stuck rank that got least far; None when they all wait alike in a collective."""
 
     def key(r: RankReport) -> tuple[int, bool, float]:
-        return (r.progress, bool(WAITING_FRAME.search(r.stack)), r.phase_time or 0.0)
+        return (r.progress, bool(WAITING_FRAME.search("\n".join(rank_frames(r.stack)))), r.phase_time or 0.0)
 
     ordered = sorted(stuck, key=key)
     if len(ordered) > 1 and key(ordered[0])[:2] == key(ordered[1])[:2]:

@@ -25,10 +25,11 @@ def test_world_of_one(conformance_case: RunCase, conformance: ConformanceSession
 def test_barrier_first(conformance_case: RunCase, barrier_device_set: DeviceSet, probe: str) -> None:
     """A barrier as the group's first collective, with and without device_ids.
 
-    On all devices and on subsets a job may be given (the "using GPU N to perform barrier ...
-    unknown" hang).
+    On all devices, on subsets a job may be given, and on sets where torch's guess of the barrier's
+    GPU is wrong (the "using GPU N to perform barrier ... unknown" hang).  Without device_ids the
+    group is also made without ``device_id``; each rank records its GPU and the barrier's.
     """
-    conformance_case(probe, barrier_device_set, bind_device=probe == "barrier")
+    conformance_case(probe, barrier_device_set, device_id_at_init=probe == "barrier")
 
 
 def test_all_reduce(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:

@@ -16,11 +16,45 @@ from conformance.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession, inherited_variables
 
-# NCCL's SHM transport needs segments of tens of MB per peer; Docker's 64 MB default breaks it.
-SHM_NEEDED = {"gpu": 1 << 30, "cpu": 64 << 20}
-# Each rank holds sockets (and on GPU, NCCL proxy and IPC handles) to every peer.
-OPEN_FILES_PER_DEVICE = 256
-OPEN_FILES_MINIMUM = 1024
+# Every host figure below cites where it comes from.  "NCCL's troubleshooting guide" is
+# https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
+
+# /dev/shm, GPU (NCCL) runs.  NCCL's troubleshooting guide, "Shared memory": NCCL's SHM transport
+# creates its segments in /dev/shm; Docker's default of 64 MB is too small, and the guide recommends
+# `--shm-size=1g --ulimit memlock=-1` (and systemd `RemoveIPC=no`, so that a logout does not remove
+# them).  One SHM connection takes about 9.6 MB: "Error while creating shared memory segment
+# /dev/shm/nccl-... (size 9637888)" (NVIDIA/nccl#1518, NVIDIA/nccl#342), that is 4 MiB Simple +
+# 512 KiB LL + 4.7 MiB LL128 buffers + a 4 KiB header.  NCCL >= 2.24 with CUDA driver >= 12.6 may
+# use cuMem host allocations instead.  1 GiB is NCCL's own Docker recommendation.
+SHM_NEEDED_NCCL = 1 << 30
+# /dev/shm, CPU (gloo) runs.  gloo exchanges data over TCP, not /dev/shm, so this is only a sanity
+# floor: Docker's default size (64 MiB).  Less free than that means /dev/shm is full or missing,
+# which breaks torch's shared-memory tensors (torch.multiprocessing, DataLoader workers).
+SHM_NEEDED_GLOO = 64 << 20
+SHM_RECOMMENDED = "1g"  # NCCL's troubleshooting guide: --shm-size=1g
+
+# Open files.  NCCL's troubleshooting guide, "File Descriptors": "NCCL uses a considerable number of
+# file descriptors when running at scale ... a 144-rank job using 16 GIN contexts may require over
+# 32K file descriptors per process"; it recommends `* - nofile 131072` in /etc/security/limits.d/.
+# NCCL raises the soft limit to the hard limit itself, but only in its bootstrap root
+# (NVIDIA/nccl src/bootstrap.cc: setFilesLimit(), called from bootstrapRoot()), i.e. rank 0; every
+# other rank keeps the soft limit it inherits, so the soft limit is what is checked.  The hard limit
+# matters too: rank 0 runs with it, and without root `ulimit -n` cannot go above it.
+# One node: the common soft limit of 1024 is enough: goodfire-ai/spd PR #957 ("At 4+ nodes, NCCL
+# bootstrap exhausts it ... 1-node runs never hit it").
+OPEN_FILES_ONE_NODE = 1024
+# Several nodes: NVIDIA/nccl#127 (socket transport, "too many open files") was fixed by
+# `ulimit -n 4096`.  Large jobs need far more (NVIDIA/nccl#1917: a 1000-rank alltoall), hence the
+# recommendation below rather than this floor.
+OPEN_FILES_MULTI_NODE = 4096
+OPEN_FILES_RECOMMENDED = 131072  # NCCL's troubleshooting guide: * - nofile 131072
+
+# Locked memory, where an InfiniBand device exists.  NCCL's troubleshooting guide, "InfiniBand":
+# "NCCL WARN Call to ibv_create_qp failed" / "ibv_reg_mr failed": remove the user limits on
+# registering pinned memory, `* soft memlock unlimited` and `* hard memlock unlimited` in
+# /etc/security/limits.conf; containers: `--ulimit memlock=-1`.  NVIDIA/nccl-tests#206: the limit
+# was 8192 (ulimit -l) inside mpirun, and NCCL failed.
+MEMLOCK_NEEDED = resource.RLIM_INFINITY
 NET_DIR = Path("/sys/class/net")
 IB_DIR = Path("/sys/class/infiniband")
 
@@ -53,41 +87,120 @@ def test_hostname_resolves_to_bindable_address(record_property: pytest.RecordPro
     assert bindable, f"{hostname!r} resolves to {addresses}, none of which this host can bind"
 
 
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+def shm_needed(backend: str) -> int:
+    return SHM_NEEDED_NCCL if backend == "nccl" else SHM_NEEDED_GLOO
+
+
+def shm_problem(free: int, backend: str) -> str | None:
+    """None when ``free`` bytes in /dev/shm are enough for ``backend``; else what to do, in one paragraph."""
+    needed = shm_needed(backend)
+    if free >= needed:
+        return None
+    if backend == "nccl":
+        why = (
+            "NCCL's SHM transport creates its segments there, about 9.6 MB per connection "
+            "(NVIDIA/nccl#1518), and NCCL's troubleshooting guide asks for 1 GiB"
+        )
+    else:
+        why = "gloo itself uses TCP, but torch's shared-memory tensors live there; this is only a sanity floor"
+    return (
+        f"/dev/shm has {free >> 20} MiB free; a {backend} run needs at least {needed >> 20} MiB: {why}. "
+        f"Containers: start with `--shm-size={SHM_RECOMMENDED} --ulimit memlock=-1` (NCCL's troubleshooting guide) "
+        f"or `--ipc=host`; Kubernetes: mount an emptyDir with medium Memory at /dev/shm; a host: remove stale "
+        f"/dev/shm/nccl-* segments or enlarge it as root with `mount -o remount,size=1G /dev/shm`."
+    )
+
+
 def test_dev_shm_space(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
-    needed = SHM_NEEDED[conformance.topology.kind]
+    """/dev/shm has room for NCCL's SHM transport (GPU runs) or a sanity floor (CPU runs)."""
     try:
         stat = os.statvfs("/dev/shm")
     except OSError as exc:
-        pytest.fail(f"/dev/shm is not usable ({exc}); NCCL's SHM transport and torch need it")
+        pytest.fail(f"/dev/shm is not usable ({exc}); NCCL's SHM transport and torch's shared tensors need it")
     free = stat.f_bavail * stat.f_frsize
     record_property("dev_shm_free_bytes", free)
-    assert free >= needed, (
-        f"/dev/shm has {free >> 20} MiB free, a {conformance.topology.kind} run needs {needed >> 20} MiB "
-        "(containers: --shm-size=1g or --ipc=host)"
+    record_property("dev_shm_needed_bytes", shm_needed(conformance.backend))
+    problem = shm_problem(free, conformance.backend)
+    assert problem is None, problem
+
+
+def open_files_needed(nnodes: int) -> int:
+    """The soft open-file limit a run over ``nnodes`` nodes needs (see the constants' sources)."""
+    return OPEN_FILES_MULTI_NODE if nnodes > 1 else OPEN_FILES_ONE_NODE
+
+
+def open_files_problem(soft: int, hard: int, nnodes: int) -> str | None:
+    """None when the soft limit is enough for ``nnodes`` nodes; else what to do, in one paragraph."""
+    needed = open_files_needed(nnodes)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    run = "a one-node run" if nnodes <= 1 else f"a {nnodes}-node run"
+    evidence = (
+        "1024 is enough on one node (goodfire-ai/spd PR #957: 1-node runs never hit it)"
+        if nnodes <= 1
+        else "across nodes NCCL's sockets ran out of descriptors until the limit was 4096 (NVIDIA/nccl#127)"
+    )
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        how = (
+            f"The hard limit ({hard}) is below that too, so only root can raise it: "
+            f"`* - nofile {OPEN_FILES_RECOMMENDED}` in a file under /etc/security/limits.d/ (NCCL's "
+            "troubleshooting guide), then log in again"
+        )
+    else:
+        target = OPEN_FILES_RECOMMENDED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_RECOMMENDED)
+        how = (
+            f"Raise it with `ulimit -n {target}` in the job script before the run (at most the hard limit), "
+            f"or for every login with `* - nofile {OPEN_FILES_RECOMMENDED}` in a file under "
+            "/etc/security/limits.d/ (NCCL's troubleshooting guide)"
+        )
+    return (
+        f"open-file limit (RLIMIT_NOFILE) is soft {soft}, hard {_limit(hard)}; {run} needs a soft limit of at "
+        f"least {needed}: NCCL raises only rank 0 to the hard limit, every other rank keeps the soft limit it "
+        f"inherits, and {evidence}. {how}; containers: "
+        f"`--ulimit nofile={OPEN_FILES_RECOMMENDED}:{OPEN_FILES_RECOMMENDED}`."
     )
 
 
 def test_open_file_limit(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
+    """The soft open-file limit suits the run's node count (NCCL raises only rank 0's)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    record_property("nofile_soft", soft)
-    needed = max(OPEN_FILES_MINIMUM, OPEN_FILES_PER_DEVICE * len(conformance.topology.devices))
-    assert soft == resource.RLIM_INFINITY or soft >= needed, (
-        f"open-file limit {soft} (hard {hard}) is below the {needed} a run on "
-        f"{len(conformance.topology.devices)} devices needs; raise it with ulimit -n"
+    nnodes = conformance.setup.nnodes if conformance.setup else 1
+    record_property("nofile_soft", _limit(soft))
+    record_property("nofile_hard", _limit(hard))
+    record_property("nofile_needed", open_files_needed(nnodes))
+    problem = open_files_problem(soft, hard, nnodes)
+    assert problem is None, problem
+
+
+def memlock_problem(soft: int, hard: int, ib_devices: list[str]) -> str | None:
+    """None when the locked-memory limit is unlimited; else what to do, in one paragraph."""
+    if soft == MEMLOCK_NEEDED:
+        return None
+    user = "`ulimit -l unlimited` in the job script, or " if hard == resource.RLIM_INFINITY else ""
+    return (
+        f"locked-memory limit (RLIMIT_MEMLOCK) is soft {_limit(soft)} bytes, hard {_limit(hard)}, with InfiniBand "
+        f"devices {ib_devices}; it must be unlimited: NCCL registers its buffers with the InfiniBand devices and "
+        "otherwise fails with 'NCCL WARN Call to ibv_reg_mr failed' or 'ibv_create_qp failed'. "
+        f"Set {user}`* soft memlock unlimited` and `* hard memlock unlimited` in /etc/security/limits.conf "
+        "(NCCL's troubleshooting guide), then log in again; containers: `--ulimit memlock=-1`; launchers such as "
+        "mpirun must pass the limit on to the ranks (NVIDIA/nccl-tests#206)."
     )
 
 
 def test_locked_memory_limit(record_property: pytest.RecordProperty) -> None:
     """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    record_property("memlock_soft", "unlimited" if soft == resource.RLIM_INFINITY else soft)
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    record_property("memlock_soft", _limit(soft))
+    record_property("memlock_hard", _limit(hard))
     ib_devices = sorted(p.name for p in IB_DIR.iterdir()) if IB_DIR.is_dir() else []
     if not ib_devices:
-        pytest.skip(f"no InfiniBand device, so the locked-memory limit ({soft}) does not matter here")
-    assert soft == resource.RLIM_INFINITY, (
-        f"locked-memory limit is {soft} bytes with InfiniBand devices {ib_devices}; "
-        "set ulimit -l unlimited (containers: --ulimit memlock=-1)"
-    )
+        pytest.skip(f"no InfiniBand device, so the locked-memory limit ({_limit(soft)}) does not matter here")
+    problem = memlock_problem(soft, hard, ib_devices)
+    assert problem is None, problem
 
 
 def _interface_matches(spec: str, interfaces: list[str], exact: bool) -> list[str]:

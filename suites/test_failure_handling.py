@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from conformance.launch.case import CaseResult
-from conformance.launch.watchdog import KILL_WAIT, STACK_DUMP_WAIT, TERM_WAIT
 from conformance.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession, failure_text
@@ -23,7 +22,7 @@ def check_released_within_grace(result: CaseResult, conformance: ConformanceSess
     assert result.verdict == "error", failure_text(result)
     assert root is not None and root.rank == failing, failure_text(result)
     assert {v.rank for v in result.decision.victims} <= set(range(failing)), failure_text(result)
-    bound = conformance.settings.grace + STACK_DUMP_WAIT + TERM_WAIT + KILL_WAIT + SLACK
+    bound = conformance.settings.grace + conformance.deadlines.stop_ladder.total + SLACK
     released = max(r.seconds for r in result.reports) - root.seconds
     assert released <= bound, f"others ended {released:.2f}s after the failure; bound {bound:.2f}s"
 

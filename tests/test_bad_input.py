@@ -174,7 +174,7 @@ BAD_INPUTS = {
     ),
     "scenario-unknown-effect": Case(
         (SCENARIO,),
-        SC + " 1: unknown effect 'explode'; choose one of hang, crash, error, wrong_data, oom, slow",
+        SC + " 1: unknown effect 'explode'; choose one of hang, device_hang, crash, error, wrong_data, oom, slow",
         scenario=scenario_text('effect = "explode"'),
     ),
     "scenario-unknown-phase": Case(
@@ -324,3 +324,83 @@ def test_priority_bad_lower_value_is_named_by_the_winner(
     assert_refused(
         result, f"ERROR: conformance: ini key conformance_backend in {ini}: unknown backend 'smoke-signals'*", existing
     )
+
+
+# --------------------------------------------------------------------------------------------
+# a fake GPU machine (tests/fake_nvml.py under the real nvidia-ml-py): CUDA_VISIBLE_DEVICES, NVML
+# --------------------------------------------------------------------------------------------
+
+H100_MIG_UUID = "MIG-c0ffee00-1111-4222-8333-444455556666"
+
+
+def on_fake_gpus(monkeypatch: pytest.MonkeyPatch, visible: str, lost_while_listing: int | None = None) -> list[str]:
+    """The next run sees the 8-GPU NVSwitch box with MIG instances on GPU 3; returns the ``-p`` option to pass."""
+    import os
+
+    import fake_nvml as nv
+
+    migs = [nv.FakeMig(f"{H100_MIG_UUID[:-1]}{slot}", "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40448) for slot in "56"]
+    machine = nv.with_mig(nv.nvswitch_box(), 3, migs)
+    if lost_while_listing is not None:
+        machine.failures.append(nv.Failure("nvmlDeviceGetUUID", nv.ERROR_GPU_IS_LOST, gpu=lost_while_listing))
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(nv.MACHINE_VARIABLE, machine.to_json())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    return ["-p", "fake_nvml"]
+
+
+GPU3_H100 = "GPU 3 (NVIDIA H100 80GB HBM3, GPU-a1b2c3d3-5e6f-7a8b-9c0d-1e2f3a4b5c63)"
+H100_GPUS = "8 GPUs (NVIDIA H100 80GB HBM3): " + ", ".join(f"{i} GPU-a1b2c3d{i}-..." for i in range(8))
+
+
+@pytest.mark.parametrize(
+    ("visible", "reason"),
+    [(f"0,{H100_MIG_UUID}",
+      f"CUDA_VISIBLE_DEVICES='0,{H100_MIG_UUID}': entry '{H100_MIG_UUID}' is a MIG instance of {GPU3_H100}; "
+      "this suite tests whole GPUs (NCCL has no P2P between MIG instances): list GPUs by index or GPU- UUID"),
+     ("0,8", f"CUDA_VISIBLE_DEVICES='0,8': entry '8' matches no GPU; this machine has {H100_GPUS}")],
+    ids=["mig-instance", "unknown-index"],
+)  # fmt: skip
+def test_bad_cuda_visible_devices_on_a_gpu_machine_is_refused(
+    visible: str,
+    reason: str,
+    run_suite: Callable[..., pytest.RunResult],
+    monkeypatch: pytest.MonkeyPatch,
+    existing: Existing,
+    collective_file: Path,
+) -> None:
+    """Not a green CPU run: exit status 4 and one line naming the entry and what the machine has."""
+    plugins = on_fake_gpus(monkeypatch, visible)
+    result = run_suite(*plugins, "--collect-only", collective_file.name, timeout=60)
+    assert_refused(result, f"ERROR: conformance: *{reason}", existing)
+    errors = [line for line in result.stderr.lines if line.strip()]
+    assert len(errors) == 1 and errors[0].endswith(reason), result.stderr.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_nvml_that_cannot_list_its_gpus_is_refused(
+    run_suite: Callable[..., pytest.RunResult],
+    monkeypatch: pytest.MonkeyPatch,
+    existing: Existing,
+    collective_file: Path,
+) -> None:
+    plugins = on_fake_gpus(monkeypatch, "0,1", lost_while_listing=5)
+    result = run_suite(*plugins, "--collect-only", collective_file.name, timeout=60)
+    assert_refused(
+        result,
+        "ERROR: conformance: *NVML is loaded but listing the GPUs failed: GPU is lost (nvmlDeviceGetUUID of GPU 5); "
+        "fix the driver, or run on CPU with --backend gloo",
+        existing,
+    )
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_good_cuda_visible_devices_on_a_gpu_machine(
+    run_suite: Callable[..., pytest.RunResult], monkeypatch: pytest.MonkeyPatch, collective_file: Path
+) -> None:
+    """The control for the two above: the same fake machine, whole GPUs listed, collects."""
+    plugins = on_fake_gpus(monkeypatch, "GPU-a1b2c3d3, 6")
+    result = run_suite(*plugins, "--collect-only", collective_file.name, timeout=60)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["conformance: run *, backend nccl, 2 devices: gpu0, gpu1 (NVIDIA H100 80GB HBM3)"])

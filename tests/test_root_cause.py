@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conformance.launch.watchdog import KILL_WAIT, STACK_DUMP_WAIT, TERM_WAIT
+from conformance.deadlines import CPU_STOP_LADDER
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
@@ -81,7 +81,7 @@ def test_one_rank_errors_while_the_others_wait(pytester: pytest.Pytester, run_su
             ("SIGTERM", "stopped", "grace"),  # or the watchdog ended it after the grace period
         ), victim
     # the others are released within the grace bound after rank 2 fails, not at any timeout
-    bound = grace + STACK_DUMP_WAIT + TERM_WAIT + KILL_WAIT + SLACK
+    bound = grace + CPU_STOP_LADDER.total + SLACK
     released = max(r["seconds"] for r in ranks) - ranks[2]["seconds"]
     assert 0 <= released <= bound, f"others ended {released:.2f}s after the failure; bound {bound:.2f}s"
     assert record["seconds"] < case_timeout / 2, record["seconds"]

@@ -149,54 +149,70 @@ def test_single_gpu_nccl_init(pytester: pytest.Pytester, run_suite: RunSuite, re
 
 
 def test_noncontiguous_barrier(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
-    """barrier_no_device_ids hangs on the last_half and every_other subsets; barrier passes everywhere."""
+    """Seed b: the barrier hangs exactly where torch's rule puts it on another GPU; device_ids pass everywhere."""
     scenario, args = scenario_args("noncontiguous-barrier")
     suites = copy_suites(pytester, "test_collectives.py")
     result = run_suite(*args, *TIMEOUTS, "--matrix=inherited", "-k", "test_barrier_first", *suites)
     records = read_records(reports_dir)
     assert_simulated(result, scenario, records)
     verdicts = {(r["set_kind"], r["probe"]): r["verdict"] for r in records}
+    kinds = ("all", "last_half", "every_other", "reversed", "last_half_all_visible")
+    mismatched = {"reversed", "last_half_all_visible"}
     assert verdicts == {
-        ("all", "barrier"): "pass",
-        ("last_half", "barrier"): "pass",
-        ("every_other", "barrier"): "pass",
-        ("all", "barrier_no_device_ids"): "pass",
-        ("last_half", "barrier_no_device_ids"): "hang",
-        ("every_other", "barrier_no_device_ids"): "hang",
+        **{(kind, "barrier"): "pass" for kind in kinds},
+        **{(kind, "barrier_no_device_ids"): "hang" if kind in mismatched else "pass" for kind in kinds},
     }
-    assert len(records) == 6
+    assert len(records) == 10
     devices = {r["set_kind"]: r["devices"] for r in records}
     assert devices == {
         "all": [f"gpu{i}" for i in range(8)],
         "last_half": ["gpu4", "gpu5", "gpu6", "gpu7"],
         "every_other": ["gpu1", "gpu3", "gpu5", "gpu7"],
+        "reversed": [f"gpu{i}" for i in range(7, -1, -1)],
+        "last_half_all_visible": ["gpu4", "gpu5", "gpu6", "gpu7"],
     }
     for r in records:
         assert r["env_name"] == "inherited"
+        barrier = [x["barrier"] for x in r["ranks"]]  # each rank: its GPU and the one the barrier ran on
+        wrong = [b["rank_device"] != b["barrier_device"] for b in barrier]
+        if r["probe"] == "barrier":
+            assert not any(wrong) and {b["chosen_by"] for b in barrier} == {"barrier(device_ids)"}
+        elif r["set_kind"] in mismatched:
+            assert all(wrong) and barrier[0]["chosen_by"] == "a guess: global rank 0 % 8 devices", barrier
+        else:
+            assert not any(wrong), barrier  # isolated subsets: CUDA_VISIBLE_DEVICES makes the guess right
         if r["verdict"] == "hang":
+            ranks = ",".join(str(i) for i in range(len(r["ranks"])))
             assert r["root_cause"] == {
                 "rank": None, "kind": "hang", "phase": None, "step": None,
-                "message": "ranks 0,1,2,3 all stuck in probe (barrier without device_ids)",
+                "message": f"ranks {ranks} all stuck in probe (barrier without device_ids)",
             }  # fmt: skip
             assert r["stop_reason"] == "deadline"
-            assert [(x["phase"], x["stopped_by"]) for x in r["ranks"]] == [("probe", "deadline")] * 4
+    reversed_ids = [(x["rank_device"], x["barrier_device"]) for x in devices_of(records, "reversed")]
+    assert reversed_ids == [(7 - i, i) for i in range(8)]
     assert deadlines_paid(records) == 2
     prefix = "suites/test_collectives.py::test_barrier_first"
     assert failed_nodeids(result) == [
-        f"{prefix}[every_other-gpu1-gpu3-gpu5-gpu7-inherited-barrier_no_device_ids]",
-        f"{prefix}[last_half-gpu4-gpu5-gpu6-gpu7-inherited-barrier_no_device_ids]",
+        f"{prefix}[last_half_all_visible-gpu4-gpu5-gpu6-gpu7-inherited-barrier_no_device_ids]",
+        f"{prefix}[reversed-gpu7-gpu6-gpu5-gpu4-gpu3-gpu2-gpu1-gpu0-inherited-barrier_no_device_ids]",
     ]
-    result.assert_outcomes(failed=2, passed=4)
+    result.assert_outcomes(failed=2, passed=8)
     result.stdout.fnmatch_lines(["deadlines paid: 2 (up to 3s each)"])
-    # no environment variable fixes a device guess: the recommendation says so, for those subsets
+    # no environment variable fixes a device guess: the recommendation says so, for those sets
     result.stdout.fnmatch_lines(
         [
             "recommended environment:",
-            "  every_other: no rung passed (tried inherited): no environment fixes it; failing cases:",
-            "  last_half: no rung passed (tried inherited): no environment fixes it; failing cases:",
+            "  last_half_all_visible: no rung passed (tried inherited): no environment fixes it; failing cases:",
+            "  reversed: no rung passed (tried inherited): no environment fixes it; failing cases:",
         ],
         consecutive=False,
     )
+
+
+def devices_of(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The per-rank barrier facts of the barrier_no_device_ids case on set ``kind``."""
+    (record,) = [r for r in records if r["set_kind"] == kind and r["probe"] == "barrier_no_device_ids"]
+    return [x["barrier"] for x in record["ranks"]]
 
 
 # The whole 8-GPU PCIe box: every SYS pair hangs until NCCL_P2P_LEVEL=NVL
@@ -237,7 +253,7 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
     assert sorted((r["probe"], r["verdict"]) for r in others if r["verdict"] != "pass") == [("fail_one_rank", "error")]
     assert [r["expected_verdict"] for r in others if r["verdict"] != "pass"] == ["error"]
     assert Counter(r["probe"] for r in others) == {
-        "peer_copy": 28, "all_reduce": 9, "barrier": 3, "barrier_no_device_ids": 3, "broadcast": 1,
+        "peer_copy": 28, "all_reduce": 9, "barrier": 5, "barrier_no_device_ids": 5, "broadcast": 1,
         "all_gather": 1, "reduce_scatter": 1, "environment": 1, "fail_one_rank": 1,
     }  # fmt: skip
 
@@ -341,6 +357,8 @@ def test_oom_at_checkpoint(pytester: pytest.Pytester, run_suite: RunSuite, repor
         ("test_all_reduce[all2-inherited]", "error"),
         ("test_barrier_first[all2-inherited-barrier]", "pass"),
         ("test_barrier_first[all2-inherited-barrier_no_device_ids]", "pass"),
+        ("test_barrier_first[reversed-gpu1-gpu0-inherited-barrier]", "pass"),
+        ("test_barrier_first[reversed-gpu1-gpu0-inherited-barrier_no_device_ids]", "pass"),
         ("test_broadcast[all2-inherited]", "pass"),
         ("test_reduce_scatter[all2-inherited]", "pass"),
         ("test_world_of_one[gpu0-inherited]", "pass"),
@@ -361,7 +379,7 @@ def test_oom_at_checkpoint(pytester: pytest.Pytester, run_suite: RunSuite, repor
         assert r["stop_reason"] != "deadline"
         assert r["seconds"] < 3.0
     assert deadlines_paid(records) == 0
-    result.assert_outcomes(failed=2, passed=6)
+    result.assert_outcomes(failed=2, passed=8)
     result.stdout.fnmatch_lines(["[[]simulated[]] error: rank 0 (gpu0) in probe (all_*): OutOfMemoryError: CUDA out *"])
     result.stdout.fnmatch_lines(
         [

@@ -1,266 +1,46 @@
-"""Topology discovery through NVML, against a fake ``pynvml`` shaped like nvidia-ml-py; the topology CLI.
+"""Topology discovery through the real nvidia-ml-py over a fake libnvidia-ml (tests/fake_nvml.py); the topology CLI.
 
-The fake has nvidia-ml-py's function names and signatures, opaque handles, its error classes and
-its constants with their real values (checked against the installed nvidia-ml-py below), and
-describes whole machines: an 8-GPU NVSwitch box, a 2-socket PCIe box, a single GPU, PCIe cards
-paired by NVLink bridges with MIG on one, and the ways NVML fails.
+The machines: an 8-GPU NVSwitch box, a 2-socket PCIe box, a single GPU, PCIe cards paired by NVLink
+bridges with MIG instances on one; and the ways NVML fails: no library, no driver, a lost GPU,
+functions an older driver lacks, NoPermission in a container, NotSupported, Unknown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import fake_nvml as nv
+import pynvml
 import pytest
+from fake_nvml import Failure, FakeMachine, FakeNvmlLibrary
 
 from conformance import topology
 from conformance.cli import main
 from conformance.topology import (
     Device,
+    DeviceSelectionError,
     Topology,
+    TopologyError,
     cpu_topology,
     discover,
     link_matrix_lines,
+    link_note_lines,
     load_topology_file,
     nvml_gpus,
     nvml_topology,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-
-# --------------------------------------------------------------------------------------------
-# the fake pynvml
-# --------------------------------------------------------------------------------------------
-
-# Real names, real values, as nvidia-ml-py defines them (the stray comma in CAPS_INDEX_READ included).
-CONSTANTS: dict[str, Any] = {
-    "NVML_FEATURE_DISABLED": 0,
-    "NVML_FEATURE_ENABLED": 1,
-    "NVML_NVLINK_MAX_LINKS": 36,
-    "NVML_NVLINK_DEVICE_TYPE_GPU": 0x00,
-    "NVML_NVLINK_DEVICE_TYPE_IBMNPU": 0x01,
-    "NVML_NVLINK_DEVICE_TYPE_SWITCH": 0x02,
-    "NVML_NVLINK_DEVICE_TYPE_UNKNOWN": 0xFF,
-    "NVML_ERROR_UNINITIALIZED": 1,
-    "NVML_ERROR_INVALID_ARGUMENT": 2,
-    "NVML_ERROR_NOT_SUPPORTED": 3,
-    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
-    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
-    "NVML_ERROR_GPU_IS_LOST": 15,
-    "NVML_ERROR_UNKNOWN": 999,
-    "NVML_TOPOLOGY_INTERNAL": 0,
-    "NVML_TOPOLOGY_SINGLE": 10,
-    "NVML_TOPOLOGY_MULTIPLE": 20,
-    "NVML_TOPOLOGY_HOSTBRIDGE": 30,
-    "NVML_TOPOLOGY_NODE": 40,
-    "NVML_TOPOLOGY_CPU": 40,
-    "NVML_TOPOLOGY_SYSTEM": 50,
-    "NVML_P2P_CAPS_INDEX_READ": (0,),
-    "NVML_P2P_CAPS_INDEX_WRITE": 1,
-    "NVML_P2P_CAPS_INDEX_NVLINK": 2,
-    "NVML_P2P_CAPS_INDEX_ATOMICS": 3,
-    "NVML_P2P_CAPS_INDEX_PROP": 4,
-    "NVML_P2P_CAPS_INDEX_PCI": 4,
-    "NVML_P2P_CAPS_INDEX_UNKNOWN": 5,
-    "NVML_P2P_STATUS_OK": 0,
-    "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED": 1,
-    "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED": 1,
-    "NVML_P2P_STATUS_GPU_NOT_SUPPORTED": 2,
-    "NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED": 3,
-    "NVML_P2P_STATUS_DISABLED_BY_REGKEY": 4,
-    "NVML_P2P_STATUS_NOT_SUPPORTED": 5,
-    "NVML_P2P_STATUS_UNKNOWN": 6,
-    "NVML_DEVICE_MIG_DISABLE": 0x0,
-    "NVML_DEVICE_MIG_ENABLE": 0x1,
-}
-C = types.SimpleNamespace(**CONSTANTS)
-ERROR_TEXT = {1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 9: "Driver Not Loaded",
-              12: "NVML Shared Library Not Found", 15: "GPU is lost", 999: "Unknown Error"}  # fmt: skip
-
-
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return ERROR_TEXT.get(self.value, f"NVML Error with code {self.value}")
-
-
-class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
-    def __init__(self) -> None:
-        super().__init__(C.NVML_ERROR_INVALID_ARGUMENT)
-
-
-class NVMLError_NotSupported(NVMLError):  # noqa: N801
-    def __init__(self) -> None:
-        super().__init__(C.NVML_ERROR_NOT_SUPPORTED)
-
-
-class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801
-    def __init__(self) -> None:
-        super().__init__(C.NVML_ERROR_DRIVER_NOT_LOADED)
-
-
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
-    def __init__(self) -> None:
-        super().__init__(C.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
-    def __init__(self) -> None:
-        super().__init__(C.NVML_ERROR_GPU_IS_LOST)
-
-
-ERRORS = [NVMLError, NVMLError_InvalidArgument, NVMLError_NotSupported, NVMLError_DriverNotLoaded,
-          NVMLError_LibraryNotFound, NVMLError_GpuIsLost]  # fmt: skip
-
-NvLink = tuple[str, int] | None  # (far end's bus id, far end's device type), or None: link down
-
-
-@dataclass
-class FakeGpu:
-    uuid: str
-    name: str
-    bus_id: str  # as NVML spells it: 00000000:1B:00.0
-    memory_mib: int
-    numa: int | None  # None: nvmlDeviceGetNumaNodeId is not supported (older drivers)
-    nvlinks: list[NvLink] | None = None  # None: no NVLink at all (NotSupported on link 0)
-    mig: tuple[int, int] | None = (0, 0)  # (current, pending); None: MIG not supported
-
-
-@dataclass
-class FakeMachine:
-    gpus: list[FakeGpu]
-    ancestor: Callable[[int, int], int]  # NVML indices -> NVML_TOPOLOGY_*
-    p2p: Callable[[int, int, int], int]  # NVML indices, caps index -> NVML_P2P_STATUS_*
-    driver: str = "550.54.15"
-    cuda: int = 12040
-    init_error: Callable[[], NVMLError] | None = None  # an NVMLError subclass nvmlInit raises
-    lost_while_listing: int | None = None  # this GPU's UUID query fails: GPU is lost
-    lost: set[int] = field(default_factory=set)  # these fail every query after their identity
-
-
-class FakeNVML(types.ModuleType):
-    """A stand-in for nvidia-ml-py's ``pynvml`` module, with its names, signatures and constants."""
-
-    def __init__(self, machine: FakeMachine, missing: frozenset[str] = frozenset()) -> None:
-        super().__init__("pynvml")
-        self.missing = missing  # functions this (older) nvidia-ml-py lacks
-        self.machine = machine
-        self.calls: list[str] = []
-        self.handles = [object() for _ in machine.gpus]  # opaque, like c_nvmlDevice_t
-        for name, value in CONSTANTS.items():
-            setattr(self, name, value)
-        for error in ERRORS:
-            setattr(self, error.__name__, error)
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in super().__getattribute__("missing"):
-            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
-        return super().__getattribute__(name)
-
-    def _gpu(self, handle: object, *, identity: bool = False) -> tuple[int, FakeGpu]:
-        for i, known in enumerate(self.handles):
-            if handle is known:
-                if i in self.machine.lost and not identity:
-                    raise NVMLError_GpuIsLost()
-                return i, self.machine.gpus[i]
-        raise NVMLError_InvalidArgument()
-
-    def nvmlInit(self) -> None:  # noqa: N802
-        self.calls.append("nvmlInit")
-        if self.machine.init_error is not None:
-            raise self.machine.init_error()
-
-    def nvmlShutdown(self) -> None:  # noqa: N802
-        self.calls.append("nvmlShutdown")
-
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
-        return self.machine.driver
-
-    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
-        return self.machine.cuda
-
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        return len(self.machine.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:  # noqa: N802
-        if not 0 <= index < len(self.handles):
-            raise NVMLError_InvalidArgument()
-        return self.handles[index]
-
-    def nvmlDeviceGetUUID(self, handle: object) -> str:  # noqa: N802
-        i, gpu = self._gpu(handle, identity=True)
-        if i == self.machine.lost_while_listing:
-            raise NVMLError_GpuIsLost()
-        return gpu.uuid
-
-    def nvmlDeviceGetName(self, handle: object) -> str:  # noqa: N802
-        return self._gpu(handle, identity=True)[1].name
-
-    def nvmlDeviceGetPciInfo(self, handle: object) -> Any:  # noqa: N802
-        bus_id = self._gpu(handle, identity=True)[1].bus_id
-        return types.SimpleNamespace(busId=bus_id.encode(), busIdLegacy=bus_id[4:].encode())  # c_char fields
-
-    def nvmlDeviceGetNumaNodeId(self, handle: object) -> int:  # noqa: N802
-        numa = self._gpu(handle)[1].numa
-        if numa is None:
-            raise NVMLError_NotSupported()
-        return numa
-
-    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> Any:  # noqa: N802
-        total = self._gpu(handle)[1].memory_mib * 1024 * 1024
-        return types.SimpleNamespace(total=total, free=total - 512 * 1024 * 1024, used=512 * 1024 * 1024)
-
-    def nvmlDeviceGetMigMode(self, device: object) -> list[int]:  # noqa: N802
-        mig = self._gpu(device)[1].mig
-        if mig is None:
-            raise NVMLError_NotSupported()
-        return list(mig)
-
-    def _nvlink(self, device: object, link: int) -> NvLink:
-        links = self._gpu(device)[1].nvlinks
-        if links is None:
-            raise NVMLError_NotSupported()
-        if not 0 <= link < len(links):
-            raise NVMLError_InvalidArgument()
-        return links[link]
-
-    def nvmlDeviceGetNvLinkState(self, device: object, link: int) -> int:  # noqa: N802
-        return int(C.NVML_FEATURE_DISABLED if self._nvlink(device, link) is None else C.NVML_FEATURE_ENABLED)
-
-    def _active_nvlink(self, device: object, link: int) -> tuple[str, int]:
-        far_end = self._nvlink(device, link)
-        if far_end is None:
-            raise NVMLError_NotSupported()  # what NVML answers for a link that is down
-        return far_end
-
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: object, link: int) -> Any:  # noqa: N802
-        return types.SimpleNamespace(busId=self._active_nvlink(device, link)[0].encode())
-
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int:  # noqa: N802
-        return self._active_nvlink(handle, link)[1]
-
-    def nvmlDeviceGetTopologyCommonAncestor(self, device1: object, device2: object) -> int:  # noqa: N802
-        return self.machine.ancestor(self._gpu(device1)[0], self._gpu(device2)[0])
-
-    def nvmlDeviceGetP2PStatus(self, device1: object, device2: object, p2pIndex: int) -> int:  # noqa: N802, N803
-        if not isinstance(p2pIndex, int):  # the real one hands it to ctypes as it is
-            raise ctypes.ArgumentError("argument 3: TypeError: Don't know how to convert parameter 3")
-        return self.machine.p2p(self._gpu(device1)[0], self._gpu(device2)[0], p2pIndex)
-
-
-def install(monkeypatch: pytest.MonkeyPatch, fake: types.ModuleType | None) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
 
 
 @pytest.fixture(autouse=True)
@@ -272,143 +52,259 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return sysfs
 
 
-# --------------------------------------------------------------------------------------------
-# the machines
-# --------------------------------------------------------------------------------------------
-
-H100_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
-NVSWITCH_BUSES = ["00000000:05:00.0", "00000000:06:00.0", "00000000:07:00.0", "00000000:08:00.0"]
-
-
-def nvswitch_box() -> FakeMachine:
-    """An H100 SXM box: 8 GPUs, each with 18 active NVLinks to the NVSwitches."""
-    gpus = [
-        FakeGpu(uuid=f"GPU-a1b2c3d{i}-5e6f-7a8b-9c0d-1e2f3a4b5c6{i}", name="NVIDIA H100 80GB HBM3",
-                bus_id=f"00000000:{bus}:00.0", memory_mib=81559, numa=i // 4,
-                nvlinks=[(NVSWITCH_BUSES[link % 4], C.NVML_NVLINK_DEVICE_TYPE_SWITCH) for link in range(18)])
-        for i, bus in enumerate(H100_BUSES)
-    ]  # fmt: skip
-    return FakeMachine(
-        gpus,
-        ancestor=lambda i, j: C.NVML_TOPOLOGY_NODE if i // 4 == j // 4 else C.NVML_TOPOLOGY_SYSTEM,
-        p2p=lambda i, j, cap: C.NVML_P2P_STATUS_OK,
-    )
-
-
-PCIE_BUSES = ["1B", "1C", "3D", "3E", "9B", "9C", "B1", "DA"]
-# Socket 0: gpu0+gpu1 on one PCIe switch, gpu2+gpu3 on another, both switches under a third.
-# Socket 1: gpu4+gpu5 on one switch, gpu6 on another root port of that host bridge, gpu7 on a
-# second host bridge.  Across the sockets: SYS.
-PCIE_SWITCH = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c", 6: "d", 7: "e"}
-PCIE_HOST_BRIDGE = {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1, 7: 2}
-
-
-def pcie_ancestor(i: int, j: int) -> int:
-    if i // 4 != j // 4:
-        return int(C.NVML_TOPOLOGY_SYSTEM)
-    if PCIE_SWITCH[i] == PCIE_SWITCH[j]:
-        return int(C.NVML_TOPOLOGY_SINGLE)
-    if PCIE_HOST_BRIDGE[i] != PCIE_HOST_BRIDGE[j]:
-        return int(C.NVML_TOPOLOGY_NODE)
-    return int(C.NVML_TOPOLOGY_MULTIPLE if i < 4 else C.NVML_TOPOLOGY_HOSTBRIDGE)
-
-
-def pcie_p2p(i: int, j: int, cap: int) -> int:
-    if cap == C.NVML_P2P_CAPS_INDEX_NVLINK:
-        return int(C.NVML_P2P_STATUS_NOT_SUPPORTED)
-    if i // 4 == j // 4:
-        return int(C.NVML_P2P_STATUS_OK)
-    if cap == C.NVML_P2P_CAPS_INDEX_ATOMICS:
-        return int(C.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED)
-    return int(C.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED)  # nvidia-ml-py's own spelling of the value
-
-
-def pcie_box() -> FakeMachine:
-    """Two sockets, 4 PCIe GPUs on each, no NVLink; P2P read/write only within a socket."""
-    gpus = [
-        FakeGpu(uuid=f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-4000-8000-00000000000{i}", name="NVIDIA L40S",
-                bus_id=f"00000000:{bus}:00.0", memory_mib=46068, numa=i // 4, mig=None)
-        for i, bus in enumerate(PCIE_BUSES)
-    ]  # fmt: skip
-    return FakeMachine(gpus, ancestor=pcie_ancestor, p2p=pcie_p2p, driver="535.183.01", cuda=12020)
-
-
-def single_gpu() -> FakeMachine:
-    """A workstation card; NVML reports NUMA node -1 (none)."""
-    gpu = FakeGpu(uuid="GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70", name="NVIDIA RTX 6000 Ada Generation",
-                  bus_id="00000000:01:00.0", memory_mib=49140, numa=-1, mig=None)  # fmt: skip
-    return FakeMachine([gpu], ancestor=lambda i, j: 0, p2p=lambda i, j, cap: 0, driver="570.124.06", cuda=12080)
-
-
-BRIDGED_BUSES = ["00000000:17:00.0", "00000000:31:00.0", "00000000:B1:00.0", "00000000:CA:00.0"]
-
-
-def bridged_box() -> FakeMachine:
-    """Four A100 PCIe cards paired by NVLink bridges (0-1 and 2-3; one link of 2-3 down), MIG on gpu3.
-
-    The driver predates nvmlDeviceGetNumaNodeId support, so NUMA nodes come from sysfs.
-    """
-
-    def bridge(peer: int, down: frozenset[int] = frozenset()) -> list[NvLink]:
-        far_end = (BRIDGED_BUSES[peer], C.NVML_NVLINK_DEVICE_TYPE_GPU)
-        return [None if link in down else far_end for link in range(12)]
-
-    links = [bridge(1), bridge(0), bridge(3, frozenset({3})), bridge(2, frozenset({3}))]
-    migs = [(0, 0), (0, 0), (0, 1), (1, 1)]  # gpu2: enabled only after a reset, so not yet
-    gpus = [
-        FakeGpu(uuid=f"GPU-b00{i}e5a1-2c3d-4e5f-8a9b-0c1d2e3f4a5b", name="NVIDIA A100 80GB PCIe",
-                bus_id=bus, memory_mib=81920, numa=None, nvlinks=links[i], mig=migs[i])
-        for i, bus in enumerate(BRIDGED_BUSES)
-    ]  # fmt: skip
-    return FakeMachine(
-        gpus,
-        ancestor=lambda i, j: C.NVML_TOPOLOGY_SYSTEM if i // 2 != j // 2 else C.NVML_TOPOLOGY_HOSTBRIDGE,
-        p2p=lambda i, j, cap: C.NVML_P2P_STATUS_OK,
-        driver="470.256.02",
-        cuda=11040,
-    )
-
-
 @pytest.fixture
 def environ_without_visible(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     yield
 
 
-def discovered(monkeypatch: pytest.MonkeyPatch, machine: FakeMachine, environ: dict[str, str] | None = None,
-               missing: frozenset[str] = frozenset()) -> tuple[Topology, FakeNVML]:  # fmt: skip
-    fake = FakeNVML(machine, missing)
-    install(monkeypatch, fake)
+def discovered(monkeypatch: pytest.MonkeyPatch, machine: FakeMachine, environ: dict[str, str] | None = None
+               ) -> tuple[Topology, FakeNvmlLibrary]:  # fmt: skip
+    library = nv.install(monkeypatch, machine)
     found, reason = nvml_topology(environ or {})
     assert reason == ""
     assert found is not None
-    return found, fake
+    assert library.initialised == 0, "NVML shut down after discovery"
+    return found, library
+
+
+def with_failures(machine: FakeMachine, *failures: Failure) -> FakeMachine:
+    return replace(machine, failures=[*machine.failures, *failures])
+
+
+def without(machine: FakeMachine, *symbols: str) -> FakeMachine:
+    return replace(machine, missing=[*machine.missing, *symbols])
+
+
+def selection_error(monkeypatch: pytest.MonkeyPatch, machine: FakeMachine, visible: str) -> str:
+    library = nv.install(monkeypatch, machine)
+    with pytest.raises(DeviceSelectionError) as caught:
+        nvml_topology({"CUDA_VISIBLE_DEVICES": visible})
+    assert library.initialised == 0
+    return str(caught.value)
 
 
 ALL_OK = {"read": "OK", "write": "OK", "nvlink": "OK", "atomics": "OK"}
-
+UNKNOWN_P2P = dict.fromkeys(ALL_OK, "UNKNOWN")
 
 # --------------------------------------------------------------------------------------------
-# the fake is shaped like the real module
+# the fake is what the real pynvml expects
 # --------------------------------------------------------------------------------------------
 
+# Each wrapper topology.py calls, with the symbol it calls in the driver's library.
+WRAPPER_SYMBOLS = [
+    ("nvmlInit", "nvmlInitWithFlags"),
+    ("nvmlSystemGetDriverVersion", "nvmlSystemGetDriverVersion"),
+    ("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion"),
+    ("nvmlDeviceGetCount", "nvmlDeviceGetCount_v2"),
+    ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2"),
+    ("nvmlDeviceGetUUID", "nvmlDeviceGetUUID"),
+    ("nvmlDeviceGetName", "nvmlDeviceGetName"),
+    ("nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3"),
+    ("nvmlDeviceGetNumaNodeId", "nvmlDeviceGetNumaNodeId"),
+    ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo"),
+    ("nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode"),
+    ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkState"),
+    ("nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkRemoteDeviceType"),
+    ("nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkRemotePciInfo_v2"),
+    ("nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTopologyCommonAncestor"),
+    ("nvmlDeviceGetP2PStatus", "nvmlDeviceGetP2PStatus"),
+    ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMaxMigDeviceCount"),
+    ("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex"),
+    ("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle"),
+    ("nvmlDeviceIsMigDeviceHandle", "nvmlDeviceIsMigDeviceHandle"),
+    ("nvmlShutdown", "nvmlShutdown"),
+]
 
-def test_fake_matches_nvidia_ml_py() -> None:
-    real = pytest.importorskip("pynvml")
-    for name, value in CONSTANTS.items():
-        assert getattr(real, name) == value, name
-    assert str(real.NVMLError(15)) == str(NVMLError(15)) == "GPU is lost"
-    for error in ERRORS[1:]:
-        assert issubclass(getattr(real, error.__name__), real.NVMLError)
-        assert str(getattr(real, error.__name__)()) == str(error())
-    for name in dir(FakeNVML):
-        if name.startswith("nvml"):
-            assert hasattr(real, name), name
+
+def call_wrapper(name: str) -> Any:
+    """Call a pynvml wrapper with arguments that make sense on the bridged box (MIG on GPU 3)."""
+    gpu3 = pynvml.nvmlDeviceGetHandleByIndex(3)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu3, 0)
+    arguments: dict[str, tuple[Any, ...]] = {
+        "nvmlDeviceGetHandleByIndex": (0,),
+        "nvmlDeviceGetNvLinkState": (gpu3, 0),
+        "nvmlDeviceGetNvLinkRemoteDeviceType": (gpu3, 0),
+        "nvmlDeviceGetNvLinkRemotePciInfo": (gpu3, 0),
+        "nvmlDeviceGetTopologyCommonAncestor": (gpu3, pynvml.nvmlDeviceGetHandleByIndex(0)),
+        "nvmlDeviceGetP2PStatus": (gpu3, pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_P2P_CAPS_INDEX_WRITE),
+        "nvmlDeviceGetMigDeviceHandleByIndex": (gpu3, 1),
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (mig,),
+        "nvmlDeviceIsMigDeviceHandle": (mig,),
+    }
+    no_device = ("nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
+                 "nvmlDeviceGetCount")  # fmt: skip
+    args = () if name in no_device else arguments.get(name, (gpu3,))
+    return getattr(pynvml, name)(*args)
+
+
+def test_pynvml_internals_the_fake_relies_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A future nvidia-ml-py that loads, caches or calls its library otherwise fails here first."""
+    for name in ("nvmlLib", "_nvmlGetFunctionPointer", "_nvmlLib_refcount", "CDLL", "c_nvmlDevice_t",
+                 "nvmlPciInfo_t", "c_nvmlMemory_t", "NVMLError_FunctionNotFound"):  # fmt: skip
+        assert hasattr(pynvml, name), name
+    assert isinstance(pynvml._nvmlGetFunctionPointer_cache, dict)
+    library = nv.install(monkeypatch, nv.bridged_box())
+    pynvml.nvmlInit()
+    for wrapper, symbol in WRAPPER_SYMBOLS:
+        with contextlib.suppress(pynvml.NVMLError):  # NUMA is not supported there: called all the same
+            call_wrapper(wrapper)
+        assert library.calls[-1] == symbol, wrapper
+    assert {symbol for _, symbol in WRAPPER_SYMBOLS} | {"nvmlErrorString"} == set(nv.SIGNATURES)
+    assert pynvml._nvmlGetFunctionPointer_cache["nvmlDeviceGetCount_v2"] is library.nvmlDeviceGetCount_v2
+
+
+# nvml.h's values, under the names nvidia-ml-py gives them.
+NVML_VALUES = {
+    "NVML_SUCCESS": nv.SUCCESS, "NVML_ERROR_UNINITIALIZED": nv.ERROR_UNINITIALIZED,
+    "NVML_ERROR_INVALID_ARGUMENT": nv.ERROR_INVALID_ARGUMENT, "NVML_ERROR_NOT_SUPPORTED": nv.ERROR_NOT_SUPPORTED,
+    "NVML_ERROR_NO_PERMISSION": nv.ERROR_NO_PERMISSION, "NVML_ERROR_NOT_FOUND": nv.ERROR_NOT_FOUND,
+    "NVML_ERROR_INSUFFICIENT_SIZE": nv.ERROR_INSUFFICIENT_SIZE,
+    "NVML_ERROR_DRIVER_NOT_LOADED": nv.ERROR_DRIVER_NOT_LOADED, "NVML_ERROR_GPU_IS_LOST": nv.ERROR_GPU_IS_LOST,
+    "NVML_ERROR_UNKNOWN": nv.ERROR_UNKNOWN,
+    "NVML_TOPOLOGY_INTERNAL": nv.TOPOLOGY_INTERNAL, "NVML_TOPOLOGY_SINGLE": nv.TOPOLOGY_SINGLE,
+    "NVML_TOPOLOGY_MULTIPLE": nv.TOPOLOGY_MULTIPLE, "NVML_TOPOLOGY_HOSTBRIDGE": nv.TOPOLOGY_HOSTBRIDGE,
+    "NVML_TOPOLOGY_NODE": nv.TOPOLOGY_NODE, "NVML_TOPOLOGY_CPU": nv.TOPOLOGY_NODE,
+    "NVML_TOPOLOGY_SYSTEM": nv.TOPOLOGY_SYSTEM,
+    "NVML_P2P_CAPS_INDEX_WRITE": nv.CAPS_WRITE, "NVML_P2P_CAPS_INDEX_NVLINK": nv.CAPS_NVLINK,
+    "NVML_P2P_CAPS_INDEX_ATOMICS": nv.CAPS_ATOMICS, "NVML_P2P_CAPS_INDEX_PCI": nv.CAPS_PCI,
+    "NVML_P2P_STATUS_OK": nv.P2P_OK, "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED": nv.P2P_CHIPSET_NOT_SUPPORTED,
+    "NVML_P2P_STATUS_GPU_NOT_SUPPORTED": nv.P2P_GPU_NOT_SUPPORTED,
+    "NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED": nv.P2P_IOH_TOPOLOGY_NOT_SUPPORTED,
+    "NVML_P2P_STATUS_DISABLED_BY_REGKEY": nv.P2P_DISABLED_BY_REGKEY,
+    "NVML_P2P_STATUS_NOT_SUPPORTED": nv.P2P_NOT_SUPPORTED, "NVML_P2P_STATUS_UNKNOWN": nv.P2P_UNKNOWN,
+    "NVML_NVLINK_DEVICE_TYPE_GPU": nv.LINK_TO_GPU, "NVML_NVLINK_DEVICE_TYPE_IBMNPU": nv.LINK_TO_IBMNPU,
+    "NVML_NVLINK_DEVICE_TYPE_SWITCH": nv.LINK_TO_SWITCH,
+    "NVML_FEATURE_DISABLED": nv.FEATURE_DISABLED, "NVML_FEATURE_ENABLED": nv.FEATURE_ENABLED,
+    "NVML_DEVICE_MIG_DISABLE": nv.MIG_DISABLE, "NVML_DEVICE_MIG_ENABLE": nv.MIG_ENABLE,
+}  # fmt: skip
+
+
+def test_fake_values_are_nvidia_ml_pys() -> None:
+    for name, value in NVML_VALUES.items():
+        assert getattr(pynvml, name) == value, name
+    assert pynvml.NVML_P2P_CAPS_INDEX_READ == (nv.CAPS_READ,)  # the stray comma topology.py works around
+    for code, text in nv.ERROR_TEXT.items():
+        assert str(pynvml.NVMLError(code)) == text
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "text"),
+    [(nv.ERROR_NO_PERMISSION, "NVMLError_NoPermission", "Insufficient Permissions"),
+     (nv.ERROR_UNKNOWN, "NVMLError_Unknown", "Unknown Error"),
+     (nv.ERROR_GPU_IS_LOST, "NVMLError_GpuIsLost", "GPU is lost"),
+     (nv.ERROR_NOT_SUPPORTED, "NVMLError_NotSupported", "Not Supported")],
+)  # fmt: skip
+def test_return_codes_become_nvidia_ml_py_errors(monkeypatch: pytest.MonkeyPatch, code: int, error: str,
+                                                 text: str) -> None:  # fmt: skip
+    nv.install(monkeypatch, with_failures(nv.pcie_box(), Failure("nvmlDeviceGetNumaNodeId", code, gpu=1)))
+    pynvml.nvmlInit()
+    assert pynvml.nvmlDeviceGetNumaNodeId(pynvml.nvmlDeviceGetHandleByIndex(0)) == 0
+    with pytest.raises(pynvml.NVMLError) as caught:
+        pynvml.nvmlDeviceGetNumaNodeId(pynvml.nvmlDeviceGetHandleByIndex(1))
+    assert type(caught.value) is getattr(pynvml, error)
+    assert str(caught.value) == text
+
+
+def test_unknown_return_code_is_named_by_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For codes it has no text for, pynvml asks nvmlErrorString (setting its restype first)."""
+    monkeypatch.setattr(pynvml.NVMLError, "_errcode_to_string", dict(pynvml.NVMLError._errcode_to_string))
+    library = nv.install(monkeypatch, with_failures(nv.single_gpu(), Failure("nvmlDeviceGetMigMode", 1234)))
+    pynvml.nvmlInit()
+    with pytest.raises(pynvml.NVMLError) as caught:
+        pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0))
+    assert (type(caught.value), str(caught.value)) == (pynvml.NVMLError, "Unknown Error")
+    assert library.calls[-1] == "nvmlErrorString"
+    assert library.nvmlErrorString.restype is ctypes.c_char_p
+
+
+def test_missing_symbol_is_function_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    library = nv.install(monkeypatch, without(nv.bridged_box(), "nvmlDeviceGetNvLinkRemotePciInfo_v2"))
+    with pytest.raises(
+        AttributeError, match="libnvidia-ml.so.1: undefined symbol: nvmlDeviceGetNvLinkRemotePciInfo_v2"
+    ):
+        library.nvmlDeviceGetNvLinkRemotePciInfo_v2  # noqa: B018
+    with pytest.raises(AttributeError, match="undefined symbol: nvmlDeviceGetNvLinkRemotePciInfo$"):
+        library.nvmlDeviceGetNvLinkRemotePciInfo  # noqa: B018  (pynvml never calls the unversioned one)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetNvLinkState(handle, 0) == pynvml.NVML_FEATURE_ENABLED
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound, match="^Function Not Found$"):
+        pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, 0)
+
+
+def test_fake_refuses_what_ctypes_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    library = nv.install(monkeypatch, nv.pcie_box())
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+    pynvml.nvmlInit()
+    first, second = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(ctypes.ArgumentError, match=r"^argument 3: TypeError: Don't know how to convert parameter 3$"):
+        pynvml.nvmlDeviceGetP2PStatus(first, second, pynvml.NVML_P2P_CAPS_INDEX_READ)
+    with pytest.raises(ctypes.ArgumentError, match="argument 2: OverflowError: int too long to convert"):
+        pynvml.nvmlDeviceGetNvLinkState(first, 2**70)
+    with pytest.raises(nv.FakeNvmlMisuse, match="expected an nvmlDevice_t"):
+        pynvml.nvmlDeviceGetUUID(0)  # an index where a handle belongs
+    with pytest.raises(nv.FakeNvmlMisuse, match="takes 2 arguments, got 1"):
+        library.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(0))
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetUUID(pynvml.c_nvmlDevice_t())  # NULL
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetHandleByIndex(8)
+
+
+def test_strings_and_handles_as_the_real_library_gives_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    nv.install(monkeypatch, nv.pcie_box())
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(5)
+    assert isinstance(handle, pynvml.c_nvmlDevice_t)
+    assert ctypes.cast(handle, ctypes.c_void_p).value == nv.handle_address(5)
+    pci = pynvml.nvmlDeviceGetPciInfo(handle)
+    assert (pci.busId, pci.busIdLegacy, pci.domain, pci.bus, pci.device) == (
+        "00000000:9C:00.0", "0000:9C:00.0", 0, 0x9C, 0
+    )  # fmt: skip
+    assert pynvml.nvmlDeviceGetUUID(handle) == "GPU-55555555-0000-4000-8000-000000000005"
+    assert pynvml.nvmlDeviceGetName(handle) == "NVIDIA L40S"
+    assert pynvml.nvmlSystemGetDriverVersion() == "535.183.01"
+    assert pynvml.nvmlDeviceGetMemoryInfo(handle).total == 46068 * 1024 * 1024
+    pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlShutdown()
+
+
+def test_mig_handles(monkeypatch: pytest.MonkeyPatch) -> None:
+    nv.install(monkeypatch, nv.bridged_box())
+    pynvml.nvmlInit()
+    gpu3 = pynvml.nvmlDeviceGetHandleByIndex(3)
+    assert pynvml.nvmlDeviceGetMigMode(gpu3) == [1, 1]
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu3) == nv.MAX_MIG_DEVICES
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(pynvml.nvmlDeviceGetHandleByIndex(2)) == 0  # pending only
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu3, 1)
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(gpu3).value == 0
+    parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    assert ctypes.cast(parent, ctypes.c_void_p).value == ctypes.cast(gpu3, ctypes.c_void_p).value
+    assert pynvml.nvmlDeviceGetUUID(mig) == nv.BRIDGED_MIGS[1].uuid
+    assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA A100 80GB PCIe MIG 3g.40gb"
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig).total == 40192 * 1024 * 1024
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu3, 2)  # an empty slot
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(gpu3)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetPciInfo(mig)  # whole-GPU queries refuse a MIG handle here
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(pynvml.nvmlDeviceGetHandleByIndex(0), 0)  # MIG is off there
+
+
+@pytest.mark.parametrize("machine", [nv.nvswitch_box, nv.pcie_box, nv.single_gpu, nv.bridged_box])
+def test_machine_json_round_trip(machine: Any) -> None:
+    described = with_failures(without(machine(), "nvmlDeviceGetNumaNodeId"), Failure("nvmlDeviceGetName", 15, gpu=0))
+    assert FakeMachine.from_json(described.to_json()) == described
 
 
 def test_p2p_status_names_from_nvidia_ml_py() -> None:
-    real = pytest.importorskip("pynvml")
-    assert topology.p2p_status_names(real) == {
+    assert topology.p2p_status_names(pynvml) == {
         0: "OK", 1: "CHIPSET_NOT_SUPPORTED", 2: "GPU_NOT_SUPPORTED", 3: "IOH_TOPOLOGY_NOT_SUPPORTED",
         4: "DISABLED_BY_REGKEY", 5: "NOT_SUPPORTED", 6: "UNKNOWN",
     }  # fmt: skip
@@ -439,8 +335,8 @@ def test_cuda_version_text() -> None:
 
 
 def test_nvswitch_box(monkeypatch: pytest.MonkeyPatch) -> None:
-    found, fake = discovered(monkeypatch, nvswitch_box())
-    assert (found.kind, found.source, found.note) == ("gpu", "nvml", "")
+    found, library = discovered(monkeypatch, nv.nvswitch_box())
+    assert (found.kind, found.source, found.note, found.link_notes) == ("gpu", "nvml", "", {})
     assert [(d.name, d.index, d.nvml_index, d.numa_node) for d in found.devices] == [
         (f"gpu{i}", i, i, i // 4) for i in range(8)
     ]
@@ -451,7 +347,9 @@ def test_nvswitch_box(monkeypatch: pytest.MonkeyPatch) -> None:
     assert found.links["gpu3-gpu4"] == "NV18"  # across the sockets too: NVLink beats SYS
     assert len(found.p2p) == 28 and all(status == ALL_OK for status in found.p2p.values())
     assert (found.driver, found.cuda_driver) == ("550.54.15", "12.4")
-    assert fake.calls == ["nvmlInit", "nvmlShutdown"]
+    assert (library.calls[0], library.calls[-1], library.calls.count("nvmlInitWithFlags")) == (
+        "nvmlInitWithFlags", "nvmlShutdown", 1
+    )  # fmt: skip
 
 
 PCIE_MATRIX = [
@@ -471,38 +369,41 @@ ACROSS_SOCKETS = {"read": "CHIPSET_NOT_SUPPORTED", "write": "CHIPSET_NOT_SUPPORT
 
 
 def test_two_socket_pcie_box(monkeypatch: pytest.MonkeyPatch) -> None:
-    found, _ = discovered(monkeypatch, pcie_box())
+    found, _ = discovered(monkeypatch, nv.pcie_box())
     assert link_matrix_lines(found) == PCIE_MATRIX
     assert found.links["gpu0-gpu1"] == "PIX" and found.links["gpu4-gpu6"] == "PHB"
     assert found.p2p["gpu0-gpu3"] == SAME_SOCKET
     assert found.p2p["gpu3-gpu4"] == ACROSS_SOCKETS
     assert sum(status == ACROSS_SOCKETS for status in found.p2p.values()) == 16
     assert [(d.numa_node, d.memory_mib, d.mig) for d in found.devices] == [(i // 4, 46068, False) for i in range(8)]
-    assert (found.driver, found.cuda_driver) == ("535.183.01", "12.2")
+    assert (found.driver, found.cuda_driver, found.link_notes) == ("535.183.01", "12.2", {})
 
 
 def test_single_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    found, _ = discovered(monkeypatch, single_gpu())
+    found, _ = discovered(monkeypatch, nv.single_gpu())
     assert [(d.name, d.model, d.memory_mib, d.numa_node, d.mig) for d in found.devices] == [
         ("gpu0", "NVIDIA RTX 6000 Ada Generation", 49140, None, False)
     ]
-    assert (found.links, found.p2p, found.pairs()) == ({}, {}, [])
+    assert (found.links, found.p2p, found.pairs(), found.link_notes) == ({}, {}, [], {})
     assert (found.driver, found.cuda_driver) == ("570.124.06", "12.8")
     assert link_matrix_lines(found) == ["      gpu0  NUMA", "gpu0  X     N/A"]
+
+
+BRIDGED_MATRIX = [
+    "      gpu0  gpu1  gpu2  gpu3  NUMA",
+    "gpu0  X     NV12  SYS   SYS   0",
+    "gpu1  NV12  X     SYS   SYS   0",
+    "gpu2  SYS   SYS   X     NV11  N/A",
+    "gpu3  SYS   SYS   NV11  X     N/A",
+]
 
 
 def test_nvlink_bridges_mig_and_numa_from_sysfs(monkeypatch: pytest.MonkeyPatch, no_sysfs: Path) -> None:
     for bus, node in (("0000:17:00.0", "0\n"), ("0000:31:00.0", "0\n"), ("0000:b1:00.0", "-1\n")):
         (no_sysfs / bus).mkdir()
         (no_sysfs / bus / "numa_node").write_text(node)
-    found, _ = discovered(monkeypatch, bridged_box())
-    assert link_matrix_lines(found) == [
-        "      gpu0  gpu1  gpu2  gpu3  NUMA",
-        "gpu0  X     NV12  SYS   SYS   0",
-        "gpu1  NV12  X     SYS   SYS   0",
-        "gpu2  SYS   SYS   X     NV11  N/A",
-        "gpu3  SYS   SYS   NV11  X     N/A",
-    ]  # gpu2: sysfs says -1; gpu3: no sysfs entry
+    found, _ = discovered(monkeypatch, nv.bridged_box())
+    assert link_matrix_lines(found) == BRIDGED_MATRIX  # gpu2: sysfs says -1; gpu3: no sysfs entry
     assert [d.mig for d in found.devices] == [False, False, False, True]
     assert [d.numa_node for d in found.devices] == [0, 0, None, None]
     assert (found.driver, found.cuda_driver) == ("470.256.02", "11.4")
@@ -514,7 +415,7 @@ def test_nvlink_bridges_mig_and_numa_from_sysfs(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_visible_indices_rename_devices_and_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
-    found, _ = discovered(monkeypatch, pcie_box(), {"CUDA_VISIBLE_DEVICES": "5,7"})
+    found, _ = discovered(monkeypatch, nv.pcie_box(), {"CUDA_VISIBLE_DEVICES": "5,7"})
     assert [(d.name, d.index, d.nvml_index, d.pci_bus_id, d.numa_node) for d in found.devices] == [
         ("gpu0", 0, 5, "00000000:9C:00.0", 1),
         ("gpu1", 1, 7, "00000000:DA:00.0", 1),
@@ -523,75 +424,205 @@ def test_visible_indices_rename_devices_and_pairs(monkeypatch: pytest.MonkeyPatc
     assert found.p2p == {"gpu0-gpu1": SAME_SOCKET}
     assert link_matrix_lines(found) == ["      gpu0  gpu1  NUMA", "gpu0  X     NODE  1", "gpu1  NODE  X     1"]
 
-    found, _ = discovered(monkeypatch, pcie_box(), {"CUDA_VISIBLE_DEVICES": "7,5"})
+    found, _ = discovered(monkeypatch, nv.pcie_box(), {"CUDA_VISIBLE_DEVICES": "7,5"})
     assert [(d.name, d.nvml_index) for d in found.devices] == [("gpu0", 7), ("gpu1", 5)]
     assert found.links == {"gpu0-gpu1": "NODE"}
 
 
-def test_visible_uuid_prefixes(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("visible", "nvml_indices"),
+    [("GPU-66666666,GPU-11111111-0000-4000-8000-000000000001", [6, 1]), (" 4 , 0 ", [4, 0]), ("3", [3]),
+     ("GPU-7", [7]), ("007", [7])],
+)  # fmt: skip
+def test_visible_entries_that_resolve(monkeypatch: pytest.MonkeyPatch, visible: str, nvml_indices: list[int]) -> None:
+    found, _ = discovered(monkeypatch, nv.pcie_box(), {"CUDA_VISIBLE_DEVICES": visible})
+    assert [d.nvml_index for d in found.devices] == nvml_indices
+    assert [d.name for d in found.devices] == [f"gpu{i}" for i in range(len(nvml_indices))]
+
+
+def test_visible_uuid_prefixes_keep_links_and_p2p(monkeypatch: pytest.MonkeyPatch) -> None:
     visible = "GPU-66666666,GPU-11111111-0000-4000-8000-000000000001"
-    found, _ = discovered(monkeypatch, pcie_box(), {"CUDA_VISIBLE_DEVICES": visible})
+    found, _ = discovered(monkeypatch, nv.pcie_box(), {"CUDA_VISIBLE_DEVICES": visible})
     assert [(d.name, d.nvml_index, d.numa_node) for d in found.devices] == [("gpu0", 6, 1), ("gpu1", 1, 0)]
     assert found.links == {"gpu0-gpu1": "SYS"}
     assert found.p2p == {"gpu0-gpu1": ACROSS_SOCKETS}
 
 
-@pytest.mark.parametrize(
-    ("visible", "nvml_indices"),
-    [("3,9,1", [3]), ("2,MIG-4f1e2d3c-aaaa-bbbb-cccc-ddddeeeeffff,0", [2]), (" 4 , 0 ", [4, 0])],
-)
-def test_visible_list_stops_at_first_unknown_entry(
-    monkeypatch: pytest.MonkeyPatch, visible: str, nvml_indices: list[int]
-) -> None:
-    found, _ = discovered(monkeypatch, pcie_box(), {"CUDA_VISIBLE_DEVICES": visible})
-    assert [d.nvml_index for d in found.devices] == nvml_indices
+@pytest.mark.parametrize("visible", ["", "   ", "-1", "-1,0", " -1 , 3"])
+def test_visible_hides_every_gpu(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
+    library = nv.install(monkeypatch, nv.pcie_box())
+    assert nvml_topology({"CUDA_VISIBLE_DEVICES": visible}) == (None, "CUDA_VISIBLE_DEVICES hides every GPU")
+    assert library.initialised == 0
+    assert discover("auto", 2, {"CUDA_VISIBLE_DEVICES": visible}) == cpu_topology(
+        2, note="no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
+    )
+    with pytest.raises(
+        ValueError, match=r"^the nccl backend needs GPUs, and none was found \(CUDA_VISIBLE_DEVICES hides"
+    ):
+        discover("nccl", 2, {"CUDA_VISIBLE_DEVICES": visible})
 
 
-@pytest.mark.parametrize("visible", ["", "9", "GPU-ffff", "-1"])
-def test_visible_selects_nothing(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
-    fake = FakeNVML(pcie_box())
-    install(monkeypatch, fake)
-    assert nvml_topology({"CUDA_VISIBLE_DEVICES": visible}) == (None, "CUDA_VISIBLE_DEVICES selects no GPU")
-    assert fake.calls == ["nvmlInit", "nvmlShutdown"]
-
-
-# --------------------------------------------------------------------------------------------
-# failures
-# --------------------------------------------------------------------------------------------
-
-
-def test_pynvml_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    install(monkeypatch, None)  # import pynvml -> ImportError
-    found, reason = nvml_topology({})
-    assert found is None
-    assert reason.startswith("nvidia-ml-py (pynvml) is not importable: ")
+PCIE_GPUS = "8 GPUs (NVIDIA L40S): " + ", ".join(f"{i} GPU-{str(i) * 8}-..." for i in range(8))
 
 
 @pytest.mark.parametrize(
-    ("error", "reason"),
-    [(NVMLError_DriverNotLoaded, "NVML unavailable: Driver Not Loaded"),
-     (NVMLError_LibraryNotFound, "NVML unavailable: NVML Shared Library Not Found")],
+    ("visible", "problem"),
+    [("0,9", "entry '9' matches no GPU"),
+     ("3,9,1", "entry '9' matches no GPU"),
+     ("GPU-ffff", "entry 'GPU-ffff' matches no GPU"),
+     ("0,-1", "entry '-1' is not a GPU index or a GPU- UUID"),
+     ("cuda:0", "entry 'cuda:0' is not a GPU index or a GPU- UUID"),
+     ("0,,1", "entry '' is empty"),
+     ("0,1,", "entry '' is empty"),
+     ("GPU-", "entry 'GPU-' starts the UUIDs of GPUs 0, 1, 2, 3, 4, 5, 6, 7; give more of the UUID"),
+     ("2,GPU-22", "entry 'GPU-22' is GPU 2, already listed as '2'"),
+     ("1, 1", "entry '1' is GPU 1, already listed as '1'")],
 )  # fmt: skip
-def test_nvml_init_fails(monkeypatch: pytest.MonkeyPatch, error: type[NVMLError], reason: str) -> None:
-    fake = FakeNVML(replace(pcie_box(), init_error=error))
-    install(monkeypatch, fake)
-    assert nvml_topology({}) == (None, reason)
-    assert fake.calls == ["nvmlInit"]  # nothing to shut down
-    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}")
-    with pytest.raises(ValueError, match=f"the nccl backend needs GPUs, and none was found \\({reason}\\)"):
-        discover("nccl", 3, environ={})
+def test_visible_entry_that_names_no_single_gpu(monkeypatch: pytest.MonkeyPatch, visible: str, problem: str) -> None:
+    message = selection_error(monkeypatch, nv.pcie_box(), visible)
+    assert message == f"CUDA_VISIBLE_DEVICES={visible!r}: {problem}; this machine has {PCIE_GPUS}"
 
 
-def test_error_while_listing(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeNVML(replace(pcie_box(), lost_while_listing=3))
-    install(monkeypatch, fake)
-    assert nvml_topology({}) == (None, "NVML error while listing GPUs: GPU is lost")
-    assert fake.calls == ["nvmlInit", "nvmlShutdown"]
-    assert discover("auto", 2, environ={}).note == "no GPU: NVML error while listing GPUs: GPU is lost"
+def test_visible_machine_list_tells_models_and_similar_uuids_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = nv.bridged_box()
+    machine.gpus[1] = replace(machine.gpus[1], uuid="GPU-b000e5a1-9999-4e5f-8a9b-0c1d2e3f4a5b", name="NVIDIA H100")
+    message = selection_error(monkeypatch, machine, "4")
+    assert message == (
+        "CUDA_VISIBLE_DEVICES='4': entry '4' matches no GPU; this machine has 4 GPUs: "
+        "0 GPU-b000e5a1-2c3d-... (NVIDIA A100 80GB PCIe), 1 GPU-b000e5a1-9999-... (NVIDIA H100), "
+        "2 GPU-b002e5a1-... (NVIDIA A100 80GB PCIe), 3 GPU-b003e5a1-... (NVIDIA A100 80GB PCIe)"
+    )
+
+
+MIG_REFUSAL = "this suite tests whole GPUs (NCCL has no P2P between MIG instances): list GPUs by index or GPU- UUID"
+GPU3 = "GPU 3 (NVIDIA A100 80GB PCIe, GPU-b003e5a1-2c3d-4e5f-8a9b-0c1d2e3f4a5b)"
+
+
+@pytest.mark.parametrize(
+    ("visible", "entry", "what"),
+    [(f"0,{nv.BRIDGED_MIGS[1].uuid}", nv.BRIDGED_MIGS[1].uuid, f"a MIG instance of {GPU3}"),
+     (nv.BRIDGED_MIGS[0].uuid, nv.BRIDGED_MIGS[0].uuid, f"a MIG instance of {GPU3}"),
+     ("MIG-GPU-b003e5a1-2c3d-4e5f-8a9b-0c1d2e3f4a5b/1/0", "MIG-GPU-b003e5a1-2c3d-4e5f-8a9b-0c1d2e3f4a5b/1/0",
+      f"a MIG instance of {GPU3}"),  # the format of drivers before R470
+     ("MIG-0badc0de-0000-4000-8000-000000000000", "MIG-0badc0de-0000-4000-8000-000000000000",
+      "a MIG instance NVML does not list")],
+)  # fmt: skip
+def test_visible_mig_instances_are_refused(monkeypatch: pytest.MonkeyPatch, visible: str, entry: str,
+                                          what: str) -> None:  # fmt: skip
+    message = selection_error(monkeypatch, nv.bridged_box(), visible)
+    assert message == f"CUDA_VISIBLE_DEVICES={visible!r}: entry {entry!r} is {what}; {MIG_REFUSAL}"
+
+
+def test_visible_mig_parent_found_past_empty_slots_and_failing_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    mig = nv.FakeMig("MIG-77777777-0000-4000-8000-00000000cafe", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9856)
+    machine = nv.with_mig(nv.with_mig(nv.nvswitch_box(), 2, []), 7, [None, None, mig])
+    machine = with_failures(machine, Failure("nvmlDeviceGetMaxMigDeviceCount", nv.ERROR_UNKNOWN, gpu=2))
+    message = selection_error(monkeypatch, machine, f"0,{mig.uuid}")
+    assert "is a MIG instance of GPU 7 (NVIDIA H100 80GB HBM3, GPU-a1b2c3d7-5e6f-7a8b-9c0d-1e2f3a4b5c67);" in message
+
+
+def test_whole_gpu_with_mig_on_is_listed_with_its_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    found, _ = discovered(monkeypatch, nv.bridged_box(), {"CUDA_VISIBLE_DEVICES": "GPU-b003,2"})
+    assert [(d.name, d.nvml_index, d.mig) for d in found.devices] == [("gpu0", 3, True), ("gpu1", 2, False)]
+    assert found.links == {"gpu0-gpu1": "NV11"}
+
+
+# --------------------------------------------------------------------------------------------
+# NVLink state NVML will not give: PCIe class and a note
+# --------------------------------------------------------------------------------------------
+
+NO_PERMISSION_NOTE = (
+    "NVLink state of gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7 unknown (Insufficient Permissions): "
+    "PCIe class shown"
+)
+
+
+def test_container_without_permission_for_nvlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = with_failures(nv.nvswitch_box(), Failure("nvmlDeviceGetNvLinkState", nv.ERROR_NO_PERMISSION))
+    found, _ = discovered(monkeypatch, machine)
+    assert found.links["gpu0-gpu1"] == "NODE" and found.links["gpu0-gpu7"] == "SYS"
+    assert set(found.links.values()) == {"NODE", "SYS"}
+    assert found.link_notes == dict.fromkeys(found.links, NO_PERMISSION_NOTE)
+    assert link_note_lines(found) == [f"{NO_PERMISSION_NOTE} (28 pairs)"]
+    assert all(status == ALL_OK for status in found.p2p.values())
+    assert [d.memory_mib for d in found.devices] == [81559] * 8
+
+
+def test_one_gpu_without_nvlink_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = with_failures(nv.nvswitch_box(), Failure("nvmlDeviceGetNvLinkState", nv.ERROR_NO_PERMISSION, gpu=2))
+    found, _ = discovered(monkeypatch, machine)
+    assert link_matrix_lines(found)[1:4] == [
+        "gpu0  X     NV18  NODE  NV18  NV18  NV18  NV18  NV18  0",
+        "gpu1  NV18  X     NODE  NV18  NV18  NV18  NV18  NV18  0",
+        "gpu2  NODE  NODE  X     NODE  SYS   SYS   SYS   SYS   0",
+    ]
+    note = "NVLink state of gpu2 unknown (Insufficient Permissions): PCIe class shown"
+    assert found.link_notes == {key: note for key in found.links if "gpu2" in key.split("-")}
+    assert link_note_lines(found) == [f"{note} (7 pairs)"]
+
+
+def test_unknown_error_in_the_middle_of_a_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Links counted before the error are not trusted: the GPU's pairs fall back as a whole."""
+    failure = Failure("nvmlDeviceGetNvLinkRemoteDeviceType", nv.ERROR_UNKNOWN, gpu=5)
+    found, _ = discovered(monkeypatch, with_failures(nv.nvswitch_box(), failure))
+    assert (found.links["gpu4-gpu5"], found.links["gpu1-gpu5"], found.links["gpu4-gpu6"]) == ("NODE", "SYS", "NV18")
+    assert set(found.link_notes.values()) == {"NVLink state of gpu5 unknown (Unknown Error): PCIe class shown"}
+
+
+def test_driver_without_remote_pci_info_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    found, _ = discovered(monkeypatch, without(nv.bridged_box(), "nvmlDeviceGetNvLinkRemotePciInfo_v2"))
+    assert link_matrix_lines(found)[1:3] == ["gpu0  X     PHB   SYS   SYS   N/A", "gpu1  PHB   X     SYS   SYS   N/A"]
+    note = "NVLink state of gpu0, gpu1, gpu2, gpu3 unknown (Function Not Found): PCIe class shown"
+    assert link_note_lines(found) == [f"{note} (6 pairs)"]
+    assert [d.mig for d in found.devices] == [False, False, False, True]
+
+
+def test_driver_without_remote_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    found, _ = discovered(monkeypatch, without(nv.nvswitch_box(), "nvmlDeviceGetNvLinkRemoteDeviceType"))
+    assert (found.links["gpu0-gpu1"], found.links["gpu0-gpu7"]) == ("NODE", "SYS")
+    assert len(found.link_notes) == 28
+
+
+def test_direct_nvlink_is_known_from_the_gpu_that_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = Failure("nvmlDeviceGetNvLinkState", nv.ERROR_UNKNOWN, gpu=1)
+    found, _ = discovered(monkeypatch, with_failures(nv.bridged_box(), failure))
+    assert found.links == {"gpu0-gpu1": "NV12", "gpu0-gpu2": "SYS", "gpu0-gpu3": "SYS", "gpu1-gpu2": "SYS",
+                           "gpu1-gpu3": "SYS", "gpu2-gpu3": "NV11"}  # fmt: skip
+    assert found.link_notes == {}  # gpu0 and gpu2/gpu3 answered: no switch, no link to gpu1 but their own
+
+
+def test_pcie_box_with_no_nvlink_answers_needs_no_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU that answered "no NVLink at all" settles its pairs even where the peer did not answer."""
+    failure = Failure("nvmlDeviceGetNvLinkState", nv.ERROR_NO_PERMISSION, gpu=3)
+    found, _ = discovered(monkeypatch, with_failures(nv.pcie_box(), failure))
+    assert link_matrix_lines(found) == PCIE_MATRIX
+    assert found.link_notes == {}
+
+
+def test_pair_whose_p2p_query_is_not_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = Failure("nvmlDeviceGetP2PStatus", nv.ERROR_NOT_SUPPORTED, gpu=0, peer=1)
+    found, _ = discovered(monkeypatch, with_failures(nv.pcie_box(), failure))
+    assert found.p2p["gpu0-gpu1"] == UNKNOWN_P2P
+    assert found.p2p["gpu0-gpu2"] == SAME_SOCKET and found.p2p["gpu0-gpu4"] == ACROSS_SOCKETS
+    assert link_matrix_lines(found) == PCIE_MATRIX
+
+
+def test_unknown_errors_leave_facts_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = with_failures(
+        nv.pcie_box(),
+        Failure("nvmlDeviceGetNumaNodeId", nv.ERROR_UNKNOWN, gpu=4),
+        Failure("nvmlDeviceGetMemoryInfo", nv.ERROR_UNKNOWN, gpu=4),
+        Failure("nvmlDeviceGetTopologyCommonAncestor", nv.ERROR_UNKNOWN, gpu=4, peer=5),
+        Failure("nvmlSystemGetCudaDriverVersion", nv.ERROR_UNKNOWN),
+    )
+    found, _ = discovered(monkeypatch, machine)
+    assert (found.devices[4].numa_node, found.devices[4].memory_mib) == (None, None)
+    assert (found.links["gpu4-gpu5"], found.links["gpu4-gpu6"]) == ("?", "PHB")
+    assert (found.driver, found.cuda_driver, found.link_notes) == ("535.183.01", None, {})
 
 
 def test_gpu_lost_after_listing_leaves_its_facts_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
-    found, fake = discovered(monkeypatch, replace(pcie_box(), lost={2}))
+    found, _ = discovered(monkeypatch, replace(nv.pcie_box(), lost=[2]))
     assert [d.name for d in found.devices] == [f"gpu{i}" for i in range(8)]
     lost = found.devices[2]
     assert (lost.uuid, lost.numa_node, lost.memory_mib, lost.mig) == (
@@ -602,47 +633,127 @@ def test_gpu_lost_after_listing_leaves_its_facts_unknown(monkeypatch: pytest.Mon
         "gpu1  PIX   X     ?     PXB   SYS   SYS   SYS   SYS   0",
         "gpu2  ?     ?     X     ?     ?     ?     ?     ?     N/A",
     ]
-    unknown = dict.fromkeys(ALL_OK, "UNKNOWN")
-    assert [key for key, status in found.p2p.items() if status == unknown] == [
+    assert [key for key, status in found.p2p.items() if status == UNKNOWN_P2P] == [
         "gpu0-gpu2", "gpu1-gpu2", "gpu2-gpu3", "gpu2-gpu4", "gpu2-gpu5", "gpu2-gpu6", "gpu2-gpu7"
     ]  # fmt: skip
     assert found.p2p["gpu0-gpu1"] == SAME_SOCKET
-    assert fake.calls == ["nvmlInit", "nvmlShutdown"]
 
 
-def test_older_nvidia_ml_py_without_some_functions(monkeypatch: pytest.MonkeyPatch, no_sysfs: Path) -> None:
+def test_older_driver_without_some_functions(monkeypatch: pytest.MonkeyPatch, no_sysfs: Path) -> None:
     (no_sysfs / "0000:18:00.0").mkdir()
     (no_sysfs / "0000:18:00.0" / "numa_node").write_text("1\n")
-    missing = frozenset({"nvmlDeviceGetNumaNodeId", "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetMigMode"})
-    found, _ = discovered(monkeypatch, nvswitch_box(), missing=missing)
+    machine = without(nv.nvswitch_box(), "nvmlDeviceGetNumaNodeId", "nvmlSystemGetCudaDriverVersion",
+                      "nvmlDeviceGetMigMode")  # fmt: skip
+    found, _ = discovered(monkeypatch, machine)
     assert [d.numa_node for d in found.devices] == [1, None, None, None, None, None, None, None]
     assert set(found.links.values()) == {"NV18"}
     assert (found.driver, found.cuda_driver) == ("550.54.15", None)
 
 
-def test_nvswitch_links_unknown_without_remote_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the far end's type, a link to an NVSwitch leads to no GPU: the PCIe class remains."""
-    found, _ = discovered(monkeypatch, nvswitch_box(), missing=frozenset({"nvmlDeviceGetNvLinkRemoteDeviceType"}))
-    assert (found.links["gpu0-gpu1"], found.links["gpu0-gpu7"]) == ("NODE", "SYS")
+# --------------------------------------------------------------------------------------------
+# no GPU, and NVML that cannot list its GPUs
+# --------------------------------------------------------------------------------------------
+
+
+def test_pynvml_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    found, reason = nvml_topology({})
+    assert found is None
+    assert reason.startswith("nvidia-ml-py (pynvml) is not importable: ")
+
+
+def test_no_nvml_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    nv.install_no_library(monkeypatch)
+    reason = "NVML unavailable: NVML Shared Library Not Found"
+    assert nvml_topology({"CUDA_VISIBLE_DEVICES": "0,9"}) == (None, reason)  # nothing to check the list against
+    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}")
+
+
+def test_driver_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    library = nv.install(monkeypatch, replace(nv.pcie_box(), init_error=nv.ERROR_DRIVER_NOT_LOADED))
+    reason = "NVML unavailable: Driver Not Loaded"
+    assert nvml_topology({}) == (None, reason)
+    assert library.calls == ["nvmlInitWithFlags"]  # nothing to shut down
+    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}")
+    with pytest.raises(ValueError, match=f"^the nccl backend needs GPUs, and none was found \\({reason}\\)$"):
+        discover("nccl", 3, environ={})
+
+
+def test_nvml_reports_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    library = nv.install(monkeypatch, FakeMachine(gpus=[], ancestors=[], p2p=[]))
+    assert nvml_topology({"CUDA_VISIBLE_DEVICES": "0"}) == (None, "NVML reports no GPU")
+    assert discover("auto", 2, environ={}).note == "no GPU: NVML reports no GPU"
+    assert library.initialised == 0
+
+
+LISTING_FAILED = "NVML is loaded but listing the GPUs failed: {}; fix the driver, or run on CPU with --backend gloo"
+
+
+@pytest.mark.parametrize(
+    ("machine", "problem"),
+    [(with_failures(nv.pcie_box(), Failure("nvmlDeviceGetUUID", nv.ERROR_GPU_IS_LOST, gpu=3)),
+      "GPU is lost (nvmlDeviceGetUUID of GPU 3)"),
+     (without(nv.pcie_box(), "nvmlDeviceGetHandleByIndex_v2"),
+      "Function Not Found (nvmlDeviceGetHandleByIndex of GPU 0: the driver's NVML library lacks the function "
+      "nvidia-ml-py calls)"),
+     (with_failures(nv.pcie_box(), Failure("nvmlDeviceGetCount_v2", nv.ERROR_UNKNOWN)),
+      "Unknown Error (nvmlDeviceGetCount)"),
+     (with_failures(nv.bridged_box(), Failure("nvmlDeviceGetPciInfo_v3", nv.ERROR_NO_PERMISSION, gpu=1)),
+      "Insufficient Permissions (nvmlDeviceGetPciInfo of GPU 1)"),
+     (with_failures(nv.bridged_box(), Failure("nvmlDeviceGetName", nv.ERROR_UNKNOWN, gpu=2)),
+      "Unknown Error (nvmlDeviceGetName of GPU 2)")],
+)  # fmt: skip
+def test_error_while_listing(monkeypatch: pytest.MonkeyPatch, machine: FakeMachine, problem: str) -> None:
+    library = nv.install(monkeypatch, machine)
+    for backend in ("auto", "nccl"):
+        with pytest.raises(TopologyError) as caught:
+            discover(backend, 2, environ={"CUDA_VISIBLE_DEVICES": "0"})
+        assert str(caught.value) == LISTING_FAILED.format(problem)
+        assert library.initialised == 0
+    assert discover("gloo", 2, environ={}) == cpu_topology(2, note="backend gloo chosen")
 
 
 # --------------------------------------------------------------------------------------------
-# nvml_gpus and discover
+# nvml_gpus, discover, topology files, link notes
 # --------------------------------------------------------------------------------------------
 
 
 def test_nvml_gpus_is_the_identity_view(monkeypatch: pytest.MonkeyPatch) -> None:
-    install(monkeypatch, FakeNVML(pcie_box()))
+    nv.install(monkeypatch, nv.pcie_box())
     gpus, reason = nvml_gpus({"CUDA_VISIBLE_DEVICES": "6"})
     assert (gpus, reason) == ([Device("gpu0", 0, "gpu", "GPU-66666666-0000-4000-8000-000000000006", "NVIDIA L40S",
                                       "00000000:B1:00.0")], "")  # fmt: skip
 
 
 def test_discover_uses_nvml_topology(monkeypatch: pytest.MonkeyPatch) -> None:
-    install(monkeypatch, FakeNVML(pcie_box()))
+    library = nv.install(monkeypatch, nv.pcie_box())
     environ = {"CUDA_VISIBLE_DEVICES": "5,7"}
     assert discover("auto", 4, environ=environ) == nvml_topology(environ)[0]
     assert discover("nccl", 4, environ=environ).links == {"gpu0-gpu1": "NODE"}
+    calls = len(library.calls)
+    assert discover("gloo", 4, environ=environ) == cpu_topology(4, note="backend gloo chosen")
+    assert len(library.calls) == calls
+
+
+def test_topology_files_from_before_link_notes_still_load(tmp_path: Path) -> None:
+    for path in sorted((REPO / "scenarios" / "topologies").glob("*.json")):
+        assert "link_notes" not in json.loads(path.read_text())
+        assert load_topology_file(path, "test").link_notes == {}
+    note = "NVLink state of gpu0 unknown (Unknown Error): PCIe class shown"
+    gpus = (Device("gpu0", 0, "gpu"), Device("gpu1", 1, "gpu"))
+    noted = Topology("gpu", gpus, "nvml", links={"gpu0-gpu1": "SYS"}, link_notes={"gpu0-gpu1": note})
+    assert Topology.from_json(noted.to_json()) == noted
+
+
+def test_link_note_lines_group_pairs_by_note() -> None:
+    gpus = tuple(Device(f"gpu{i}", i, "gpu") for i in range(6))
+    a, b = "NVLink state of gpu0 unknown (Unknown Error): PCIe class shown", "something else"
+    notes = {"gpu0-gpu1": a, "gpu0-gpu2": a, "gpu0-gpu3": a, "gpu0-gpu4": a, "gpu2-gpu3": b}
+    assert link_note_lines(Topology("gpu", gpus, "f.json", link_notes=notes)) == [f"{a} (4 pairs)",
+                                                                                 f"{b} (pair gpu2-gpu3)"]  # fmt: skip
+    notes = {"gpu0-gpu1": a, "gpu0-gpu2": a}
+    assert link_note_lines(Topology("gpu", gpus, "f.json", link_notes=notes)) == [f"{a} (pairs gpu0-gpu1 gpu0-gpu2)"]
+    assert link_note_lines(cpu_topology(2)) == []
 
 
 def test_link_matrix_of_cpu_and_file_topologies() -> None:
@@ -690,7 +801,7 @@ Driver 535.183.01, CUDA driver 12.2
 
 def test_cli_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                    environ_without_visible: None) -> None:  # fmt: skip
-    install(monkeypatch, FakeNVML(pcie_box()))
+    nv.install(monkeypatch, nv.pcie_box())
     assert main(["topology"]) == 0
     out, err = capsys.readouterr()
     assert (out, err) == (PCIE_TABLE, "")
@@ -698,12 +809,13 @@ def test_cli_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtur
 
 def test_cli_table_nvswitch_and_mig(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                    environ_without_visible: None) -> None:  # fmt: skip
-    install(monkeypatch, FakeNVML(nvswitch_box()))
+    nv.install(monkeypatch, nv.nvswitch_box())
     assert main(["topology"]) == 0
     out = capsys.readouterr().out
     assert "\nNVML P2P status: OK for every pair\n" in out
     assert "gpu7  NV18  NV18  NV18  NV18  NV18  NV18  NV18  X     1\n" in out
-    install(monkeypatch, FakeNVML(bridged_box()))
+    assert "Note:" not in out
+    nv.install(monkeypatch, nv.bridged_box())
     assert main(["topology"]) == 0
     out = capsys.readouterr().out
     uuid = "GPU-b003e5a1-2c3d-4e5f-8a9b-0c1d2e3f4a5b"
@@ -711,9 +823,25 @@ def test_cli_table_nvswitch_and_mig(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert "  read OK, write OK, nvlink OK, atomics OK" not in out
 
 
+def test_cli_table_shows_link_notes_under_the_matrix(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    nv.install(
+        monkeypatch, with_failures(nv.nvswitch_box(), Failure("nvmlDeviceGetNvLinkState", nv.ERROR_NO_PERMISSION))
+    )
+    assert main(["topology"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "gpu2  NODE  NODE  X     0\n"
+        "Note: NVLink state of gpu0, gpu1, gpu2 unknown (Insufficient Permissions): PCIe class shown "
+        "(pairs gpu0-gpu1 gpu0-gpu2 gpu1-gpu2)\n"
+        "\nNVML P2P status: OK for every pair\n"
+    ) in out
+
+
 def test_cli_json_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
                              environ_without_visible: None) -> None:  # fmt: skip
-    install(monkeypatch, FakeNVML(pcie_box()))
+    nv.install(monkeypatch, nv.pcie_box())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,1")
     assert main(["topology", "--json"]) == 0
     out = capsys.readouterr().out
@@ -724,7 +852,7 @@ def test_cli_json_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     saved.write_text(out)
     assert load_topology_file(saved, "test") == replace(found, source=str(saved))
 
-    install(monkeypatch, None)  # the file stands in for NVML
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # the file stands in for NVML
     assert main(["topology", "--topology-file", str(saved), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again == {**json.loads(out), "source": str(saved)}
@@ -734,8 +862,9 @@ def test_cli_json_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     assert "gpu0  X     NODE  SYS   1\n" in table
 
 
-def test_cli_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    install(monkeypatch, FakeNVML(replace(pcie_box(), init_error=NVMLError_DriverNotLoaded)))
+def test_cli_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                         environ_without_visible: None) -> None:  # fmt: skip
+    nv.install(monkeypatch, replace(nv.pcie_box(), init_error=nv.ERROR_DRIVER_NOT_LOADED))
     assert main(["topology", "--virtual-devices", "2"]) == 0
     assert capsys.readouterr().out == (
         "2 CPU devices (virtual, gloo): cpu0 cpu1\n\nNote: no GPU: NVML unavailable: Driver Not Loaded\n"
@@ -744,6 +873,26 @@ def test_cli_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
     assert Topology.from_json(capsys.readouterr().out) == cpu_topology(
         2, note="no GPU: NVML unavailable: Driver Not Loaded"
     )
+
+
+@pytest.mark.parametrize(
+    ("machine", "visible", "message"),
+    [(nv.pcie_box(), "0,9", f"CUDA_VISIBLE_DEVICES='0,9': entry '9' matches no GPU; this machine has {PCIE_GPUS}"),
+     (nv.bridged_box(), nv.BRIDGED_MIGS[0].uuid,
+      f"CUDA_VISIBLE_DEVICES={nv.BRIDGED_MIGS[0].uuid!r}: entry {nv.BRIDGED_MIGS[0].uuid!r} is a MIG instance of "
+      f"{GPU3}; {MIG_REFUSAL}"),
+     (without(nv.pcie_box(), "nvmlDeviceGetHandleByIndex_v2"), "0",
+      LISTING_FAILED.format("Function Not Found (nvmlDeviceGetHandleByIndex of GPU 0: the driver's NVML library "
+                            "lacks the function nvidia-ml-py calls)"))],
+)  # fmt: skip
+def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                        machine: FakeMachine, visible: str, message: str) -> None:  # fmt: skip
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nv.install(monkeypatch, machine)
+    assert main(["topology"]) == 2
+    assert capsys.readouterr() == ("", f"python -m conformance topology: {message}\n")
+    assert main(["topology", "--json"]) == 2
+    assert capsys.readouterr() == ("", f"python -m conformance topology: {message}\n")
 
 
 @pytest.mark.parametrize(
@@ -759,7 +908,7 @@ def test_cli_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
          "python -m conformance: error: argument --virtual-devices: expected a whole number of at least 1, got '0'"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
         (["topolgy"], "python -m conformance: error: argument COMMAND: invalid choice: 'topolgy' (choose from "
-                      "'topology', 'recommend', 'compare', 'report', 'merge-junit')"),
+                      "'topology', 'recommend', 'compare', 'report', 'merge-junit', 'smoke')"),
     ],
 )  # fmt: skip
 def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str) -> None:
@@ -770,11 +919,28 @@ def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv:
     assert (out, err) == ("", message.format(**paths) + "\n")
 
 
-def run_module(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=REPO, env={**environ, **env},
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+TESTS = Path(__file__).resolve().parent
 
+
+def run_module(*args: str, machine: FakeMachine | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m conformance`` in a fresh interpreter; with ``machine``, over the fake library."""
+    environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    command = [sys.executable, "-m", "conformance", *args]
+    if machine is not None:
+        environ |= {nv.MACHINE_VARIABLE: machine.to_json(), "PYTHONPATH": str(TESTS)}
+        command = [sys.executable, "-c", FAKE_MAIN, *args]
+    return subprocess.run(command, cwd=REPO, env={**environ, **env}, capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+
+
+# What ``-p fake_nvml`` does in a pytest process, for ``python -m conformance``.
+FAKE_MAIN = """
+import sys
+import fake_nvml
+from conformance.cli import main
+fake_nvml.pytest_configure(None)
+sys.exit(main(sys.argv[1:]))
+"""
 
 NO_GPU_REASONS = ("no GPU: NVML unavailable: ", "no GPU: nvidia-ml-py (pynvml) is not importable: ")
 
@@ -792,4 +958,15 @@ def test_module_entry_point_end_to_end() -> None:
     hidden = run_module("topology", "--json", "--virtual-devices", "2", CUDA_VISIBLE_DEVICES="")
     data = json.loads(hidden.stdout)
     assert (hidden.returncode, data["kind"], len(data["devices"])) == (0, "cpu", 2)
-    assert data["note"].startswith(NO_GPU_REASONS) or data["note"] == "no GPU: CUDA_VISIBLE_DEVICES selects no GPU"
+    assert data["note"].startswith(NO_GPU_REASONS) or data["note"] == "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
+
+
+def test_module_entry_point_refuses_a_bad_selection_in_one_line() -> None:
+    done = run_module("topology", machine=nv.pcie_box(), CUDA_VISIBLE_DEVICES="0,9")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"python -m conformance topology: CUDA_VISIBLE_DEVICES='0,9': entry '9' matches no GPU; "
+        f"this machine has {PCIE_GPUS}\n"
+    )
+    fine = run_module("topology", "--json", machine=nv.pcie_box(), CUDA_VISIBLE_DEVICES="0,1")
+    assert (fine.returncode, fine.stderr, json.loads(fine.stdout)["links"]) == (0, "", {"gpu0-gpu1": "PIX"})

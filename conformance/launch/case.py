@@ -12,19 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from conformance import casefiles
+from conformance.deadlines import Deadlines
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import leased
 from conformance.launch.watchdog import Peers, RankProcess, Supervision, supervise
 from conformance.topology import Device
 from conformance.verdict import Decision, RankReport, decide, rank_report
-
-
-@dataclass(frozen=True)
-class Deadlines:
-    init_timeout: float
-    op_timeout: float
-    case_timeout: float
-    grace: float
 
 
 @dataclass(frozen=True)
@@ -55,6 +48,7 @@ class CaseSpec:
     set_kind: str = "all"
     links: tuple[str, ...] = ()  # link classes between the devices (scenario rules match them)
     isolate: bool = False  # the ranks see only these GPUs, renumbered from 0
+    visible: tuple[Device, ...] = ()  # what the ranks see, in order (default: the case's devices)
     p2p_status: Mapping[str, str] | None = None  # NVML's view, for pairs
     single_process: bool = False  # one rank on the first device, the others as its peers
     cross_node: CrossNode | None = None
@@ -64,6 +58,11 @@ class CaseSpec:
     def world_size(self) -> int:
         """The ranks this node starts."""
         return 1 if self.single_process else len(self.devices)
+
+    @property
+    def seen(self) -> tuple[Device, ...]:
+        """The devices the ranks see, in CUDA order: the case's own when isolated, else every visible one."""
+        return self.devices if self.isolate or not self.visible else self.visible
 
 
 @dataclass
@@ -110,30 +109,34 @@ NCCL_DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"
 LEASE_WAIT_MARGIN = 60.0  # beyond one case timeout: the holder's stop ladder and its record
 
 
-def rank_environment(spec: CaseSpec) -> tuple[dict[str, str], list[str]]:
+def device_id(device: Device) -> str:
+    """How the ranks are told a GPU: its UUID (the NVML index only where no UUID is known)."""
+    return device.uuid or str(device.nvml_index if device.nvml_index is not None else device.index)
+
+
+def rank_environment(spec: CaseSpec, deadlines: Deadlines | None = None) -> tuple[dict[str, str], list[str]]:
     """Variables the ranks set and unset: the case's rung plus what every rank needs.
 
     NCCL cases log at INFO to a file per rank (the rank sets NCCL_DEBUG_FILE to its own folder),
-    so the transports can be read back; an isolated set sees only its GPUs, as a job given a
-    subset of the machine does.
+    so the transports can be read back.  The ranks are given their GPUs by UUID in
+    CUDA_VISIBLE_DEVICES, in the run's order, so cuda:<k> is the k-th of them whatever CUDA's
+    device order; an isolated set lists only its own GPUs, as a job given a subset does.
     """
     env_set = dict(spec.env_set)
     if spec.backend == "nccl":
-        env_set["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env_set["NCCL_DEBUG"] = "INFO"
         env_set.setdefault("NCCL_DEBUG_SUBSYS", NCCL_DEBUG_SUBSYS)
-        if spec.isolate:
-            env_set["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.nvml_index) for d in spec.devices)
+        env_set["CUDA_VISIBLE_DEVICES"] = ",".join(device_id(d) for d in spec.seen)
+        heartbeat = deadlines.heartbeat_timeout if deadlines else None
+        if heartbeat is not None:
+            env_set.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(int(heartbeat)))
     return env_set, list(spec.env_unset)
 
 
 def rank_devices(spec: CaseSpec) -> list[dict[str, Any]]:
     """Each rank's device, with ``index`` the CUDA ordinal the rank will see."""
-    devices = [dict(vars(d)) for d in spec.devices]
-    if spec.isolate:
-        for position, device in enumerate(devices):
-            device["index"] = position
-    return devices
+    order = {d.name: position for position, d in enumerate(spec.seen)}
+    return [{**vars(d), "index": order.get(d.name, d.index)} for d in spec.devices]
 
 
 def read_nccl_logs(spec: CaseSpec, case_dir: Path) -> dict[str, Any] | None:
@@ -182,7 +185,7 @@ class CaseRunner:
         return path
 
     def _write_spec(self, spec: CaseSpec, case_dir: Path) -> None:
-        env_set, env_unset = rank_environment(spec)
+        env_set, env_unset = rank_environment(spec, self.deadlines)
         devices = rank_devices(spec)
         across = spec.cross_node
         casefiles.write_json_atomic(
@@ -200,10 +203,11 @@ class CaseRunner:
                 "set_kind": spec.set_kind,
                 "links": list(spec.links),
                 "params": dict(spec.params),
+                "visible": [device_id(d) for d in spec.seen],
                 "env_set": env_set,
                 "env_unset": env_unset,
                 "init_timeout": self.deadlines.init_timeout,
-                "op_timeout": self.deadlines.op_timeout,
+                "process_group_timeout": self.deadlines.process_group_timeout,
                 "rules": self.rules,
             },
         )
@@ -245,7 +249,9 @@ class CaseRunner:
         ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
         try:
             deadlines = self.deadlines
-            supervision = supervise(self.server, ranks, pgid, deadlines.case_timeout, deadlines.grace, peers)
+            supervision = supervise(
+                self.server, ranks, pgid, deadlines.case_timeout, deadlines.grace, deadlines.stop_ladder, peers
+            )
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             kill_group(pgid)
             raise

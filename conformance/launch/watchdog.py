@@ -1,8 +1,10 @@
 """The parent's watchdog: waits for a case's ranks against its deadline and stops them.
 
 This is where ranks are killed.  The stop ladder, on the case's process group:
-SIGUSR1 (each rank dumps its Python stacks to its stderr.log) -> SIGTERM -> SIGKILL -> bounded
-wait; a rank still there after that is named as unkillable (often a process stuck in a driver).
+SIGUSR1 (each rank dumps its Python stacks to its stderr.log) and SIGUSR2 (each rank dumps torch's
+flight recorder) -> SIGTERM -> SIGKILL -> bounded wait; a rank still there after that is named as
+unkillable (often a process stuck in a driver).  The waits are ``deadlines.StopLadder``'s, longer
+on GPUs, where a killed rank's CUDA context must be torn down.
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from conformance import casefiles
+from conformance import casefiles, flight_recorder
+from conformance.deadlines import StopLadder
 from conformance.launch.forkserver import ForkServerClient
 
-STACK_DUMP_WAIT = 0.5  # seconds for faulthandler to write every rank's stacks
-TERM_WAIT = 0.5  # seconds between SIGTERM and SIGKILL
-KILL_WAIT = 1.0  # seconds to wait for the reap after SIGKILL before naming survivors
 HEALTHY_EXITS = (casefiles.EXIT_OK, casefiles.EXIT_SKIP)
 
 
@@ -77,23 +77,37 @@ def _wait_for_exits(server: ForkServerClient, ranks: Sequence[RankProcess], seco
     return alive
 
 
-def _dump_stacks(alive: Sequence[RankProcess]) -> None:
-    """Ask each live rank for its Python stacks and keep what it wrote."""
+def _dump_stacks(alive: Sequence[RankProcess], wait: float) -> None:
+    """Ask each live rank for its Python stacks and its flight recorder; keep the stacks it wrote."""
     stderr_paths = {r.rank: r.path / casefiles.STDERR for r in alive}
     offsets = {r.rank: _size(stderr_paths[r.rank]) for r in alive}
+    dumps = {r.rank: r.path / casefiles.FLIGHT_RECORDER for r in alive}
+    before = {r.rank: _mtime(dumps[r.rank]) for r in alive}
     for rank in alive:
-        try:
-            os.kill(rank.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + STACK_DUMP_WAIT
+        for sig in (flight_recorder.DUMP_SIGNAL, signal.SIGUSR1):
+            try:
+                os.kill(rank.pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait
     waiting = list(alive)
     while waiting and time.monotonic() < deadline:
         time.sleep(0.02)
-        waiting = [r for r in waiting if _size(stderr_paths[r.rank]) == offsets[r.rank]]
+        waiting = [
+            r
+            for r in waiting
+            if _size(stderr_paths[r.rank]) == offsets[r.rank] or _mtime(dumps[r.rank]) == before[r.rank]
+        ]
     time.sleep(0.02)  # let a dump that has begun finish
     for rank in alive:
         rank.stack = _read_from(stderr_paths[rank.rank], offsets[rank.rank])
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _size(path: Path) -> int:
@@ -112,17 +126,19 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
-def stop_case(server: ForkServerClient, pgid: int, alive: Sequence[RankProcess], reason: str) -> float:
+def stop_case(
+    server: ForkServerClient, pgid: int, alive: Sequence[RankProcess], reason: str, ladder: StopLadder
+) -> float:
     """Run the stop ladder; return seconds from the start of the ladder to the last reap."""
     begun = time.monotonic()
     for rank in alive:
         rank.stopped_by = reason
-    _dump_stacks(alive)
+    _dump_stacks(alive, ladder.dump_wait)
     _signal_group(pgid, signal.SIGTERM)
-    still = _wait_for_exits(server, alive, TERM_WAIT)
+    still = _wait_for_exits(server, alive, ladder.term_wait)
     if still:
         _signal_group(pgid, signal.SIGKILL)
-        still = _wait_for_exits(server, still, KILL_WAIT)
+        still = _wait_for_exits(server, still, ladder.kill_wait)
     for rank in still:
         rank.unkillable = True
     return time.monotonic() - begun
@@ -142,6 +158,7 @@ def supervise(
     pgid: int,
     case_timeout: float,
     grace: float,
+    ladder: StopLadder,
     peers: Peers | None = None,
 ) -> Supervision:
     """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure.
@@ -166,7 +183,7 @@ def supervise(
         limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)
         if now >= limit:
             supervision.stop_reason = "deadline" if limit == deadline else "grace"
-            supervision.stop_seconds = stop_case(server, pgid, alive, supervision.stop_reason)
+            supervision.stop_seconds = stop_case(server, pgid, alive, supervision.stop_reason, ladder)
             break
         server.wait_events(min(limit - now, 0.5))
     supervision.ended = time.time()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,11 @@ def describe_mismatch(label: str, got: torch.Tensor, expected: torch.Tensor) -> 
     )
 
 
+def uuid_digits(uuid: str) -> str:
+    """A GPU UUID's 32 hex digits, however it is spelt (NVML: GPU-5f1c..., torch: 5f1c...)."""
+    return re.sub(r"[^0-9a-f]", "", uuid.lower().removeprefix("gpu-"))
+
+
 class RankContext:
     def __init__(self, spec: Mapping[str, Any], rank: int, rank_path: Path) -> None:
         self.spec = spec
@@ -59,6 +66,8 @@ class RankContext:
         self.fired: set[int] = set()
         self.metrics: dict[str, Any] = {}
         self.group: dist.ProcessGroup | None = None
+        self.bound_device: int | None = None  # the ordinal given to init_process_group(device_id=...)
+        self.device_stuck = False  # a simulated kernel that never finishes: the next device wait blocks
         self.phase_name = "start"
         self.step = ""
         self._phase_log = (rank_path / "phase.jsonl").open("a", encoding="utf-8", buffering=1)
@@ -74,10 +83,42 @@ class RankContext:
             return torch.device("cuda", device["index"])
         return torch.device("cpu")
 
-    def phase(self, name: str, step: str = "") -> None:
-        """Report entering a phase (the parent reads this file) and apply the scenario's faults."""
+    @property
+    def visible_count(self) -> int:
+        """How many GPUs this rank sees (CUDA's count on a GPU; the simulated machine's otherwise)."""
+        if self.backend == "nccl":
+            import torch
+
+            return int(torch.cuda.device_count())
+        return len(self.spec.get("visible", [])) or 1
+
+    def check_device_identity(self) -> None:
+        """The GPU at this rank's ordinal is the one the parent chose (compared by UUID)."""
+        if self.backend != "nccl" or not self.device.get("uuid"):
+            return
+        import torch
+
+        properties = torch.cuda.get_device_properties(self.torch_device)
+        found = str(getattr(properties, "uuid", "") or "")
+        self.metrics["cuda_device"] = {"ordinal": self.torch_device.index, "uuid": found or None}
+        if len(uuid_digits(found)) == 32 and uuid_digits(found) != uuid_digits(self.device["uuid"]):
+            raise RuntimeError(
+                f"cuda:{self.torch_device.index} is {found}, not {self.device['uuid']} "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+            )
+
+    def phase(self, name: str, step: str = "", facts: Mapping[str, Any] | None = None) -> None:
+        """Report entering a phase (the parent reads this file) and apply the scenario's faults.
+
+        ``facts`` go into the rank's metrics and into the phase line too, so the parent has them
+        even when the rank is killed in this phase.
+        """
         self.phase_name, self.step = name, step
-        line = json.dumps({"phase": name, "step": step, "t": time.time()})
+        entry: dict[str, Any] = {"phase": name, "step": step, "t": time.time()}
+        if facts:
+            self.metrics.update(facts)
+            entry["facts"] = dict(facts)
+        line = json.dumps(entry)
         self._phase_log.write(line + "\n")
         self._apply_faults(name)
 
@@ -95,20 +136,45 @@ class RankContext:
             if rule.effect == "wrong_data":
                 continue  # applied to received data in verify()
             self.fired.add(i)
+            if rule.effect == "device_hang":
+                self.device_stuck = True  # the host call returns; the kernel never finishes
+                continue
             apply_effect(rule)
 
-    def verify(self, label: str, got: torch.Tensor, expected: torch.Tensor) -> None:
-        """Check received data exactly against a reference computed independently, on the CPU."""
+    def barrier_device_is(self, wrong: bool | None) -> None:
+        """Tell scenario rules whether torch's barrier is about to run on another GPU than the rank's."""
+        self.placement = replace(self.placement, wrong_barrier_device=wrong)
+
+    def synchronize(self, *others: torch.device) -> None:
+        """End a step: wait until the device (and ``others``) finished its work, inside the step's phase.
+
+        NCCL collectives return to the host at once; without this a hung kernel would first block
+        the copy back in ``verify`` and the hang would be placed in the wrong phase.
+        """
+        self._wait_for_device()
+        import torch
+
+        for device in {self.torch_device, *others}:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+    def _wait_for_device(self) -> None:
+        while self.device_stuck:  # what a spinning kernel looks like from the host
+            time.sleep(3600)
+
+    def verify(self, label: str, got: torch.Tensor, reference: Callable[[], torch.Tensor]) -> None:
+        """Check received data exactly against a reference built here, on the same device."""
         import torch
 
         self.phase("verify", label)
-        got = got.detach().to("cpu")
+        self._wait_for_device()  # the copy back to the host would block on a stuck kernel
         for i, _rule in self._matching_rules("verify", "wrong_data"):
             self.fired.add(i)
             got = got.clone()
             got.reshape(-1)[0] += 1
+        expected = reference()
         if got.shape != expected.shape or not torch.equal(got, expected.to(got.dtype)):
-            raise WrongData(describe_mismatch(label, got, expected))
+            raise WrongData(describe_mismatch(label, got.detach().to("cpu"), expected.to("cpu")))
 
     def skip(self, reason: str) -> None:
         raise RankSkip(reason)

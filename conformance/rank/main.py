@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from conformance import casefiles
+from conformance import casefiles, flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
 PR_SET_PDEATHSIG = 1
@@ -49,7 +49,8 @@ def redirect_output(rank_path: Path) -> None:
 def apply_case_env(spec: dict[str, Any], rank_path: Path) -> None:
     for name in spec.get("env_unset", []):
         os.environ.pop(name, None)
-    os.environ.update(spec.get("env_set", {}))
+    os.environ.update(flight_recorder.environment(spec["backend"], rank_path))
+    os.environ.update(spec.get("env_set", {}))  # a rung that sets a recorder variable keeps its value
     if spec["backend"] == "nccl":
         os.environ["NCCL_DEBUG_FILE"] = str(rank_path / casefiles.NCCL_LOG)
 
@@ -65,22 +66,30 @@ def control(ctx: RankContext, store: Any, timeout: float) -> None:
     store_barrier(ctx, store, "control", timeout)
 
 
+def use_own_device(ctx: RankContext) -> None:
+    """Make the rank's GPU current, as every job does (it does not steer the barrier), and check it is the one meant."""
+    import torch
+
+    torch.cuda.set_device(ctx.torch_device)
+    ctx.check_device_identity()
+
+
 def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     ctx.phase("init", f"init_process_group({ctx.backend})")
     kwargs: dict[str, Any] = {}
-    if ctx.backend == "nccl" and ctx.params.get("bind_device", True):
-        import torch
-
-        torch.cuda.set_device(ctx.torch_device)
-        kwargs["device_id"] = ctx.torch_device  # eager NCCL init: set-up errors surface here
+    if ctx.backend == "nccl":
+        use_own_device(ctx)
+        if ctx.params.get("device_id_at_init", True):
+            kwargs["device_id"] = ctx.torch_device  # eager NCCL init: set-up errors surface here
+            ctx.bound_device = ctx.torch_device.index
     dist.init_process_group(
         backend=ctx.backend,
         store=store,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=datetime.timedelta(seconds=spec["op_timeout"]),
+        timeout=datetime.timedelta(seconds=spec["process_group_timeout"]),
         **kwargs,
     )
     ctx.group = dist.group.WORLD
@@ -112,6 +121,8 @@ def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:
     store = case_store(ctx, spec, case_dir)
     control(ctx, store, spec["init_timeout"])
     if spec.get("single_process"):
+        if ctx.backend == "nccl":
+            use_own_device(ctx)
         PROBES[spec["probe"]](ctx)  # one process, no group (peer copies)
         ctx.phase("teardown", "done")
         return
@@ -142,6 +153,7 @@ def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, di
 def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     """Entry point in the forked child; never returns."""
     os.setpgid(0, pgid or 0)
+    flight_recorder.block_dump_signal()  # a dump request before the dump thread runs waits for it
     die_with_parent(parent)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
@@ -155,11 +167,14 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     try:
         spec = casefiles.read_json(case_dir / casefiles.CASE_SPEC)
         apply_case_env(spec, rank_path)
+        flight_recorder.serve_dumps(spec["backend"], rank_path)
         ctx = RankContext(spec, rank, rank_path)
         run_case(ctx, spec, case_dir)
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises is a result
         error = exc
         traceback.print_exc()
+        if ctx is not None and not isinstance(exc, RankSkip):
+            flight_recorder.dump(ctx.backend, rank_path)
     code, result = outcome(ctx, error)
     try:
         casefiles.write_json_atomic(rank_path / casefiles.RESULT, result)

@@ -1,15 +1,33 @@
 """Probes: what a rank does between set-up and teardown, referred to by name.
 
-Every probe moves rank-dependent, integer-valued data (exact in float32), checks what it received
-against a reference computed independently on the CPU, and measures speed only after that.
+Data.  Every element is a small integer, exact in float32: rank r's pattern is
+``(i % 251 + 1) * (r + 1)``.  References are closed forms, built on the rank's own device and only
+for what the rank receives: a sum over the ranks is the base pattern times ``W(W+1)/2``, a
+reduce-scatter share is that sum's slice, a broadcast is the root's pattern.  The check compares
+every element exactly.
+
+Steps.  Each step reports its phase, moves the data, synchronizes the device inside that same
+phase (NCCL calls return to the host at once, so a hung kernel is placed at the step that hung),
+then verifies.
+
+Bandwidth, measured after the data was verified, on buffers made before the clock starts, with
+warm-up iterations first (``timing.py``), as nccl-tests defines it:
+``algbw = bytes / time``; all-reduce ``busbw = algbw * 2(n-1)/n``; all-gather and reduce-scatter
+``busbw = algbw * (n-1)/n`` with bytes the whole gathered or scattered buffer; send/recv (both
+ranks send and receive at once, as nccl-tests' sendrecv) ``algbw`` per direction, bytes one
+message; a peer copy ``bytes / time`` per copy, each direction.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
+from conformance.barrier_device import barrier_device
+from conformance.rank import timing
 from conformance.rank.context import RankContext
 
 if TYPE_CHECKING:
@@ -17,6 +35,8 @@ if TYPE_CHECKING:
 
 Probe = Callable[[RankContext], None]
 PROBES: dict[str, Probe] = {}
+CYCLE = 251
+EXACT_LIMIT = 1 << 24  # float32 holds every integer below this exactly
 
 
 def probe(name: str) -> Callable[[Probe], Probe]:
@@ -27,19 +47,45 @@ def probe(name: str) -> Callable[[Probe], Probe]:
     return register
 
 
-def pattern(rank: int, numel: int) -> torch.Tensor:
-    """Rank-dependent integer values below 2**24, so float32 sums stay exact."""
+# -- data and references ------------------------------------------------------------------------
+
+
+def cycle_values(start: int, n: int, device: torch.device | str = "cpu", scale: int = 1) -> torch.Tensor:
+    """``((start + i) % 251 + 1) * scale`` for ``i < n``, float32, built by repeating one cycle."""
     import torch
 
-    return (torch.arange(numel, dtype=torch.float32) % 251 + 1) * (rank + 1)
+    offset = start % CYCLE
+    repeats = -(-(offset + n) // CYCLE)
+    values = torch.arange(1, CYCLE + 1, dtype=torch.float32, device=device).repeat(repeats)
+    if scale != 1:
+        values.mul_(scale)
+    return values[offset : offset + n]
 
 
-def reduced(world_size: int, numel: int) -> torch.Tensor:
-    """The element-wise sum of every rank's pattern, computed on the CPU."""
-    total = pattern(0, numel)
-    for rank in range(1, world_size):
-        total = total + pattern(rank, numel)
+def pattern(rank: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rank ``rank``'s data: integer values, exact in float32."""
+    return cycle_values(0, n, device, scale=rank + 1)
+
+
+def rank_sum(world_size: int) -> int:
+    """The factor a sum over every rank's pattern multiplies the base pattern by."""
+    total = world_size * (world_size + 1) // 2
+    if total * CYCLE >= EXACT_LIMIT:
+        raise ValueError(f"{world_size} ranks: sums of the check pattern would not be exact in float32")
     return total
+
+
+def reduced(world_size: int, n: int, device: torch.device | str = "cpu", start: int = 0) -> torch.Tensor:
+    """Elements ``start .. start+n`` of the element-wise sum of every rank's pattern."""
+    return cycle_values(start, n, device, scale=rank_sum(world_size))
+
+
+def gathered(world_size: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Every rank's pattern one after the other, as all-gather delivers them."""
+    import torch
+
+    scales = torch.arange(1, world_size + 1, dtype=torch.float32, device=device).unsqueeze(1)
+    return (cycle_values(0, n, device).unsqueeze(0) * scales).reshape(-1)
 
 
 def size_label(nbytes: int) -> str:
@@ -61,6 +107,13 @@ def sized_steps(ctx: RankContext, name: str) -> Iterator[tuple[int, str]]:
         yield _numel(nbytes), label
 
 
+def _largest(ctx: RankContext) -> int:
+    return max(int(s) for s in ctx.params.get("sizes", [4]))
+
+
+# -- bandwidth ---------------------------------------------------------------------------------
+
+
 def bus_factor(collective: str, world_size: int) -> float:
     """nccl-tests' bus bandwidth factors: what each rank's link carries relative to algbw."""
     n = world_size
@@ -71,40 +124,97 @@ def bus_factor(collective: str, world_size: int) -> float:
     return 1.0
 
 
+def timed(ctx: RankContext, label: str, operation: Callable[[], object], *devices: torch.device) -> float:
+    """Seconds per iteration of ``operation``, as its own probe step."""
+    iterations = int(ctx.params.get("bandwidth_iterations", 5))
+    warmup = int(ctx.params.get("bandwidth_warmup", 1))
+    ctx.phase("probe", f"{label} x{iterations}")
+    seconds = timing.seconds_per_iteration(operation, devices or (ctx.torch_device,), iterations, warmup)
+    ctx.synchronize(*devices)
+    return seconds
+
+
 def measure_busbw(ctx: RankContext, collective: str, nbytes: int, run_once: Callable[[], object]) -> None:
     """Time the collective after its data was verified; record algbw and busbw in GB/s."""
-    import torch.distributed as dist
-
-    iterations = int(ctx.params.get("bandwidth_iterations", 5))
-    ctx.phase("probe", f"{collective} bandwidth {size_label(nbytes)} x{iterations}")
-    dist.barrier(group=ctx.group)
-    start = time.perf_counter()
-    for _ in range(iterations):
-        run_once()
-    _synchronize(ctx)
-    elapsed = max(time.perf_counter() - start, 1e-9)
-    algbw = nbytes * iterations / elapsed / 1e9
-    ctx.metrics.setdefault("algbw_gbps", {})[size_label(nbytes)] = round(algbw, 4)
+    seconds = timed(ctx, f"{collective} bandwidth {size_label(nbytes)}", run_once)
+    algbw = timing.gbps(nbytes, seconds)
+    ctx.metrics.setdefault("algbw_gbps", {})[size_label(nbytes)] = algbw
     ctx.metrics.setdefault("busbw_gbps", {})[size_label(nbytes)] = round(
         algbw * bus_factor(collective, ctx.world_size), 4
     )
 
 
-def _largest(ctx: RankContext) -> int:
-    return max(int(s) for s in ctx.params.get("sizes", [4]))
+# -- collectives over the whole group --------------------------------------------------------
 
 
 @probe("all_reduce")
 def all_reduce(ctx: RankContext) -> None:
+    import torch
     import torch.distributed as dist
 
+    device = ctx.torch_device
     for n, label in sized_steps(ctx, "all_reduce"):
-        data = pattern(ctx.rank, n).to(ctx.torch_device)
+        data = pattern(ctx.rank, n, device)
         dist.all_reduce(data, group=ctx.group)
-        ctx.verify(label, data, reduced(ctx.world_size, n))
+        ctx.synchronize()
+        ctx.verify(label, data, partial(reduced, ctx.world_size, n, device))
     if ctx.params.get("measure"):
-        data = pattern(ctx.rank, _numel(_largest(ctx))).to(ctx.torch_device)
-        measure_busbw(ctx, "all_reduce", data.numel() * 4, lambda: dist.all_reduce(data, group=ctx.group))
+        buffer = torch.zeros(_numel(_largest(ctx)), device=device)
+        measure_busbw(ctx, "all_reduce", buffer.numel() * 4, lambda: dist.all_reduce(buffer, group=ctx.group))
+
+
+@probe("broadcast")
+def broadcast(ctx: RankContext) -> None:
+    import torch.distributed as dist
+
+    device = ctx.torch_device
+    for root in sorted({0, ctx.world_size - 1}):
+        for n, label in sized_steps(ctx, f"broadcast from rank {root}"):
+            data = pattern(ctx.rank, n, device)
+            dist.broadcast(data, src=root, group=ctx.group)
+            ctx.synchronize()
+            ctx.verify(label, data, partial(pattern, root, n, device))
+
+
+@probe("all_gather")
+def all_gather(ctx: RankContext) -> None:
+    import torch
+    import torch.distributed as dist
+
+    device, world = ctx.torch_device, ctx.world_size
+    for n, label in sized_steps(ctx, "all_gather"):
+        out = torch.zeros(world * n, device=device)
+        dist.all_gather_into_tensor(out, pattern(ctx.rank, n, device), group=ctx.group)
+        ctx.synchronize()
+        ctx.verify(label, out, partial(gathered, world, n, device))
+    if ctx.params.get("measure"):
+        n = _numel(_largest(ctx))
+        mine, out = torch.zeros(n, device=device), torch.zeros(world * n, device=device)
+        measure_busbw(
+            ctx, "all_gather", out.numel() * 4, lambda: dist.all_gather_into_tensor(out, mine, group=ctx.group)
+        )
+
+
+@probe("reduce_scatter")
+def reduce_scatter(ctx: RankContext) -> None:
+    import torch
+    import torch.distributed as dist
+
+    device, world = ctx.torch_device, ctx.world_size
+    for n, label in sized_steps(ctx, "reduce_scatter"):
+        out = torch.zeros(n, device=device)
+        dist.reduce_scatter_tensor(out, pattern(ctx.rank, n * world, device), group=ctx.group)
+        ctx.synchronize()
+        ctx.verify(label, out, partial(reduced, world, n, device, start=ctx.rank * n))
+    if ctx.params.get("measure"):
+        n = _numel(_largest(ctx))
+        full, out = torch.zeros(n * world, device=device), torch.zeros(n, device=device)
+        measure_busbw(
+            ctx, "reduce_scatter", full.numel() * 4, lambda: dist.reduce_scatter_tensor(out, full, group=ctx.group)
+        )
+
+
+# -- the first barrier -------------------------------------------------------------------------
 
 
 @probe("barrier")
@@ -117,8 +227,8 @@ def barrier(ctx: RankContext) -> None:
 def barrier_no_device_ids(ctx: RankContext) -> None:
     """The same without device_ids, the group also made without ``device_id``.
 
-    NCCL then guesses each rank's GPU (the "using GPU N to perform barrier as devices used by this
-    process are currently unknown" hang on non-contiguous device subsets).
+    torch then picks the barrier's GPU by its own rule (``barrier_device.py``); where the ranks see
+    more GPUs than they use, that guess can be another rank's GPU (seed b).
     """
     _barrier_first(ctx, with_ids=False)
 
@@ -126,194 +236,169 @@ def barrier_no_device_ids(ctx: RankContext) -> None:
 def _barrier_first(ctx: RankContext, with_ids: bool) -> None:
     import torch.distributed as dist
 
-    ctx.phase("probe", "barrier with device_ids" if with_ids else "barrier without device_ids")
+    own = int(ctx.device["index"])
+    chosen = barrier_device(ctx.rank, ctx.visible_count, device_ids=[own] if with_ids else None, bound=ctx.bound_device)
+    facts = {"barrier": {"rank_device": own, "barrier_device": chosen.index, "chosen_by": chosen.chosen_by}}
+    ctx.barrier_device_is(wrong=chosen.index != own)
+    ctx.phase("probe", "barrier with device_ids" if with_ids else "barrier without device_ids", facts)
     if with_ids and ctx.backend == "nccl":
-        dist.barrier(group=ctx.group, device_ids=[ctx.torch_device.index])
+        dist.barrier(group=ctx.group, device_ids=[own])
     else:
         dist.barrier(group=ctx.group)
-    ctx.phase("probe", "all_reduce after barrier")
-    data = pattern(ctx.rank, 1).to(ctx.torch_device)
+    ctx.synchronize()
+    ctx.barrier_device_is(wrong=None)
+    _all_reduce_one(ctx, "all_reduce after barrier")
+
+
+def _all_reduce_one(ctx: RankContext, label: str) -> None:
+    import torch.distributed as dist
+
+    ctx.phase("probe", label)
+    data = pattern(ctx.rank, 1, ctx.torch_device)
     dist.all_reduce(data, group=ctx.group)
-    ctx.verify("all_reduce after barrier", data, reduced(ctx.world_size, 1))
+    ctx.synchronize()
+    ctx.verify(label, data, partial(reduced, ctx.world_size, 1, ctx.torch_device))
 
 
-@probe("broadcast")
-def broadcast(ctx: RankContext) -> None:
-    import torch.distributed as dist
-
-    for root in sorted({0, ctx.world_size - 1}):
-        for n, label in sized_steps(ctx, f"broadcast from rank {root}"):
-            data = pattern(ctx.rank, n).to(ctx.torch_device)
-            dist.broadcast(data, src=root, group=ctx.group)
-            ctx.verify(label, data, pattern(root, n))
+# -- pairs -------------------------------------------------------------------------------------
 
 
-@probe("all_gather")
-def all_gather(ctx: RankContext) -> None:
-    import torch
-    import torch.distributed as dist
-
-    for n, label in sized_steps(ctx, "all_gather"):
-        out = torch.zeros(ctx.world_size * n, device=ctx.torch_device)
-        dist.all_gather_into_tensor(out, pattern(ctx.rank, n).to(ctx.torch_device), group=ctx.group)
-        ctx.verify(label, out, torch.cat([pattern(r, n) for r in range(ctx.world_size)]))
-    if ctx.params.get("measure"):
-        n = _numel(_largest(ctx))
-        mine, out = pattern(ctx.rank, n).to(ctx.torch_device), torch.zeros(ctx.world_size * n, device=ctx.torch_device)
-        measure_busbw(
-            ctx, "all_gather", out.numel() * 4, lambda: dist.all_gather_into_tensor(out, mine, group=ctx.group)
-        )
-
-
-@probe("reduce_scatter")
-def reduce_scatter(ctx: RankContext) -> None:
-    import torch
-    import torch.distributed as dist
-
-    for n, label in sized_steps(ctx, "reduce_scatter"):
-        out = torch.zeros(n, device=ctx.torch_device)
-        full = pattern(ctx.rank, n * ctx.world_size).to(ctx.torch_device)
-        dist.reduce_scatter_tensor(out, full, group=ctx.group)
-        total = reduced(ctx.world_size, n * ctx.world_size)
-        ctx.verify(label, out, total[ctx.rank * n : (ctx.rank + 1) * n])
-    if ctx.params.get("measure"):
-        n = _numel(_largest(ctx))
-        full, out = pattern(ctx.rank, n * ctx.world_size).to(ctx.torch_device), torch.zeros(n, device=ctx.torch_device)
-        measure_busbw(
-            ctx, "reduce_scatter", full.numel() * 4, lambda: dist.reduce_scatter_tensor(out, full, group=ctx.group)
-        )
-
-
-def _exchange(ctx: RankContext, n: int) -> torch.Tensor:
-    """Rank 0 sends first, rank 1 receives first: both directions, no deadlock."""
+def _exchange(ctx: RankContext, send: torch.Tensor, receive: torch.Tensor) -> None:
+    """Both ranks send and receive at once (one batch, as nccl-tests' sendrecv does)."""
     import torch.distributed as dist
 
     peer = 1 - ctx.rank
-    received = pattern(0, n).to(ctx.torch_device) * 0
-    mine = pattern(ctx.rank, n).to(ctx.torch_device)
-    if ctx.rank == 0:
-        dist.send(mine, dst=peer, group=ctx.group)
-        dist.recv(received, src=peer, group=ctx.group)
-    else:
-        dist.recv(received, src=peer, group=ctx.group)
-        dist.send(mine, dst=peer, group=ctx.group)
-    return received
+    ops = [dist.P2POp(dist.isend, send, peer, ctx.group), dist.P2POp(dist.irecv, receive, peer, ctx.group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 @probe("pair_exchange")
 def pair_exchange(ctx: RankContext) -> None:
     """Send/recv both ways and all-reduce between two ranks, then bandwidth."""
+    import torch
     import torch.distributed as dist
 
     if ctx.world_size != 2:
         ctx.skip(f"pair_exchange needs exactly 2 ranks, got {ctx.world_size}")
+    device, peer = ctx.torch_device, 1 - ctx.rank
     for n, label in sized_steps(ctx, "send/recv"):
-        received = _exchange(ctx, n)
-        ctx.verify(label, received, pattern(1 - ctx.rank, n))
+        received = torch.zeros(n, device=device)
+        _exchange(ctx, pattern(ctx.rank, n, device), received)
+        ctx.synchronize()
+        ctx.verify(label, received, partial(pattern, peer, n, device))
     for n, label in sized_steps(ctx, "all_reduce"):
-        data = pattern(ctx.rank, n).to(ctx.torch_device)
+        data = pattern(ctx.rank, n, device)
         dist.all_reduce(data, group=ctx.group)
-        ctx.verify(label, data, pattern(0, n) + pattern(1, n))
-    _measure_pair_bandwidth(ctx)
-
-
-def _measure_pair_bandwidth(ctx: RankContext) -> None:
-    """GB/s of one direction of a send/recv round trip, after the data was verified."""
-    import torch.distributed as dist
-
+        ctx.synchronize()
+        ctx.verify(label, data, partial(reduced, 2, n, device))
     nbytes = int(ctx.params.get("bandwidth_bytes", 4 << 20))
-    iterations = int(ctx.params.get("bandwidth_iterations", 5))
-    ctx.phase("probe", f"bandwidth {size_label(nbytes)} x{iterations}")
-    n = _numel(nbytes)
-    _exchange(ctx, n)  # warm-up
-    dist.barrier(group=ctx.group)
-    start = time.perf_counter()
-    for _ in range(iterations):
-        _exchange(ctx, n)
-    _synchronize(ctx)
-    elapsed = time.perf_counter() - start
-    # each iteration moves nbytes in each direction
-    ctx.metrics["bandwidth_gbps"] = round(2 * nbytes * iterations / elapsed / 1e9, 4)
-
-
-def _synchronize(ctx: RankContext) -> None:
-    if ctx.torch_device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(ctx.torch_device)
-
-
-@probe("fail_one_rank")
-def fail_one_rank(ctx: RankContext) -> None:
-    """One rank raises while the others wait in an all-reduce: the harness must name it."""
-    import torch.distributed as dist
-
-    failing = int(ctx.params.get("failing_rank", ctx.world_size - 1))
-    delay = float(ctx.params.get("delay", 0.2))
-    ctx.phase("probe", "all_reduce while one rank fails")
-    if ctx.rank == failing:
-        time.sleep(delay)  # let the others enter the collective first
-        raise RuntimeError(f"deliberate failure on rank {failing} while the others are in all_reduce")
-    data = pattern(ctx.rank, 1).to(ctx.torch_device)
-    dist.all_reduce(data, group=ctx.group)
-    ctx.verify("all_reduce", data, reduced(ctx.world_size, 1))
+    send, receive = torch.zeros(_numel(nbytes), device=device), torch.zeros(_numel(nbytes), device=device)
+    seconds = timed(ctx, f"send/recv bandwidth {size_label(nbytes)}", lambda: _exchange(ctx, send, receive))
+    ctx.metrics["bandwidth_gbps"] = timing.gbps(nbytes, seconds)  # per direction
 
 
 @probe("peer_copy")
 def peer_copy(ctx: RankContext) -> None:
-    """In one process: write a pattern on one device, copy it to the peer and back, check it all.
+    """In one process: copy a pattern to the peer device and back, check every element, then GB/s.
 
-    On GPUs this is ``tensor.to(peer)`` (cudaMemcpyPeer, the path framework copies take); on a
-    CPU run the devices are virtual and the copy is a host copy, so the harness still runs it.
+    On GPUs this is a device-to-device copy (``tensor.to(peer)``, the path framework copies take);
+    on a CPU run the devices are virtual and the copy is a host copy, so the harness still runs it.
     """
     import torch
 
     peer = ctx.spec["peers"][0]
     here, there = ctx.torch_device, ctx.device_of(peer)
     if here.type == "cuda":
-        ctx.metrics["peer_access"] = torch.cuda.can_device_access_peer(here.index, there.index)
-    for src, dst, names in (
-        (here, there, (ctx.device["name"], peer["name"])),
-        (there, here, (peer["name"], ctx.device["name"])),
-    ):
-        for n, label in sized_steps(ctx, f"copy {names[0]}->{names[1]}"):
-            data = pattern(ctx.rank, n).to(src)
-            copied = data.to(dst)
-            _synchronize(ctx)
-            ctx.verify(label, copied, pattern(ctx.rank, n))
-    n = _numel(_largest(ctx))
-    data = pattern(ctx.rank, n).to(here)
-    ctx.phase("probe", f"copy bandwidth {size_label(n * 4)}")
-    start = time.perf_counter()
-    for _ in range(int(ctx.params.get("bandwidth_iterations", 5))):
-        data.to(there)
-    _synchronize(ctx)
-    elapsed = max(time.perf_counter() - start, 1e-9)
-    ctx.metrics["bandwidth_gbps"] = round(n * 4 * int(ctx.params.get("bandwidth_iterations", 5)) / elapsed / 1e9, 4)
+        ctx.metrics["peer_access"] = torch.cuda.can_device_access_peer(here, there)
+    directions = (
+        (here, there, f"{ctx.device['name']}->{peer['name']}"),
+        (there, here, f"{peer['name']}->{ctx.device['name']}"),
+    )
+    for src, dst, names in directions:
+        for n, label in sized_steps(ctx, f"copy {names}"):
+            copied = pattern(ctx.rank, n, src).to(dst, copy=True)
+            ctx.synchronize(src, dst)
+            ctx.verify(label, copied, partial(pattern, ctx.rank, n, dst))
+    nbytes = _largest(ctx)
+    rates = {}
+    for src, dst, names in directions:
+        data, out = torch.zeros(_numel(nbytes), device=src), torch.empty(_numel(nbytes), device=dst)
+        seconds = timed(ctx, f"copy bandwidth {names} {size_label(nbytes)}", partial(out.copy_, data), src, dst)
+        rates[names] = timing.gbps(nbytes, seconds)
+    ctx.metrics["copy_gbps"] = rates
+    ctx.metrics["bandwidth_gbps"] = min(rates.values())
+
+
+# -- the harness's own checks ------------------------------------------------------------------
+
+
+@probe("fail_one_rank")
+def fail_one_rank(ctx: RankContext) -> None:
+    """One rank raises while the others wait in an all-reduce: the harness must name it."""
+    failing = int(ctx.params.get("failing_rank", ctx.world_size - 1))
+    delay = float(ctx.params.get("delay", 0.2))
+    if ctx.rank == failing:
+        ctx.phase("probe", "all_reduce while one rank fails")
+        time.sleep(delay)  # let the others enter the collective first
+        raise RuntimeError(f"deliberate failure on rank {failing} while the others are in all_reduce")
+    _all_reduce_one(ctx, "all_reduce while one rank fails")
 
 
 @probe("oom_while_waiting")
 def oom_while_waiting(ctx: RankContext) -> None:
     """One rank runs into a real CUDA out-of-memory while the others wait in an all-reduce."""
     import torch
-    import torch.distributed as dist
 
     if ctx.torch_device.type != "cuda":
         ctx.skip("a real CUDA out-of-memory needs a GPU; the CPU run covers this with a simulated one")
     failing = int(ctx.params.get("failing_rank", ctx.world_size - 1))
-    ctx.phase("probe", "all_reduce while one rank runs out of memory")
     if ctx.rank == failing:
+        ctx.phase("probe", "allocate more than the GPU has")
         time.sleep(float(ctx.params.get("delay", 0.5)))
-        free, total = torch.cuda.mem_get_info(ctx.torch_device)
-        torch.empty(int(total * 2), dtype=torch.uint8, device=ctx.torch_device)  # more than the GPU has
-    data = pattern(ctx.rank, 1).to(ctx.torch_device)
-    dist.all_reduce(data, group=ctx.group)
-    ctx.verify("all_reduce", data, reduced(ctx.world_size, 1))
+        _, total = torch.cuda.mem_get_info(ctx.torch_device)
+        torch.empty(int(total * 2), dtype=torch.uint8, device=ctx.torch_device)
+    _all_reduce_one(ctx, "all_reduce while one rank runs out of memory")
+
+
+@probe("spin_kernel")
+def spin_kernel(ctx: RankContext) -> None:
+    """A kernel that spins far past any deadline: the watchdog must take the stack and reap the rank."""
+    import torch
+
+    if ctx.torch_device.type != "cuda":
+        ctx.skip("a spinning CUDA kernel needs a GPU")
+    ctx.phase("probe", "kernel spinning")
+    torch.cuda._sleep(int(ctx.params.get("cycles", 10**14)))  # type: ignore[no-untyped-call]
+    ctx.synchronize()
+
+
+@probe("copy_timing")
+def copy_timing(ctx: RankContext) -> None:
+    """A device-to-device copy timed by the probes' own code and by CUDA events alone."""
+    import torch
+
+    if ctx.torch_device.type != "cuda":
+        ctx.skip("CUDA events need a GPU")
+    device, nbytes = ctx.torch_device, int(ctx.params.get("bandwidth_bytes", 256 << 20))
+    iterations = int(ctx.params.get("bandwidth_iterations", 20))
+    data, out = torch.zeros(_numel(nbytes), device=device), torch.empty(_numel(nbytes), device=device)
+    seconds = timed(ctx, f"copy {size_label(nbytes)}", lambda: out.copy_(data))
+    ctx.phase("probe", f"copy {size_label(nbytes)} timed with CUDA events x{iterations}")
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(iterations):
+        out.copy_(data)
+    end.record()
+    end.synchronize()
+    ctx.metrics["probe_timing_gbps"] = timing.gbps(nbytes, seconds)
+    ctx.metrics["cuda_events_gbps"] = timing.gbps(nbytes, start.elapsed_time(end) / 1000 / iterations)
 
 
 @probe("environment")
 def environment(ctx: RankContext) -> None:
-    """What the rank's torch says about itself: versions and backend availability."""
+    """What the rank's torch says about itself: versions, backends, and the descriptors a rank holds."""
     import torch
     import torch.distributed as dist
 
@@ -324,7 +409,5 @@ def environment(ctx: RankContext) -> None:
     ctx.metrics["nccl_available"] = dist.is_nccl_available()
     if ctx.backend == "nccl":
         ctx.metrics["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
-    ctx.phase("probe", "all_reduce 4B")
-    data = pattern(ctx.rank, 1).to(ctx.torch_device)
-    dist.all_reduce(data, group=ctx.group)
-    ctx.verify("all_reduce 4B", data, reduced(ctx.world_size, 1))
+    _all_reduce_one(ctx, "all_reduce 4B")
+    ctx.metrics["open_files"] = len(os.listdir("/proc/self/fd"))  # measured after the group is up

@@ -1,0 +1,107 @@
+"""Every deadline of a case and how they relate, stated and checked here.
+
+From the inside out, each layer must act before the one around it:
+
+    gloo:  in-rank timeouts (--init-timeout, --op-timeout)  <  --case-timeout
+    the suite's watchdog: --case-timeout, then the stop ladder (stacks and flight recorder,
+                          SIGTERM, SIGKILL, a bounded wait for the reap)
+    nccl:  torch's own NCCL watchdog (init_process_group(timeout=...)) is set to fire only after
+           the stop ladder has ended, so the suite takes every rank's stack and flight recorder
+           first; torch would otherwise SIGABRT the ranks and the first rank to abort would look
+           like the root cause
+    pytest-timeout's net per item: the case's bound plus OUTER_NET_MARGIN
+
+On gloo the in-rank timeout raises inside the rank (a catchable "Timed out"), which keeps the
+rank's own phase and traceback, so it comes first there.  On NCCL a timeout is an abort, so the
+suite's watchdog comes first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StopLadder:
+    """The watchdog's steps after a deadline, in seconds."""
+
+    dump_wait: float  # for every rank's Python stacks and flight-recorder dump
+    term_wait: float  # between SIGTERM and SIGKILL
+    kill_wait: float  # after SIGKILL, before a rank still there is named unkillable
+
+    @property
+    def total(self) -> float:
+        return self.dump_wait + self.term_wait + self.kill_wait
+
+
+# CPU ranks die within milliseconds of SIGKILL (benchmarks/overhead.py: 0.05 s after a deadline).
+CPU_STOP_LADDER = StopLadder(dump_wait=0.5, term_wait=0.5, kill_wait=1.0)
+# A SIGKILLed GPU process releases its device memory when the kernel closes its /dev/nvidia*
+# descriptors: reported at 0.4-0.8 s for device memory on an H100 and up to 26 s with 243 GB of
+# pinned host memory (sgl-project/sglang PR #32829); a CUDA/NCCL ioctl in uninterruptible sleep
+# defers even SIGKILL (ai-dynamo/dynamo PR #12710).  Not yet measured by this project on a GPU
+# (`python -m conformance smoke` times it): a conservative 10 s until then.  The dump wait allows
+# NCCL's flight-recorder dump, which also walks the communicators.
+GPU_STOP_LADDER = StopLadder(dump_wait=2.0, term_wait=0.5, kill_wait=10.0)
+
+# torch's NCCL watchdog acts this long after the suite's stop ladder should have ended.
+NCCL_WATCHDOG_MARGIN = 30.0
+# pytest-timeout's thread method fires this long after a case should have ended.
+OUTER_NET_MARGIN = 30.0
+# torch's heartbeat monitor aborts a rank whose NCCL watchdog thread is stuck this long (its default).
+TORCH_HEARTBEAT_DEFAULT = 480.0
+
+
+class DeadlineError(ValueError):
+    """The layers are in the wrong order; the message says which."""
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    init_timeout: float
+    op_timeout: float
+    case_timeout: float
+    grace: float
+    backend: str = "gloo"
+
+    @property
+    def stop_ladder(self) -> StopLadder:
+        return GPU_STOP_LADDER if self.backend == "nccl" else CPU_STOP_LADDER
+
+    @property
+    def case_bound(self) -> float:
+        """A case has ended by this many seconds after its ranks started, whatever they do."""
+        return self.case_timeout + self.stop_ladder.total
+
+    @property
+    def process_group_timeout(self) -> float:
+        """The ``timeout`` the ranks give ``init_process_group``."""
+        if self.backend == "nccl":
+            return self.case_bound + NCCL_WATCHDOG_MARGIN
+        return self.op_timeout
+
+    @property
+    def heartbeat_timeout(self) -> float | None:
+        """TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC when torch's default would act before the suite; else None."""
+        if self.backend != "nccl" or self.process_group_timeout < TORCH_HEARTBEAT_DEFAULT:
+            return None
+        return self.process_group_timeout + NCCL_WATCHDOG_MARGIN
+
+    @property
+    def outer_net(self) -> float:
+        """pytest-timeout's limit for one item that runs one case."""
+        return self.case_bound + OUTER_NET_MARGIN
+
+    def check(self) -> None:
+        """Raise DeadlineError unless each layer acts before the one around it."""
+        if self.init_timeout >= self.case_timeout:
+            raise DeadlineError(f"init timeout {self.init_timeout:g}s is not shorter than case {self.case_timeout:g}s")
+        if self.backend != "nccl" and self.op_timeout >= self.case_timeout:
+            raise DeadlineError(f"op timeout {self.op_timeout:g}s is not shorter than case {self.case_timeout:g}s")
+        if self.backend == "nccl" and self.process_group_timeout <= self.case_bound:
+            raise DeadlineError(
+                f"torch's NCCL watchdog ({self.process_group_timeout:g}s) would act before the suite's "
+                f"({self.case_bound:g}s)"
+            )
+        if self.outer_net <= self.case_bound:
+            raise DeadlineError(f"pytest-timeout ({self.outer_net:g}s) would act before the case ends")

@@ -1,0 +1,118 @@
+"""Each rank's last collectives, from torch's own flight recorder.
+
+torch records every collective a process group issues (name, sequence number, sizes, state) in a
+ring buffer: ProcessGroupNCCL's, switched on by TORCH_NCCL_TRACE_BUFFER_SIZE, and the
+backend-neutral one gloo uses (torch >= 2.8), by TORCH_FR_BUFFER_SIZE.  A rank dumps it as JSON
+
+* when the watchdog asks (SIGUSR2, at the deadline, before the stop ladder kills anything): a
+  thread of the rank waits for the signal with sigwait, so the dump works while the main thread
+  is blocked in a collective or a device synchronize;
+* when the rank itself fails with an exception (gloo's in-rank timeouts, errors).
+
+On NCCL, torch's own dump on timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) is pointed into the rank's
+folder as well, for the case where torch's watchdog acts despite the deadline order
+(``deadlines.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from conformance import casefiles
+
+DUMP_SIGNAL = signal.SIGUSR2
+BUFFER_ENTRIES = "2000"  # the buffer size torch's flight-recorder tutorial recommends
+LAST_ENTRIES = 4  # collectives per rank kept in the record
+
+
+def environment(backend: str, rank_path: Path) -> dict[str, str]:
+    """Variables that switch the recorder on for a rank (set in the rank, before torch reads them)."""
+    env = {"TORCH_FR_BUFFER_SIZE": BUFFER_ENTRIES}
+    if backend == "nccl":
+        prefix = str(rank_path / "torch_flight_recorder_")
+        env.update(
+            TORCH_NCCL_TRACE_BUFFER_SIZE=BUFFER_ENTRIES,
+            TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+            TORCH_NCCL_DEBUG_INFO_TEMP_FILE=prefix,
+            TORCH_FR_DUMP_TEMP_FILE=prefix,
+        )
+    return env
+
+
+def _dump_json(backend: str) -> bytes:
+    from torch._C import _distributed_c10d as c10d
+
+    # ProcessGroupNCCL keeps its own recorder; gloo's is the backend-neutral one.
+    name = "_dump_nccl_trace_json" if backend == "nccl" and hasattr(c10d, "_dump_nccl_trace_json") else None
+    dump = getattr(c10d, name or "_dump_fr_trace_json")
+    return bytes(dump(True, False))  # every entry, not only the active ones
+
+
+def dump(backend: str, rank_path: Path) -> None:
+    """Write the recorder's JSON to the rank's folder; a failure is written there instead."""
+    try:
+        data: Any = json.loads(_dump_json(backend))
+    except Exception as exc:  # noqa: BLE001 - a missing dump must not hide the rank's own failure
+        data = {"error": f"{type(exc).__name__}: {exc}"}
+    casefiles.write_json_atomic(rank_path / casefiles.FLIGHT_RECORDER, data)
+
+
+def block_dump_signal() -> None:
+    """Block the signal in this thread; threads started later inherit the mask."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {DUMP_SIGNAL})
+
+
+def serve_dumps(backend: str, rank_path: Path) -> None:
+    """Dump on every DUMP_SIGNAL, from a thread of its own (the main thread may be stuck)."""
+    block_dump_signal()
+
+    def wait_and_dump() -> None:
+        while True:
+            signal.sigwait({DUMP_SIGNAL})
+            dump(backend, rank_path)
+
+    threading.Thread(target=wait_and_dump, name="conformance-flight-recorder", daemon=True).start()
+
+
+def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One recorded collective, in torch's terms: ``retired`` means it ended (done, failed or timed out)."""
+    p2p = bool(entry.get("is_p2p"))
+    return {
+        "op": entry.get("profiling_name", "?"),
+        "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"),
+        "state": entry.get("state"),
+        "retired": bool(entry.get("retired")),
+        "sizes": entry.get("input_sizes"),
+    }
+
+
+def last_collectives(rank_path: Path) -> dict[str, Any] | None:
+    """The rank's last few recorded collectives and its groups' progress; None without a dump."""
+    data = casefiles.read_json(rank_path / casefiles.FLIGHT_RECORDER)
+    if not isinstance(data, dict):
+        return None
+    if "error" in data:
+        return {"error": data["error"], "last": [], "groups": {}}
+    entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
+    entries.sort(key=lambda e: e.get("record_id", 0))
+    groups = data.get("pg_status", {})
+    return {"last": [_entry(e) for e in entries[-LAST_ENTRIES:]], "groups": groups if isinstance(groups, dict) else {}}
+
+
+def describe(collectives: Mapping[str, Any] | None) -> str:
+    """One line: the rank's last collective and whether it has ended."""
+    if not collectives:
+        return "no flight-recorder dump"
+    if collectives.get("error"):
+        return f"flight-recorder dump failed: {collectives['error']}"
+    last = collectives.get("last") or []
+    if not last:
+        return "no collective recorded"
+    e = last[-1]
+    ended = "ended" if e["retired"] or e["state"] == "completed" else "still in flight"
+    return f"last collective {e['op']} #{e['seq']} {e['sizes']} {ended} (state {e['state']})"

@@ -1,0 +1,245 @@
+"""The smoke run on a real GPU: versions, topology, the suite, and the claims one GPU can check.
+
+    python -m conformance smoke [--out DIR] [--skip-suite]      (tools/gpu_smoke.sh runs this)
+
+Uses the machine's own torch.  Prints the versions (driver, CUDA, torch, NCCL, nvidia-ml-py), the
+suite's topology beside ``nvidia-smi topo -m``, runs ``pytest suites/`` with ``--junitxml``, then
+checks, each through the suite's own harness:
+
+* the forkserver holds no ``/dev/nvidia*`` descriptor (no CUDA context) after a GPU case ran;
+* a world of one passes;
+* a real CUDA out-of-memory in a rank is ``error`` with OutOfMemoryError and that rank the root cause;
+* a rank spinning in a CUDA kernel is stopped at the deadline with its stack and reaped (timed:
+  the figure for the GPU stop ladder in ``deadlines.py``);
+* a device-to-device copy timed by the probes' code is within 10% of CUDA events' timing;
+* a ``MIG-`` or unknown ``GPU-`` entry in CUDA_VISIBLE_DEVICES stops ``pytest`` with exit status 4.
+
+It ends with one table and exit status 0 only when every check passed.  Without a GPU the GPU
+checks say NOT RUN and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from conformance.deadlines import GPU_STOP_LADDER, Deadlines
+from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
+from conformance.topology import Topology, TopologyError, discover
+
+PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+COPY_TIMING_TOLERANCE = 0.10
+SUITE_TIMEOUT = 3600
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in ("torch", "nvidia-ml-py", "pytest", "gpu-conformance"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    script = (
+        "import json, torch; nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None; "
+        "print(json.dumps({'cuda (torch)': torch.version.cuda, 'nccl': '.'.join(map(str, nccl)) if nccl else None}))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    found.update(json.loads(done.stdout) if done.returncode == 0 else {"cuda (torch)": None, "nccl": None})
+    return found
+
+
+def show_topology(out: Path) -> str:
+    """``python -m conformance topology`` and ``nvidia-smi topo -m``, one after the other."""
+    command = [sys.executable, "-m", "conformance", "topology"]
+    ours = subprocess.run(command, capture_output=True, text=True, check=False)
+    text = ours.stdout + ours.stderr
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=False)
+        text += "\nnvidia-smi topo -m:\n" + smi.stdout + smi.stderr
+    else:
+        text += "\nnvidia-smi: not found\n"
+    (out / "topology.txt").write_text(text)
+    return text
+
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"  # the checkout's suites
+
+
+def run_suite(out: Path) -> Check:
+    junit = out / "junit.xml"
+    if not SUITES.is_dir():
+        return Check("pytest suites/", FAIL, f"no suites folder at {SUITES}: run from a checkout")
+    command = [sys.executable, "-m", "pytest", str(SUITES), f"--junitxml={junit}", f"--reports-dir={out / 'reports'}",
+               "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    with (out / "suite.log").open("w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=SUITE_TIMEOUT, check=False)
+    code = done.returncode
+    tail = (out / "suite.log").read_text(errors="replace").strip().splitlines()[-1:]
+    return Check("pytest suites/", PASS if code == 0 else FAIL, f"exit {code}: {' '.join(tail)} ({junit})")
+
+
+def case(runner: CaseRunner, topology: Topology, probe: str, **params: object) -> CaseResult:
+    gpu = topology.devices[0]
+    spec = CaseSpec(f"smoke::{probe}", probe, (gpu,), "nccl", visible=topology.devices, params=params)
+    return runner.run(spec)
+
+
+def nvidia_descriptors(pid: int) -> list[str]:
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            found.append(target)
+    return sorted(set(found))
+
+
+def world_of_one_and_forkserver(runner: CaseRunner, topology: Topology) -> list[Check]:
+    result = case(runner, topology, "all_reduce", sizes=[4, 1 << 20])
+    one = Check("world of one (NCCL all-reduce, checked)", PASS if result.verdict == "pass" else FAIL,
+                f"{result.verdict} {result.decision.summary}".strip())  # fmt: skip
+    server = runner.server.proc
+    held = nvidia_descriptors(server.pid) if server is not None else ["no forkserver"]
+    fork = Check("forkserver holds no /dev/nvidia* descriptor", FAIL if held else PASS, ", ".join(held) or "none")
+    return [one, fork]
+
+
+def out_of_memory(runner: CaseRunner, topology: Topology) -> Check:
+    result = case(runner, topology, "oom_while_waiting", failing_rank=0, delay=0)
+    root = result.decision.root
+    ok = result.verdict == "error" and root is not None and root.rank == 0 and root.error_type == "OutOfMemoryError"
+    return Check("real CUDA OOM -> error, root cause rank 0", PASS if ok else FAIL, result.decision.summary[:160])
+
+
+def spinning_kernel(out: Path, topology: Topology) -> Check:
+    runner = CaseRunner(out / "spin", Deadlines(4, 4, 5, 3, backend="nccl"))
+    try:
+        result = case(runner, topology, "spin_kernel")
+    finally:
+        runner.close()
+    stacks = all(r.stack for r in result.reports)
+    ok = result.verdict == "hang" and stacks and not result.unkillable
+    detail = (
+        f"{result.verdict}; stacks {'taken' if stacks else 'missing'}; deadline -> reaped {result.stop_seconds:.2f}s "
+        f"(stop ladder allows {GPU_STOP_LADDER.total:g}s; kill wait {GPU_STOP_LADDER.kill_wait:g}s)"
+    )
+    return Check("spinning kernel stopped with its stack, reaped", PASS if ok else FAIL, detail)
+
+
+def copy_timing(runner: CaseRunner, topology: Topology) -> Check:
+    sizes = {"bandwidth_bytes": 256 << 20, "bandwidth_iterations": 20, "bandwidth_warmup": 5}
+    result = case(runner, topology, "copy_timing", **sizes)
+    probe_gbps, events_gbps = result.metrics.get("probe_timing_gbps"), result.metrics.get("cuda_events_gbps")
+    if result.verdict != "pass" or not probe_gbps or not events_gbps:
+        return Check("copy timing: probe code vs CUDA events", FAIL, result.decision.summary or "no figures")
+    ratio = probe_gbps / events_gbps
+    ok = abs(ratio - 1) <= COPY_TIMING_TOLERANCE
+    return Check("copy timing: probe code vs CUDA events", PASS if ok else FAIL,
+                 f"{probe_gbps:.1f} vs {events_gbps:.1f} GB/s, ratio {ratio:.3f}")  # fmt: skip
+
+
+def refused_entries(out: Path) -> Check:
+    codes = {}
+    for entry in ("MIG-00000000-0000-0000-0000-000000000000", "GPU-ffffffff-dead-beef-0000-000000000000"):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": entry}
+        command = [sys.executable, "-m", "pytest", str(SUITES), "--collect-only", "-q", "-p", "no:cacheprovider",
+                   f"--reports-dir={out / 'reports-refused'}"]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+        codes[entry.split("-")[0]] = (done.returncode, (done.stderr.strip().splitlines() or [""])[-1][:120])
+    ok = all(code == 4 for code, _ in codes.values())
+    detail = "; ".join(f"{k}: exit {code} {line}" for k, (code, line) in codes.items())
+    return Check("MIG-/unknown CUDA_VISIBLE_DEVICES entry -> exit 4", PASS if ok else FAIL, detail)
+
+
+GPU_CHECKS = (
+    "world of one (NCCL all-reduce, checked)",
+    "forkserver holds no /dev/nvidia* descriptor",
+    "real CUDA OOM -> error, root cause rank 0",
+    "spinning kernel stopped with its stack, reaped",
+    "copy timing: probe code vs CUDA events",
+    "MIG-/unknown CUDA_VISIBLE_DEVICES entry -> exit 4",
+)
+
+
+def gpu_checks(out: Path, topology: Topology) -> list[Check]:
+    runner = CaseRunner(out / "checks", Deadlines(30, 30, 60, 3, backend="nccl"))
+    checks: list[Check] = []
+    steps: list[Callable[[], list[Check]]] = [
+        lambda: world_of_one_and_forkserver(runner, topology),
+        lambda: [out_of_memory(runner, topology)],
+        lambda: [copy_timing(runner, topology)],
+    ]
+    try:
+        for step in steps:
+            checks += step()
+    finally:
+        runner.close()
+    return [*checks, spinning_kernel(out, topology), refused_entries(out)]
+
+
+def table(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = [f"{'check'.ljust(width)}  result   detail", f"{'-' * width}  -------  ------"]
+    lines += [f"{c.name.ljust(width)}  {c.status.ljust(7)}  {c.detail}" for c in checks]
+    return "\n".join(lines)
+
+
+def gpu_topology() -> tuple[Topology | None, str]:
+    """The GPUs NVML finds, or None and why not."""
+    try:
+        topology = discover("auto", 1)
+    except (TopologyError, ValueError) as exc:
+        return None, str(exc)
+    if topology.source != "nvml":
+        return None, topology.note
+    return topology, ""
+
+
+def run(out: Path, skip_suite: bool) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    found = versions()
+    print("versions: " + ", ".join(f"{k} {v or 'n/a'}" for k, v in found.items()))
+    print(show_topology(out))
+    topology, why_not = gpu_topology()
+    if topology is not None:
+        print(f"driver {topology.driver}, CUDA driver {topology.cuda_driver}")
+    checks = [] if skip_suite else [run_suite(out)]
+    if topology is not None:
+        checks += gpu_checks(out, topology)
+    else:
+        checks += [Check(name, NOT_RUN, f"no GPU: {why_not}") for name in GPU_CHECKS]
+    print(table(checks))
+    summary = {"time": time.time(), "versions": found, "checks": [asdict(c) for c in checks]}
+    (out / "smoke.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nwritten to {out}")
+    return 0 if all(c.status == PASS for c in checks) else 1
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "smoke",
+        help="the smoke run on a GPU machine: versions, topology, the suite, one-GPU checks",
+        description=__doc__.split("\n\n")[0],
+    )
+    default = Path("reports") / time.strftime("smoke-%Y%m%d-%H%M%S")
+    parser.add_argument("--out", type=Path, default=default, help=f"where to write (default {default})")
+    parser.add_argument("--skip-suite", action="store_true", help="only the checks, not pytest suites/")
+    parser.set_defaults(run=lambda args: run(args.out, args.skip_suite))

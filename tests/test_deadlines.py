@@ -1,0 +1,164 @@
+"""Deadline order, where a device hang is placed, and each rank's last collectives in the record.
+
+On NCCL the suite's watchdog must act before torch's (which would SIGABRT the ranks before any
+stack is taken); on gloo the in-rank timeout comes first.  A simulated device hang returns from the
+collective at once, as NCCL does, and blocks at the next device synchronize: the probes must
+synchronize inside the step, so the hang is placed there and not in ``verify``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance import casefiles, flight_recorder
+from conformance.deadlines import (
+    CPU_STOP_LADDER,
+    GPU_STOP_LADDER,
+    NCCL_WATCHDOG_MARGIN,
+    OUTER_NET_MARGIN,
+    TORCH_HEARTBEAT_DEFAULT,
+    DeadlineError,
+    Deadlines,
+)
+from conformance.launch.case import CaseRunner, CaseSpec
+from conformance.topology import Device
+from conformance.verdict import Decision
+from conftest import COLLECTIVE_TEST, read_records, scenario_text
+
+pytestmark = pytest.mark.usefixtures("isolated_env")
+TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize(("init", "op", "case"), [(30, 30, 60), (2, 2, 3), (100, 500, 600), (0.5, 0.5, 1)])
+def test_every_layer_acts_before_the_one_around_it(backend: str, init: float, op: float, case: float) -> None:
+    deadlines = Deadlines(init, op, case, 3, backend)
+    deadlines.check()
+    ladder = deadlines.stop_ladder
+    assert deadlines.case_bound == case + ladder.total
+    assert deadlines.outer_net == deadlines.case_bound + OUTER_NET_MARGIN
+    if backend == "nccl":
+        assert ladder == GPU_STOP_LADDER
+        assert deadlines.process_group_timeout == deadlines.case_bound + NCCL_WATCHDOG_MARGIN > deadlines.case_bound
+    else:
+        assert ladder == CPU_STOP_LADDER
+        assert deadlines.process_group_timeout == op < case
+
+
+def test_cpu_keeps_its_fast_stop_ladder_and_gpu_allows_cuda_teardown() -> None:
+    assert (CPU_STOP_LADDER.dump_wait, CPU_STOP_LADDER.term_wait, CPU_STOP_LADDER.kill_wait) == (0.5, 0.5, 1.0)
+    assert GPU_STOP_LADDER.kill_wait >= 10 > CPU_STOP_LADDER.kill_wait
+
+
+@pytest.mark.parametrize(
+    ("deadlines", "message"),
+    [
+        (Deadlines(30, 60, 60, 3, "gloo"), "op timeout 60s is not shorter than case 60s"),
+        (Deadlines(60, 30, 60, 3, "nccl"), "init timeout 60s is not shorter than case 60s"),
+    ],
+)
+def test_wrong_order_is_refused(deadlines: Deadlines, message: str) -> None:
+    with pytest.raises(DeadlineError, match=message):
+        deadlines.check()
+
+
+def gpus(count: int) -> tuple[Device, ...]:
+    return tuple(
+        Device(f"gpu{i}", i, "gpu", uuid=f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-0000-0000-000000000000", nvml_index=i)
+        for i in range(count)
+    )
+
+
+@pytest.mark.parametrize("case_timeout", [60.0, 600.0])
+def test_nccl_ranks_get_torch_watchdog_behind_the_suites(tmp_path: Path, case_timeout: float) -> None:
+    """What an NCCL case tells its ranks: GPUs by UUID, torch's timeout after the stop ladder, the recorder."""
+    deadlines = Deadlines(30, 30, case_timeout, 3, "nccl")
+    devices = gpus(4)
+    runner = CaseRunner(tmp_path / "run", deadlines)
+    spec = CaseSpec("t::x", "pair_exchange", (devices[3], devices[1]), "nccl", visible=devices)
+    result = runner.not_started(spec, Decision("hang", None, [], "not started"))
+    written = casefiles.read_json(result.case_dir / casefiles.CASE_SPEC)
+    assert written["process_group_timeout"] == case_timeout + GPU_STOP_LADDER.total + NCCL_WATCHDOG_MARGIN
+    assert written["env_set"]["CUDA_VISIBLE_DEVICES"] == ",".join(str(d.uuid) for d in devices)
+    assert [d["index"] for d in written["devices"]] == [3, 1]
+    heartbeat = written["env_set"].get("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")
+    if written["process_group_timeout"] < TORCH_HEARTBEAT_DEFAULT:
+        assert heartbeat is None  # torch's default already acts after the suite
+    else:
+        assert float(heartbeat) > written["process_group_timeout"]
+    runner.close()
+
+
+def run_case(pytester: pytest.Pytester, run_suite, probe: str, *rules: str) -> dict:
+    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe=probe))
+    scenario = pytester.makefile(".toml", scen=scenario_text(*rules))
+    result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "--virtual-devices=2")
+    result.assert_outcomes(failed=1)
+    records = read_records(pytester.path / "reports")
+    assert len(records) == 1, records
+    return {"result": result, **records[0]}
+
+
+@pytest.mark.parametrize("probe", ["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+def test_device_hang_is_placed_at_the_step_that_hung(pytester: pytest.Pytester, run_suite, probe: str) -> None:
+    """The collective returns at once on rank 1; its kernel never ends: the hang is in that probe step."""
+    record = run_case(pytester, run_suite, probe, 'effect = "device_hang"\nranks = [1]')
+    step = f"{probe} 4B" if probe != "broadcast" else "broadcast from rank 0 4B"
+    assert record["verdict"] == "hang", record["summary"]
+    assert record["root_cause"]["rank"] == 1
+    assert (record["root_cause"]["phase"], record["root_cause"]["step"]) == ("probe", step)
+    rank1 = record["ranks"][1]
+    assert (rank1["phase"], rank1["stopped_by"]) == ("probe", "deadline")
+    assert "_wait_for_device" in (rank1["stack"] or ""), rank1["stack"]
+
+
+def test_each_ranks_last_collectives_are_in_the_record(pytester: pytest.Pytester, run_suite) -> None:
+    """Rank 1 hangs before the all-reduce: the watchdog's SIGUSR2 makes it dump; rank 0 shows the all-reduce."""
+    record = run_case(pytester, run_suite, "all_reduce", 'effect = "hang"\nranks = [1]')
+    rank0, rank1 = record["ranks"]
+    assert record["root_cause"]["rank"] == 1
+    last0 = rank0["collectives"]["last"][-1]
+    assert (last0["op"], last0["sizes"]) == ("gloo:all_reduce", [[1]])  # ended by gloo's in-rank timeout
+    assert rank1["stopped_by"] is not None and rank1["collectives"] is not None, "the dump request went unanswered"
+    assert "gloo:all_reduce" not in [e["op"] for e in rank1["collectives"]["last"]]
+    record["result"].stdout.fnmatch_lines(["rank 0: last collective gloo:all_reduce #* [[][[]1[]][]] ended*"])
+
+
+# A rank stopped while waiting in a collective, as torch's gloo recorder dumps it (seen in torch 2.13).
+IN_FLIGHT_DUMP = {
+    "entries": [
+        {"record_id": 1, "profiling_name": "gloo:all_reduce", "collective_seq_id": 2, "state": "scheduled",
+         "retired": False, "input_sizes": [[4]], "is_p2p": False},
+        {"record_id": 0, "profiling_name": "gloo:all_reduce", "collective_seq_id": 1, "state": "scheduled",
+         "retired": True, "input_sizes": [[4]], "is_p2p": False},
+    ],
+    "pg_status": {"0": {"last_completed_collective": "1", "last_enqueued_collective": "2"}},
+}  # fmt: skip
+
+
+def test_recorder_dump_read_back(tmp_path: Path) -> None:
+    (tmp_path / casefiles.FLIGHT_RECORDER).write_text(json.dumps(IN_FLIGHT_DUMP))
+    read = flight_recorder.last_collectives(tmp_path)
+    assert read is not None and [e["seq"] for e in read["last"]] == [1, 2]
+    assert (
+        flight_recorder.describe(read) == "last collective gloo:all_reduce #2 [[4]] still in flight (state scheduled)"
+    )
+    assert read["groups"]["0"]["last_enqueued_collective"] == "2"
+    (tmp_path / casefiles.FLIGHT_RECORDER).write_text(json.dumps({"error": "RuntimeError: no recorder"}))
+    assert flight_recorder.describe(flight_recorder.last_collectives(tmp_path)).startswith(
+        "flight-recorder dump failed"
+    )
+    assert flight_recorder.describe(flight_recorder.last_collectives(tmp_path / "none")) == "no flight-recorder dump"
+
+
+def test_a_rank_that_fails_dumps_its_recorder_itself(pytester: pytest.Pytester, run_suite) -> None:
+    record = run_case(pytester, run_suite, "all_reduce", 'effect = "error"\nranks = [0]\nphase = "verify"')
+    rank0 = record["ranks"][0]
+    assert rank0["status"] == "error" and rank0["stopped_by"] is None
+    assert [e["op"] for e in rank0["collectives"]["last"]] == ["gloo:all_reduce"]
+    assert rank0["collectives"]["last"][0]["retired"] is True
+    dumped = json.loads(next(pytester.path.glob("reports/*/cases/*/rank0/flight_recorder.json")).read_text())
+    assert dumped["entries"], "torch's own dump, kept beside the rank's logs"

@@ -1,0 +1,199 @@
+"""The probes' data, references, timing and device choices, as units, against torch on CPU.
+
+The references are closed forms; here they are checked against the sums they replace, element by
+element.  The check's host memory is measured in a fresh process (peak RSS, reset before the check).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conformance.barrier_device import barrier_device, guessed_wrong
+from conformance.launch.case import CaseSpec, rank_devices
+from conformance.matrix import MISMATCHED_BARRIER_SETS, barrier_sets
+from conformance.rank import probes, timing
+from conformance.topology import Device, Topology, cpu_topology
+
+torch = pytest.importorskip("torch")
+
+
+def naive_pattern(rank: int, n: int) -> torch.Tensor:
+    return (torch.arange(n, dtype=torch.int64) % 251 + 1).to(torch.float32) * (rank + 1)
+
+
+@pytest.mark.parametrize("start", [0, 1, 250, 251, 252, 1000])
+@pytest.mark.parametrize("n", [1, 7, 251, 1000])
+def test_cycle_values_are_the_pattern_from_any_start(start: int, n: int) -> None:
+    expected = naive_pattern(0, start + n)[start:]
+    assert torch.equal(probes.cycle_values(start, n), expected)
+    assert torch.equal(probes.cycle_values(start, n, scale=3), expected * 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8, 16])
+def test_closed_form_references_equal_the_sums_they_replace(world: int) -> None:
+    n = 600  # crosses the 251-cycle more than twice
+    patterns = [naive_pattern(r, n * world) for r in range(world)]
+    total = torch.stack(patterns).sum(0)
+    assert torch.equal(probes.reduced(world, n * world), total)
+    for rank in range(world):
+        share = probes.reduced(world, n, start=rank * n)  # what reduce-scatter delivers to this rank
+        assert torch.equal(share, total[rank * n : (rank + 1) * n])
+        assert torch.equal(probes.pattern(rank, n), naive_pattern(rank, n))
+    assert torch.equal(probes.gathered(world, n), torch.cat([naive_pattern(r, n) for r in range(world)]))
+
+
+def test_sums_stay_exact_up_to_the_documented_world_size() -> None:
+    assert probes.rank_sum(365) * 251 < 1 << 24
+    with pytest.raises(ValueError, match="366 ranks: sums of the check pattern would not be exact"):
+        probes.rank_sum(366)
+
+
+MEMORY_PROBE = r"""
+import json, sys, tempfile
+from pathlib import Path
+import torch
+from conformance.rank import probes
+from conformance.rank.context import RankContext
+
+world, n, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+def peak_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+
+def check_cost(got, reference):
+    spec = {"world_size": world, "devices": [{"name": "cpu0", "index": 0}], "backend": "gloo", "probe": "x"}
+    ctx = RankContext(spec, 0, Path(tempfile.mkdtemp()))
+    open("/proc/self/clear_refs", "w").write("5")  # peak RSS starts again from the current RSS
+    before = peak_kib()
+    ctx.verify("check", got, reference)
+    return (peak_kib() - before) * 1024
+
+rank = world - 1
+received = {
+    "all_reduce": (probes.reduced(world, n), lambda: probes.reduced(world, n)),
+    "broadcast": (probes.pattern(0, n), lambda: probes.pattern(0, n)),
+    "reduce_scatter": (probes.reduced(world, n, start=rank * n), lambda: probes.reduced(world, n, start=rank * n)),
+    "all_gather": (probes.gathered(world, n), lambda: probes.gathered(world, n)),
+}
+largest = {"all_reduce": n, "broadcast": n, "reduce_scatter": world * n, "all_gather": world * n}
+got, reference = received[name]
+print(json.dumps([check_cost(got.clone(), reference), largest[name] * 4]))
+"""
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "broadcast", "reduce_scatter", "all_gather"])
+def test_host_memory_of_the_check_is_at_most_three_largest_buffers(name: str) -> None:
+    """8 ranks, 16 MiB per rank, each probe's check in a fresh process: within 3x the largest buffer."""
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, "8", str(4 << 20), name],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    check_bytes, largest_bytes = json.loads(done.stdout)
+    used = f"check used {check_bytes >> 20} MiB, largest buffer {largest_bytes >> 20} MiB"
+    assert check_bytes <= 3 * largest_bytes, used
+    assert check_bytes >= 4 << 20, f"the check's own reference ({check_bytes} bytes) went unseen: cannot fail"
+
+
+def test_timed_loop_holds_only_the_operation() -> None:
+    calls = []
+    seconds = timing.seconds_per_iteration(lambda: calls.append(1), [torch.device("cpu")], iterations=7, warmup=3)
+    assert len(calls) == 10 and seconds > 0
+    assert timing.gbps(4 << 20, 0.004) == round((4 << 20) / 0.004 / 1e9, 4)
+
+
+def test_bus_factors_are_nccl_tests() -> None:
+    assert probes.bus_factor("all_reduce", 8) == 2 * 7 / 8
+    assert probes.bus_factor("all_gather", 8) == probes.bus_factor("reduce_scatter", 8) == 7 / 8
+    assert probes.bus_factor("broadcast", 8) == 1.0
+
+
+# -- which GPU the first barrier runs on ---------------------------------------------------------
+
+
+def test_torch_documents_the_rule_we_model() -> None:
+    """The installed torch still documents barrier's device order as barrier_device.py models it."""
+    import torch.distributed as dist
+
+    doc = " ".join(inspect.getdoc(dist.barrier).split())  # type: ignore[union-attr]
+    for words in (
+        "(1) the first device passed to `device_ids` arg of barrier if not None",
+        "(2) the device passed to init_process_group if not None",
+        "(3) the device that was first used with this process group",
+        "(4) the device index indicated by the global rank mod local device count",
+    ):
+        assert words in doc, words
+
+
+def test_barrier_device_rule_order() -> None:
+    assert barrier_device(5, 8, device_ids=[2], bound=3, used=[4]).index == 2
+    assert barrier_device(5, 8, bound=3, used=[4]).chosen_by == "init_process_group(device_id)"
+    assert barrier_device(5, 8, used=[6, 4]) == barrier_device(0, 8, used=[4])  # the lowest used device
+    guess = barrier_device(9, 8)
+    assert (guess.index, guess.chosen_by) == (1, "a guess: global rank 9 % 8 devices")
+
+
+def gpu_topology(count: int) -> Topology:
+    uuids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(count)]
+    devices = tuple(Device(f"gpu{i}", i, "gpu", uuid=uuid) for i, uuid in enumerate(uuids))
+    return Topology("gpu", devices, "test")
+
+
+def own_ordinals(topology: Topology, kind: str) -> tuple[list[int], int]:
+    """(each rank's CUDA ordinal, how many GPUs the ranks see) for the planned barrier set ``kind``."""
+    chosen = next(s for s in barrier_sets(topology) if s.kind == kind)
+    spec = CaseSpec("t", "barrier", chosen.devices, "nccl", isolate=chosen.isolate, visible=topology.devices)
+    return [d["index"] for d in rank_devices(spec)], len(spec.seen)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 8, 16])
+def test_every_planned_mismatch_set_really_mismatches(count: int) -> None:
+    topology = gpu_topology(count)
+    kinds = [s.kind for s in barrier_sets(topology)]
+    mismatched = [k for k in kinds if k in MISMATCHED_BARRIER_SETS]
+    assert mismatched, f"{count} GPUs: no barrier case where torch's guess is wrong"
+    for kind in kinds:
+        own, visible = own_ordinals(topology, kind)
+        wrong = guessed_wrong(own, visible)
+        if kind in MISMATCHED_BARRIER_SETS:
+            assert wrong, f"{count} GPUs, {kind}: ranks on {own} of {visible}: torch's guess is right for all"
+        else:
+            assert wrong == [], f"{count} GPUs, {kind}: ranks {wrong} guessed wrong in a set meant to be right"
+
+
+def test_mismatch_sets_on_an_eight_gpu_box() -> None:
+    topology = gpu_topology(8)
+    assert own_ordinals(topology, "last_half") == ([0, 1, 2, 3], 4)  # renumbered by CUDA_VISIBLE_DEVICES
+    assert own_ordinals(topology, "last_half_all_visible") == ([4, 5, 6, 7], 8)
+    assert own_ordinals(topology, "reversed") == ([7, 6, 5, 4, 3, 2, 1, 0], 8)
+    assert guessed_wrong([4, 5, 6, 7], 8) == [0, 1, 2, 3]
+    assert [s.kind for s in barrier_sets(cpu_topology(1))] == ["all"]
+
+
+def test_ranks_are_told_their_gpus_by_uuid_in_run_order() -> None:
+    from conformance.launch.case import rank_environment
+
+    topology = gpu_topology(4)
+    visible = tuple(reversed(topology.devices))  # the user's CUDA_VISIBLE_DEVICES order
+    spec = CaseSpec("t", "pair_exchange", (visible[1], visible[3]), "nccl", visible=visible)
+    env, _ = rank_environment(spec)
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(d.uuid or "" for d in visible)
+    assert "CUDA_DEVICE_ORDER" not in env
+    assert [d["index"] for d in rank_devices(spec)] == [1, 3]
+    isolated = CaseSpec("t", "barrier", (visible[1], visible[3]), "nccl", isolate=True, visible=visible)
+    assert rank_environment(isolated)[0]["CUDA_VISIBLE_DEVICES"] == f"{visible[1].uuid},{visible[3].uuid}"
+    assert [d["index"] for d in rank_devices(isolated)] == [0, 1]
+
+
+def test_uuid_spellings_compare_by_digits() -> None:
+    from conformance.rank.context import uuid_digits
+
+    digits = "5f1c9a2e0b7d4c3e9a1f2b3c4d5e6f70"
+    assert uuid_digits("GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70") == digits
+    assert uuid_digits("5F1C9A2E-0B7D-4C3E-9A1F-2B3C4D5E6F70") == digits

@@ -1,0 +1,72 @@
+"""The GPU smoke run: its CPU part end to end here, and how each GPU check judges a result."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance import smoke
+from conftest import REPO
+
+pytestmark = pytest.mark.usefixtures("isolated_env")
+
+
+def test_smoke_on_a_machine_without_gpu(tmp_path: Path) -> None:
+    """The suite runs and passes; every GPU check says NOT RUN with the reason; the exit status is 1."""
+    out = tmp_path / "smoke"
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "smoke", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "versions: torch " in done.stdout
+    assert "nvidia-smi" in (out / "topology.txt").read_text()
+    checks = {c["name"]: c for c in json.loads((out / "smoke.json").read_text())["checks"]}
+    assert checks["pytest suites/"]["status"] == "PASS", checks["pytest suites/"]
+    assert (out / "junit.xml").is_file()
+    for name in smoke.GPU_CHECKS:
+        assert checks[name]["status"] == "NOT RUN" and checks[name]["detail"].startswith("no GPU: "), checks[name]
+        assert any(line.startswith(name) and "  NOT RUN  no GPU: " in line for line in done.stdout.splitlines())
+
+
+def test_gpu_smoke_script_runs_the_smoke_command(tmp_path: Path) -> None:
+    script = REPO / "tools" / "gpu_smoke.sh"
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    command = [str(script), "--skip-suite", "--out", str(tmp_path / "s")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert done.returncode == 1 and "NOT RUN" in done.stdout, done.stdout + done.stderr
+
+
+def result(verdict: str, summary: str = "", metrics: dict[str, Any] | None = None, **more: Any) -> Any:
+    root = more.pop("root", None)
+    return SimpleNamespace(
+        verdict=verdict, decision=SimpleNamespace(summary=summary, root=root), metrics=metrics or {}, **more
+    )
+
+
+@pytest.mark.parametrize(("probe_gbps", "events_gbps", "status"), [(100.0, 104.0, "PASS"), (80.0, 100.0, "FAIL")])
+def test_copy_timing_within_ten_percent(
+    monkeypatch: pytest.MonkeyPatch, probe_gbps: float, events_gbps: float, status: str
+) -> None:
+    figures = {"probe_timing_gbps": probe_gbps, "cuda_events_gbps": events_gbps}
+    monkeypatch.setattr(smoke, "case", lambda *a, **k: result("pass", metrics=figures))
+    check = smoke.copy_timing(None, None)  # type: ignore[arg-type]
+    assert check.status == status and f"ratio {probe_gbps / events_gbps:.3f}" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("error_type", "rank", "status"),
+    [("OutOfMemoryError", 0, "PASS"), ("RuntimeError", 0, "FAIL"), ("OutOfMemoryError", 1, "FAIL")],
+)
+def test_out_of_memory_needs_the_right_root_cause(
+    monkeypatch: pytest.MonkeyPatch, error_type: str, rank: int, status: str
+) -> None:
+    root = SimpleNamespace(rank=rank, error_type=error_type)
+    monkeypatch.setattr(smoke, "case", lambda *a, **k: result("error", "rank 0 ...", root=root))
+    assert smoke.out_of_memory(None, None).status == status  # type: ignore[arg-type]

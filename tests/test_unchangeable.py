@@ -1,0 +1,68 @@
+"""A failure no environment rung can change does not climb the ladder.
+
+CUDA refusing in the rank's own torch call ("CUDA error: operation not supported", "no
+CUDA-capable device") is the same under every NCCL variable; NCCL's own "Cuda failure '...'" is
+not, because an NCCL rung (cumem_off, ...) changes what NCCL asks of CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.ladder import unchangeable
+from conftest import REPO, read_records, scenario_text
+
+pytestmark = pytest.mark.usefixtures("isolated_env")
+
+WORLD_OF_ONE = """
+from conformance.matrix import DeviceSet
+
+def test_world_of_one(conformance_case, single_device):
+    conformance_case("all_reduce", single_device, sizes=[4])
+"""
+TORCH_CUDA_ERROR = "CUDA error: operation not supported\\nCUDA kernel errors might be asynchronously reported"
+NCCL_CUDA_ERROR = "NCCL error: unhandled cuda error, Cuda failure 'operation not supported'"
+
+
+@pytest.mark.parametrize(
+    ("verdict", "message", "final"),
+    [
+        ("error", "RuntimeError: CUDA error: operation not supported", True),
+        ("error", "CUDA error: no CUDA-capable device is detected", True),
+        ("crash", "RuntimeError: No CUDA GPUs are available", True),
+        ("error", NCCL_CUDA_ERROR, False),
+        ("hang", "CUDA error: operation not supported", False),
+        ("error", "NCCL Error 2: unhandled system error", False),
+    ],
+)
+def test_which_failures_no_rung_changes(verdict: str, message: str, final: bool) -> None:
+    assert unchangeable(verdict, message) is final
+
+
+def ladder_lines(reports_dir: Path) -> list[dict]:
+    text = (reports_dir / "latest" / "ladder.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(("message", "climbs"), [(TORCH_CUDA_ERROR, False), (NCCL_CUDA_ERROR, True)])
+def test_an_unchangeable_failure_stops_the_climb(
+    pytester: pytest.Pytester, run_suite, reports_dir: Path, message: str, climbs: bool
+) -> None:
+    pytester.makepyfile(test_x=WORLD_OF_ONE)
+    rule = f'effect = "error"\nphase = "init"\nmessage = "{message}"'
+    scenario = pytester.makefile(".toml", scen=scenario_text(rule))
+    topology = REPO / "scenarios" / "topologies" / "single-gpu.json"
+    result = run_suite(f"--scenario={scenario}", f"--topology-file={topology}", "--case-timeout=5", "--op-timeout=3",
+                       "--init-timeout=3", "-rs")  # fmt: skip
+    ran = [(r["env_name"], r["verdict"]) for r in read_records(reports_dir)]
+    if climbs:
+        assert len(ran) > 2 and all(verdict == "error" for _, verdict in ran), ran
+        return
+    assert ran == [("inherited", "error")]
+    skipped = [d for d in ladder_lines(reports_dir) if d["outcome"] == "skipped"]
+    assert len(skipped) >= 7
+    assert all("no NCCL environment rung changes" in d["reason"] for d in skipped), skipped
+    result.stdout.fnmatch_lines(["*no NCCL environment rung changes the failure on rung inherited (CUDA refused)*"])
