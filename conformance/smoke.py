@@ -209,7 +209,7 @@ def gpu_topology() -> tuple[Topology | None, str]:
     except (TopologyError, ValueError) as exc:
         return None, str(exc)
     if topology.source != "nvml":
-        return None, topology.note
+        return None, topology.note.removeprefix("no GPU: ")
     return topology, ""
 
 
