@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance import casefiles
-from conformance.deadlines import Deadlines
+from conformance.common import casefiles
+from conformance.common.deadlines import Deadlines
+from conformance.discover.topology import cpu_topology
 from conformance.launch.case import CaseRunner, CaseSpec
 from conformance.rank.probes import size_label
 from conformance.session import MEASUREMENT
-from conformance.topology import cpu_topology
 
 SETTINGS = MEASUREMENT["cpu"]
 

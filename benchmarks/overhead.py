@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.deadlines import Deadlines
+from conformance.common.deadlines import Deadlines
+from conformance.discover.topology import cpu_topology
 from conformance.launch.case import CaseRunner, CaseSpec
-from conformance.results import append_record, case_record
-from conformance.topology import cpu_topology
+from conformance.record.results import append_record, case_record
 
 FRESH_RANK = r"""
 import datetime, json, sys, time
@@ -106,7 +106,7 @@ def hang_cases(work: Path, count: int, ignore_sigterm: bool) -> list[float]:
     topology = cpu_topology(2)
     deadline = 2.0
     rule = {"effect": "hang", "phase": "probe", "ranks": [1], "ignore_sigterm": ignore_sigterm}
-    from conformance.scenario import Rule
+    from conformance.rank.scenario import Rule
 
     runner = CaseRunner(
         work / f"hang-{ignore_sigterm}",

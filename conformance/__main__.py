@@ -1,5 +1,5 @@
-"""``python -m conformance ...``: see conformance.cli."""
+"""``python -m conformance ...``: see conformance.cli.main."""
 
-from conformance.cli import main
+from conformance.cli.main import main
 
 raise SystemExit(main())

@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from conformance.deadlines import DeadlineError
+from conformance.common.deadlines import DeadlineError
+from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
 from conformance.launch.case import CaseResult
-from conformance.launch.nodegroup import NodeGroup, NodeGroupError, StartCheck
-from conformance.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file, node_rungs
-from conformance.nodes import NodeError, node_setup
-from conformance.results import new_run_id
-from conformance.runs import Run, RunError, load_run
-from conformance.scenario import Scenario, ScenarioError, load_scenario
+from conformance.nodes.group import NodeGroup, NodeGroupError, StartCheck
+from conformance.nodes.layout import NodeError, node_setup
+from conformance.plan.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file, node_rungs
+from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
+from conformance.record.results import new_run_id
+from conformance.record.runs import Run, RunError, load_run
 from conformance.session import ConformanceSession, failure_text, local_fingerprint, node_progress_limit
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
-from conformance.topology import Topology, TopologyError, discover, load_topology_file
 
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 WORKER_RUN_ID = "conformance_run_id"

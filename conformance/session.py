@@ -14,22 +14,24 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conformance import casefiles, flight_recorder, results
-from conformance.conclude import Conclusion, conclude
-from conformance.deadlines import OUTER_NET_MARGIN, Deadlines
-from conformance.ladder import LADDER_FILE, Decision, LadderBook, Step, unchangeable
+from conformance.common import casefiles
+from conformance.common.deadlines import OUTER_NET_MARGIN, Deadlines
+from conformance.discover.topology import Topology, link_matrix_lines, link_note_lines
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
-from conformance.launch.nodegroup import NodeGroup, NodeProblem, StartCheck
-from conformance.matrix import BUILTIN_LADDER, NODE_SET_FIXTURES, DeviceSet, Rung
-from conformance.nodes import Fingerprint, NodeSetup, network_interfaces
-from conformance.plan import Plan
-from conformance.runs import Run
-from conformance.scenario import Scenario
+from conformance.nodes.group import NodeGroup, NodeProblem, StartCheck
+from conformance.nodes.layout import Fingerprint, NodeSetup, network_interfaces
+from conformance.plan.ladder import LADDER_FILE, Decision, LadderBook, Step, unchangeable
+from conformance.plan.matrix import BUILTIN_LADDER, NODE_SET_FIXTURES, DeviceSet, Rung
+from conformance.plan.parametrize import Plan
+from conformance.rank import flight_recorder
+from conformance.rank.scenario import Scenario
+from conformance.record import results
+from conformance.record.runs import Run
 from conformance.settings import Settings
-from conformance.summary import ladder_summary_lines, one_record_per_case, summary_lines
-from conformance.topology import Topology, link_matrix_lines, link_note_lines
-from conformance.verdict import Decision as CaseDecision
-from conformance.verdict import decide_across_nodes, stack_excerpt
+from conformance.summarise.conclude import Conclusion, conclude
+from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
+from conformance.verdict.decision import Decision as CaseDecision
+from conformance.verdict.decision import decide_across_nodes, stack_excerpt
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter

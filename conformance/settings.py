@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.matrix import MATRIX_MODES, Rung, RungError, parse_rung_spec
+from conformance.plan.matrix import MATRIX_MODES, Rung, RungError, parse_rung_spec
 
 if TYPE_CHECKING:
     import pytest

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession
 

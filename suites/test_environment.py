@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession, inherited_variables
 

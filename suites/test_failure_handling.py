@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.launch.case import CaseResult
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession, failure_text
 

@@ -8,7 +8,7 @@ instead of hanging here.
 
 from __future__ import annotations
 
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession
 

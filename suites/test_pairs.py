@@ -6,7 +6,7 @@ shows the transport it used.
 
 from __future__ import annotations
 
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession
 

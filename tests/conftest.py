@@ -122,7 +122,7 @@ def scenario_text(*rules: str, name: str = "test scenario") -> str:
 
 
 COLLECTIVE_TEST = """
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 
 def test_case(conformance_case, conformance):
     conformance_case("{probe}", DeviceSet(conformance.topology.devices, "all"), sizes=[4])

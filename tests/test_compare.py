@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from conformance.cli import main
-from conformance.compare import CompareError, Comparison, case_key, compare, match_id
-from conformance.runs import Run, load_run
+from conformance.cli.main import main
+from conformance.record.runs import Run, load_run
+from conformance.summarise.compare import CompareError, Comparison, case_key, compare, match_id
 
 RunSuite = Callable[..., pytest.RunResult]
 

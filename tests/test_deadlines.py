@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import casefiles, flight_recorder
-from conformance.deadlines import (
+from conformance.common import casefiles
+from conformance.common.deadlines import (
     CPU_STOP_LADDER,
     GPU_STOP_LADDER,
     NCCL_WATCHDOG_MARGIN,
@@ -23,9 +23,10 @@ from conformance.deadlines import (
     DeadlineError,
     Deadlines,
 )
+from conformance.discover.topology import Device
 from conformance.launch.case import CaseRunner, CaseSpec
-from conformance.topology import Device
-from conformance.verdict import Decision
+from conformance.rank import flight_recorder
+from conformance.verdict.decision import Decision
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 pytestmark = pytest.mark.usefixtures("isolated_env")

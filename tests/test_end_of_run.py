@@ -44,7 +44,7 @@ def test_recommendation_and_report_written_at_the_end(
 
 
 NEGATIVE_CONTROL_TEST = """
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 
 def test_negative_control(conformance_case, conformance):
     result = conformance_case("fail_one_rank", DeviceSet(conformance.topology.devices, "all"), expect="error")

@@ -17,10 +17,10 @@ import pytest
 import torch
 from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
-from conformance.cli import main
-from conformance.junit_merge import merge, property_text
-from conformance.results import junit_properties
-from conformance.runs import _json_or_text, load_run
+from conformance.cli.main import main
+from conformance.record.results import junit_properties
+from conformance.record.runs import _json_or_text, load_run
+from conformance.summarise.junit_merge import merge, property_text
 
 RunSuite = Callable[..., pytest.RunResult]
 PROG = "python -m conformance merge-junit"

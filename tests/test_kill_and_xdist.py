@@ -19,7 +19,7 @@ TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1
 TWO_RANKS = "--virtual-devices=2"
 
 KILL_SUITE = """
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 
 def _all(conformance):
     return DeviceSet(conformance.topology.devices, "all")
@@ -134,7 +134,7 @@ def test_nothing_left_after_crash_or_hang(
 
 MIXED_SUITE = """
 import pytest
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 
 PROBES = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "environment"]
 

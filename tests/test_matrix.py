@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from conformance.ladder import Decision, LadderBook, LadderWaitError, Step
-from conformance.matrix import (
+from conformance.plan.ladder import Decision, LadderBook, LadderWaitError, Step
+from conformance.plan.matrix import (
     BUILTIN_LADDER,
     INHERITED,
     Rung,
@@ -29,7 +29,7 @@ from conformance.matrix import (
     load_rungs_file,
     parse_rung_spec,
 )
-from conformance.scenario import p2p_used
+from conformance.rank.scenario import p2p_used
 from conftest import COLLECTIVE_TEST, REPO, copy_suites, read_records, scenario_text
 
 if sys.version_info >= (3, 11):

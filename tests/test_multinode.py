@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
-from conformance.launch.nodegroup import collection_difference
-from conformance.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rungs
-from conformance.plan import Plan
-from conformance.topology import Device, Topology
-from conformance.verdict import Decision, decide_across_nodes
+from conformance.nodes.group import collection_difference
+from conformance.plan.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rungs
+from conformance.plan.parametrize import Plan
+from conformance.verdict.decision import Decision, decide_across_nodes
 from conftest import copy_suites, free_port, scenario_text, start_node
 
 pytestmark = pytest.mark.usefixtures("isolated_env", "run_tag")

@@ -1,4 +1,4 @@
-"""Unit tests of :mod:`conformance.nccl_log` on NCCL_DEBUG=INFO text written from NCCL's documented formats.
+"""Unit tests of :mod:`conformance.verdict.nccl_log` on NCCL_DEBUG=INFO text written from NCCL's documented formats.
 
 Each era gets one realistic per-process log (version, bootstrap, env, channel lines, init progress).
 The line formats are those of NCCL's ``src/transport/{p2p,shm,net,coll_net}.cc``, ``src/init.cc`` and
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import nccl_log
-from conformance.nccl_log import CommInit, Connection, NcclLog, classify, parse, parse_files
+from conformance.verdict import nccl_log
+from conformance.verdict.nccl_log import CommInit, Connection, NcclLog, classify, parse, parse_files
 
 P = "node-a:12345:12399 [0] NCCL INFO "  # the real INFO line prefix: host:pid:tid [cudaDev]
 

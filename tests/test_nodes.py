@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.nodes import (
+from conformance.nodes.layout import (
     DEFAULT_MASTER_PORT,
     Fingerprint,
     NodeError,

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from conformance.barrier_device import barrier_device, guessed_wrong
+from conformance.discover.topology import Device, Topology, cpu_topology
 from conformance.launch.case import CaseSpec, rank_devices
-from conformance.matrix import MISMATCHED_BARRIER_SETS, barrier_sets
+from conformance.plan.matrix import MISMATCHED_BARRIER_SETS, barrier_sets
 from conformance.rank import probes, timing
-from conformance.topology import Device, Topology, cpu_topology
+from conformance.rank.barrier_device import barrier_device, guessed_wrong
 
 torch = pytest.importorskip("torch")
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from conformance.cli import main
-from conformance.matrix import BUILTIN_LADDER
-from conformance.recommend import Recommendation, recommend, write_env_file
-from conformance.runs import Run, RunError, load_run
+from conformance.cli.main import main
+from conformance.plan.matrix import BUILTIN_LADDER
+from conformance.record.runs import Run, RunError, load_run
+from conformance.summarise.recommend import Recommendation, recommend, write_env_file
 from conftest import REPO, copy_suites
 
 RunSuite = Callable[..., pytest.RunResult]

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from conformance.cli import main
-from conformance.report import HEAT_HIGH, REPORT_FILE, render_report, write_report
-from conformance.runs import Run, load_run
-from conformance.topology import Device, Topology
+from conformance.cli.main import main
+from conformance.discover.topology import Device, Topology
+from conformance.record.runs import Run, load_run
+from conformance.summarise.report import HEAT_HIGH, REPORT_FILE, render_report, write_report
 from conftest import read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]
@@ -440,7 +440,7 @@ def test_report_of_a_real_run(pytester: pytest.Pytester, run_suite: RunSuite, re
     assert "3-GPU box whose <SYS> P2P hangs" not in html  # the name is not in the run facts; the path is
     assert "sys-hang.toml" in root.find("section", id="machine").text
 
-    # the command: the recommendation from conformance.recommend, the file in the run folder
+    # the command: the recommendation from conformance.summarise.recommend, the file in the run folder
     assert main(["report", "--reports-dir", str(reports_dir)]) == 0
     path = (reports_dir / "latest").resolve() / REPORT_FILE
     page = parse(path.read_text(encoding="utf-8"))

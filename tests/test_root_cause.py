@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conformance.deadlines import CPU_STOP_LADDER
+from conformance.common.deadlines import CPU_STOP_LADDER
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
-from conformance.results import SCHEMA, junit_properties, record_from_junit_properties
-from conformance.runs import RunError, load_run, read_jsonl, resolve_run_path
+from conformance.cli.main import main
+from conformance.record.results import SCHEMA, junit_properties, record_from_junit_properties
+from conformance.record.runs import RunError, load_run, read_jsonl, resolve_run_path
 
 RECORD = {
     "schema": SCHEMA, "run_id": "r1", "nodeid": "suites/test_pairs.py::test_pair_exchange[cpu0-cpu1-inherited]",

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conformance.scenario import load_scenario
+from conformance.rank.scenario import load_scenario
 from conftest import REPO, copy_suites, read_records
 
 RunSuite = Callable[..., pytest.RunResult]

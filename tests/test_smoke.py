@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conformance import smoke
+from conformance.cli import smoke
 from conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("isolated_env")

@@ -24,9 +24,9 @@ import pynvml
 import pytest
 from fake_nvml import Failure, FakeMachine, FakeNvmlLibrary
 
-from conformance import topology
-from conformance.cli import main
-from conformance.topology import (
+from conformance.cli.main import main
+from conformance.discover import topology
+from conformance.discover.topology import (
     Device,
     DeviceSelectionError,
     Topology,
@@ -937,7 +937,7 @@ def run_module(*args: str, machine: FakeMachine | None = None, **env: str) -> su
 FAKE_MAIN = """
 import sys
 import fake_nvml
-from conformance.cli import main
+from conformance.cli.main import main
 fake_nvml.pytest_configure(None)
 sys.exit(main(sys.argv[1:]))
 """

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from conformance.ladder import unchangeable
+from conformance.plan.ladder import unchangeable
 from conftest import REPO, read_records, scenario_text
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 WORLD_OF_ONE = """
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 
 def test_world_of_one(conformance_case, single_device):
     conformance_case("all_reduce", single_device, sizes=[4])

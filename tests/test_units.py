@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from conformance import results, topology
-from conformance.matrix import DeviceSet, Rung, all_devices, barrier_sets, each_device, each_pair
-from conformance.scenario import Placement, Rule, ScenarioError, load_scenario, parse_rule
+from conformance.discover import topology
+from conformance.discover.topology import Device, Topology, cpu_topology, discover
+from conformance.plan.matrix import DeviceSet, Rung, all_devices, barrier_sets, each_device, each_pair
+from conformance.rank.scenario import Placement, Rule, ScenarioError, load_scenario, parse_rule
+from conformance.record import results
 from conformance.settings import SETTINGS, SettingError, Settings, resolve
-from conformance.topology import Device, Topology, cpu_topology, discover
-from conformance.verdict import RankReport, decide, exit_label
+from conformance.verdict.decision import RankReport, decide, exit_label
 
 # --------------------------------------------------------------------------------------------
 # settings

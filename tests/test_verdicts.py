@@ -190,7 +190,7 @@ def test_hang(pytester: pytest.Pytester, run_suite, reports_dir: Path, ignore_si
 SKIP_REPEATS = 8
 SKIP_TEST = """
 import pytest
-from conformance.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet
 
 @pytest.mark.parametrize("attempt", range({repeats}))
 def test_case(conformance_case, conformance, attempt):

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance import casefiles
-from conformance.deadlines import Deadlines
+from conformance.common import casefiles
+from conformance.common.deadlines import Deadlines
+from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import leased
 from conformance.launch.watchdog import Peers, RankProcess, Supervision, supervise
-from conformance.topology import Device
-from conformance.verdict import Decision, RankReport, decide, rank_report
+from conformance.verdict.decision import Decision, RankReport, decide, rank_report
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def rank_devices(spec: CaseSpec) -> list[dict[str, Any]]:
 def read_nccl_logs(spec: CaseSpec, case_dir: Path) -> dict[str, Any] | None:
     if spec.backend != "nccl":
         return None
-    from conformance import nccl_log
+    from conformance.verdict import nccl_log
 
     paths = sorted(case_dir.glob(f"rank*/{casefiles.NCCL_LOG}"))
     return nccl_log.parse_files(paths).to_record()

@@ -119,7 +119,7 @@ def _preload() -> dict[str, Any]:
 def main() -> None:
     parent = int(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    from conformance.flight_recorder import block_dump_signal
+    from conformance.rank.flight_recorder import block_dump_signal
     from conformance.rank.main import die_with_parent
 
     block_dump_signal()  # ranks inherit the mask, so a dump request can never kill one

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from conformance import casefiles, flight_recorder
-from conformance.deadlines import StopLadder
+from conformance.common import casefiles
+from conformance.common.deadlines import StopLadder
 from conformance.launch.forkserver import ForkServerClient
+from conformance.rank import flight_recorder
 
 HEALTHY_EXITS = (casefiles.EXIT_OK, casefiles.EXIT_SKIP)
 

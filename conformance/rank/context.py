@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.scenario import Placement, Rule
+from conformance.rank.scenario import Placement, Rule
 
 if TYPE_CHECKING:
     import torch

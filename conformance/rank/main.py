@@ -17,7 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from conformance import casefiles, flight_recorder
+from conformance.common import casefiles
+from conformance.rank import flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
 PR_SET_PDEATHSIG = 1

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
-from conformance.barrier_device import barrier_device
 from conformance.rank import timing
+from conformance.rank.barrier_device import barrier_device
 from conformance.rank.context import RankContext
 
 if TYPE_CHECKING:

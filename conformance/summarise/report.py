@@ -24,12 +24,12 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
-from conformance.matrix import BUILTIN_LADDER, Rung
-from conformance.runs import Run, RunError
-from conformance.summary import first_passing_rungs, link_class_of, one_record_per_case, rung_env_text
-from conformance.topology import Topology
-from conformance.verdict import VERDICTS
+from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.discover.topology import Topology
+from conformance.plan.matrix import BUILTIN_LADDER, Rung
+from conformance.record.runs import Run, RunError
+from conformance.summarise.summary import first_passing_rungs, link_class_of, one_record_per_case, rung_env_text
+from conformance.verdict.decision import VERDICTS
 
 REPORT_FILE = "report.html"
 PAIR_PROBES = ("pair_exchange", "peer_copy")
@@ -759,7 +759,7 @@ def register(commands: Any) -> None:
 def report_command(args: argparse.Namespace) -> int:
     try:
         run = load_run_argument(args.run_path, args.reports_dir)
-        from conformance.recommend import recommend
+        from conformance.summarise.recommend import recommend
 
         lines = recommend(run).lines()
     except RunError as exc:

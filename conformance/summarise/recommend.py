@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
-from conformance.matrix import BUILTIN_LADDER, Rung
-from conformance.runs import Run, RunError
-from conformance.summary import first_passing_rungs, link_class_of, rung_env_text
+from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.plan.matrix import BUILTIN_LADDER, Rung
+from conformance.record.runs import Run, RunError
+from conformance.summarise.summary import first_passing_rungs, link_class_of, rung_env_text
 
 COMMAND = "recommend"
 ENV_FILE = "recommended.env"

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from conformance.cli_common import PROG, USAGE_ERROR
-from conformance.topology import (
+from conformance.cli.common import PROG, USAGE_ERROR
+from conformance.discover.topology import (
     Device,
     Topology,
     TopologyError,
@@ -34,11 +34,11 @@ from conformance.topology import (
 
 # Each exposes register(commands); see cli_common.
 COMMAND_MODULES = (
-    "conformance.recommend",
-    "conformance.compare",
-    "conformance.report",
-    "conformance.junit_merge",
-    "conformance.smoke",
+    "conformance.summarise.recommend",
+    "conformance.summarise.compare",
+    "conformance.summarise.report",
+    "conformance.summarise.junit_merge",
+    "conformance.cli.smoke",
 )
 DEFAULT_VIRTUAL_DEVICES = 4
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from conformance.topology import align_columns
+from conformance.discover.topology import align_columns
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
 

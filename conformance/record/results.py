@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.verdict import stack_excerpt
+from conformance.verdict.decision import stack_excerpt
 
 if TYPE_CHECKING:
     from conformance.launch.case import CaseResult

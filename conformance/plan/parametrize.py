@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from conformance.ladder import Step
-from conformance.matrix import DEVICE_SET_FIXTURES, INHERITED, NODE_SET_FIXTURES, DeviceSet, Rung, each_pair
-from conformance.topology import Topology
+from conformance.discover.topology import Topology
+from conformance.plan.ladder import Step
+from conformance.plan.matrix import DEVICE_SET_FIXTURES, INHERITED, NODE_SET_FIXTURES, DeviceSet, Rung, each_pair
 
 
 class Plan:

@@ -32,10 +32,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.cli_common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
-from conformance.runs import Run, RunError
-from conformance.summary import link_class_of
-from conformance.topology import align_columns
+from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.discover.topology import align_columns
+from conformance.record.runs import Run, RunError
+from conformance.summarise.summary import link_class_of
 
 COMMAND = "compare"
 PASS = "pass"

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance import casefiles
+from conformance.common import casefiles
 
 DUMP_SIGNAL = signal.SIGUSR2
 BUFFER_ENTRIES = "2000"  # the buffer size torch's flight-recorder tutorial recommends

@@ -32,9 +32,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from conformance.deadlines import GPU_STOP_LADDER, Deadlines
+from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines
+from conformance.discover.topology import Topology, TopologyError, discover
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
-from conformance.topology import Topology, TopologyError, discover
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 COPY_TIMING_TOLERANCE = 0.10
@@ -78,7 +78,7 @@ def show_topology(out: Path) -> str:
     return text
 
 
-SUITES = Path(__file__).resolve().parent.parent / "suites"  # the checkout's suites
+SUITES = Path(__file__).resolve().parents[2] / "suites"  # the checkout's suites
 
 
 def run_suite(out: Path) -> Check:

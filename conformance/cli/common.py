@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from conformance.runs import Run, load_run, resolve_run_path
+from conformance.record.runs import Run, load_run, resolve_run_path
 
 PROG = "python -m conformance"
 USAGE_ERROR = 2

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.nodes import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
+from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
 
 HEARTBEAT_SECONDS = 0.5
 SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone

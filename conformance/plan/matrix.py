@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.inputs import read_user_file
-from conformance.topology import CPU_LINK, Device, Topology
+from conformance.common.inputs import read_user_file
+from conformance.discover.topology import CPU_LINK, Device, Topology
 
 if sys.version_info >= (3, 11):
     import tomllib

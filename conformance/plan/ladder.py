@@ -20,8 +20,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.matrix import Rung
-from conformance.results import append_record, read_records
+from conformance.plan.matrix import Rung
+from conformance.record.results import append_record, read_records
 
 LADDER_FILE = "ladder.jsonl"
 Selected = AbstractSet[tuple[str, int]] | None

@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.matrix import Rung
-from conformance.verdict import VERDICTS
+from conformance.plan.matrix import Rung
+from conformance.verdict.decision import VERDICTS
 
 SUMMARY_ORDER = ("hang", "fail", *(v for v in VERDICTS if v not in ("hang", "fail")))
 

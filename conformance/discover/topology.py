@@ -33,7 +33,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from conformance.inputs import read_user_file
+from conformance.common.inputs import read_user_file
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"

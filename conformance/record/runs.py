@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.casefiles import read_json
-from conformance.results import LATEST, RESULTS_FILE, SCHEMA, record_from_junit_properties
+from conformance.common.casefiles import read_json
+from conformance.record.results import LATEST, RESULTS_FILE, SCHEMA, record_from_junit_properties
 
 RUN_FACTS = "run.json"
 SUITE_PROPERTY_PREFIX = "conformance.run."

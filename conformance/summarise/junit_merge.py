@@ -5,7 +5,7 @@ properties, output and results) under one ``<testsuites>``.  Each suite gets the
 its cases belong to as suite properties ``conformance.run.<key>`` (host, gpus, driver, cuda, nccl,
 torch, run_id, simulated), from ``run.json`` in the run folder: the one ``--run`` names, else
 ``<reports dir>/<run id>`` for the run id the suite's cases carry, else (no input carries a run id)
-``<reports dir>/latest``.  :func:`conformance.runs.read_junit` reads these back into ``Run.facts``.
+``<reports dir>/latest``.  :func:`conformance.record.runs.read_junit` reads these back into ``Run.facts``.
 
 A value is written as plain text when it reads back as that text, as JSON otherwise (``"12.0"``
 for CUDA 12.0, ``true``, ``null``, the ``gpus`` object), so every fact round-trips exactly.
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.cli_common import add_reports_dir_argument, fail, warn
-from conformance.results import JUNIT_PREFIX, LATEST, RESULTS_FILE
-from conformance.runs import RUN_FACTS, SUITE_PROPERTY_PREFIX, Run, RunError, read_jsonl, resolve_run_path
+from conformance.cli.common import add_reports_dir_argument, fail, warn
+from conformance.record.results import JUNIT_PREFIX, LATEST, RESULTS_FILE
+from conformance.record.runs import RUN_FACTS, SUITE_PROPERTY_PREFIX, Run, RunError, read_jsonl, resolve_run_path
 
 COMMAND = "merge-junit"
 RUN_ID_PROPERTY = f"{JUNIT_PREFIX}run_id"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.runs import Run, RunError, load_run
+from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
 
 
@@ -21,9 +21,9 @@ class Conclusion:
 
 def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclusion:
     """Recommend, compare and report on the finished run in ``run_dir``."""
-    from conformance.compare import CompareError, compare
-    from conformance.recommend import recommend, write_env_file
-    from conformance.report import write_report
+    from conformance.summarise.compare import CompareError, compare
+    from conformance.summarise.recommend import recommend, write_env_file
+    from conformance.summarise.report import write_report
 
     conclusion = Conclusion()
     try:

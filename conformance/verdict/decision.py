@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance import casefiles, flight_recorder
+from conformance.common import casefiles
 from conformance.launch.watchdog import RankProcess
+from conformance.rank import flight_recorder
 
 VERDICTS = ("fail", "hang", "crash", "error", "inconclusive", "skip", "pass")
 
@@ -32,7 +33,7 @@ WAITING_FRAME = re.compile(r"torch/distributed/|store\.wait|\bwait\b", re.IGNORE
 
 
 STACK_EXCERPT_LINES = 12
-FLIGHT_RECORDER_FRAME = "conformance/flight_recorder.py"  # the rank's dumper thread, never the story
+FLIGHT_RECORDER_FRAME = f'File "{flight_recorder.__file__}"'  # the rank's dumper thread, never the story
 
 
 def thread_stacks(stack: str) -> list[list[str]]:

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.inputs import read_user_file
+from conformance.common.inputs import read_user_file
 
 if sys.version_info >= (3, 11):
     import tomllib

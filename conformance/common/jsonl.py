@@ -1,0 +1,63 @@
+"""JSON Lines, the one way: append a line under a lock and fsync it; read back every whole line.
+
+Writers are several processes (xdist workers, nodes); a lock keeps their lines whole and fsync
+keeps a line written before a kill.  A reader skips what is not whole (a line cut off by a kill,
+a line that is not an object) and says which lines it skipped; what to do with that is the
+caller's policy.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class JsonlError(OSError):
+    """The file exists but cannot be read."""
+
+
+@dataclass
+class JsonLines:
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "line 3 is not whole JSON (cut off?)", ...
+
+
+def append_line(path: Path, record: dict[str, Any]) -> None:
+    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def read_lines(path: Path, missing_ok: bool = True) -> JsonLines:
+    """Every whole JSON object of the file; a missing file is empty when ``missing_ok``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return JsonLines()
+        raise JsonlError(f"{path}: cannot be read: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JsonlError(f"{path}: cannot be read: {exc}") from None
+    read = JsonLines()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            read.skipped.append(f"line {number} is not whole JSON (cut off?)")
+            continue
+        if isinstance(value, dict):
+            read.objects.append(value)
+        else:
+            read.skipped.append(f"line {number} is not a record")
+    return read
