@@ -105,11 +105,11 @@ def pair_bandwidth(work: Path, rounds: int) -> tuple[list[float], list[float]]:
 
 def step_seconds(rank_dir: Path) -> list[tuple[str, float, float]]:
     """(step, transfer seconds, check seconds) for every verified step of a rank."""
-    phases = casefiles.read_phases(rank_dir / casefiles.PHASES)
+    phases = casefiles.read_phases(rank_dir)
     steps = []
     for before, verify, after in zip(phases, phases[1:], phases[2:], strict=False):
-        if before["phase"] == "probe" and verify["phase"] == "verify":
-            steps.append((verify["step"], verify["t"] - before["t"], after["t"] - verify["t"]))
+        if before.phase == "probe" and verify.phase == "verify" and None not in (before.t, verify.t, after.t):
+            steps.append((verify.step, (verify.t or 0) - (before.t or 0), (after.t or 0) - (verify.t or 0)))
     return steps
 
 

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from conformance.common.deadlines import Deadlines
+from conformance.common.jsonl import append_line
 from conformance.discover.topology import cpu_topology
 from conformance.launch.case import CaseRunner, CaseSpec
-from conformance.record.results import append_record, case_record
+from conformance.record.results import case_record
 
 FRESH_RANK = r"""
 import datetime, json, sys, time
@@ -69,7 +70,7 @@ def harness_cases(work: Path, count: int) -> list[float]:
         for _ in range(count):
             begun = time.perf_counter()
             result = runner.run(spec)
-            append_record(results, case_record(result, "bench"))
+            append_line(results, case_record(result, "bench"))
             times.append(time.perf_counter() - begun)
             assert result.verdict == "pass", result.decision.summary
         return times

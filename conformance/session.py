@@ -16,6 +16,8 @@ import pytest
 
 from conformance.common import casefiles
 from conformance.common.deadlines import OUTER_NET_MARGIN, Deadlines
+from conformance.common.families import INHERITED_FAMILIES
+from conformance.common.jsonl import append_line, read_lines
 from conformance.discover.topology import Topology, link_matrix_lines, link_note_lines
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.nodes.group import NodeGroup, NodeProblem, StartCheck
@@ -36,7 +38,6 @@ from conformance.verdict.decision import decide_across_nodes, stack_excerpt
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
-INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 # One folder for every user of the machine: /tmp, not TMPDIR, which users may set differently.
 MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
@@ -309,7 +310,7 @@ class ConformanceSession:
         finally:
             self.book.record(step, outcome, final_reason, final=bool(final_reason))
         record = results.case_record(result, self.run_id, expect, step.key)
-        results.append_record(self.results_path, record)
+        append_line(self.results_path, record)
         item.user_properties.extend(results.junit_properties(record))
         if result.verdict not in ("pass", "skip"):
             self._attach_logs(item, result)
@@ -449,7 +450,7 @@ class ConformanceSession:
             return
         group.now_at("the end of its run")
         if group.me != 0:
-            mine = [json.dumps(r, sort_keys=True) for r in results.read_records(self.results_path)]
+            mine = [json.dumps(r, sort_keys=True) for r in read_lines(self.results_path).objects]
             self.node_notes.append(f"node {group.me}: {group.publish_results(mine)}")
             return
 
@@ -460,7 +461,7 @@ class ConformanceSession:
         self.ensure_run_dir()
         for node, lines in sorted(gathered.items()):
             for line in lines:
-                results.append_record(self.results_path, json.loads(line))
+                append_line(self.results_path, json.loads(line))
             self.node_notes.append(f"node {node}: {len(lines)} records gathered into {self.results_path}")
         for node, reason in sorted(gone.items()):
             self.node_notes.append(f"node {node}: records missing: {reason}")
@@ -470,7 +471,7 @@ class ConformanceSession:
             return
         for line in self.node_notes:
             terminalreporter.write_line(f"conformance: {line}")
-        records = [r for r in results.read_records(self.results_path) if r.get("run_id") == self.run_id]
+        records = [r for r in read_lines(self.results_path).objects if r.get("run_id") == self.run_id]
         records = one_record_per_case(records)
         if records:
             for line in summary_lines(records, self.simulated):

@@ -16,74 +16,41 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from conformance.common import values
+from conformance.common.values import BadValue
 from conformance.plan.matrix import MATRIX_MODES, Rung, RungError, parse_rung_spec
 
 if TYPE_CHECKING:
     import pytest
 
 BACKENDS = ("auto", "gloo", "nccl")
+T = TypeVar("T")
 
 
 class SettingError(ValueError):
     """A setting's value is unusable; the message names the value and its source."""
 
 
-def _number(raw: str, where: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise SettingError(f"{where}: {raw!r} is not a number") from None
+def _checked(parse: Callable[[str], T]) -> Callable[[str, str], T]:
+    """A ``values`` parser whose complaint names where the value came from."""
+
+    def checked(raw: str, where: str) -> T:
+        try:
+            return parse(raw)
+        except BadValue as exc:
+            raise SettingError(f"{where}: {exc}") from None
+
+    return checked
 
 
-def _positive_number(raw: str, where: str) -> float:
-    value = _number(raw, where)
-    if not value > 0 or value == float("inf"):
-        raise SettingError(f"{where}: {raw!r} must be a positive, finite number of seconds")
-    return value
-
-
-def _ratio(raw: str, where: str) -> float:
-    value = _number(raw, where)
-    if not 0 < value <= 1:
-        raise SettingError(f"{where}: {raw!r} must be a ratio above 0 and at most 1")
-    return value
-
-
-def _whole_number(raw: str, where: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise SettingError(f"{where}: {raw!r} is not a whole number") from None
-
-
-def _positive_int(raw: str, where: str) -> int:
-    value = _whole_number(raw, where)
-    if value <= 0:
-        raise SettingError(f"{where}: {raw!r} must be a positive whole number")
-    return value
-
-
-def _node_rank(raw: str, where: str) -> int:
-    value = _whole_number(raw, where)
-    if value < 0:
-        raise SettingError(f"{where}: {raw!r} must be 0 or more")
-    return value
-
-
-def _port(raw: str, where: str) -> int:
-    value = _positive_int(raw, where)
-    if value > 65535:
-        raise SettingError(f"{where}: {raw!r} is not a TCP port (1-65535)")
-    return value
-
-
-def _host(raw: str, where: str) -> str:
-    value = raw.strip()
-    if not value or any(c.isspace() for c in value):
-        raise SettingError(f"{where}: {raw!r} is not a host name or address")
-    return value
+_positive_number = _checked(values.positive_seconds)
+_ratio = _checked(values.ratio)
+_positive_int = _checked(lambda raw: values.whole_number(raw, minimum=1))
+_node_rank = _checked(lambda raw: values.whole_number(raw, minimum=0))
+_port = _checked(values.port)
+_host = _checked(values.host)
 
 
 def _choice(what: str, choices: tuple[str, ...]) -> Callable[[str, str], str]:
@@ -191,30 +158,47 @@ NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
 @dataclass(frozen=True)
 class Settings:
-    backend: str = "auto"
-    virtual_devices: int = 4
-    init_timeout: float = 30.0
-    op_timeout: float = 30.0
-    case_timeout: float = 60.0
-    grace: float = 3.0
-    matrix: str = "adaptive"
-    env_rung: tuple[Rung, ...] = ()
-    env_rungs_file: Path | None = None
-    topology_file: Path | None = None
-    scenario: Path | None = None
-    reports_dir: Path = Path("reports")
-    baseline: Path | None = None
-    bandwidth_tolerance: float = 0.8
-    html_report: bool = False
-    nnodes: int | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    rendezvous_timeout: float = 60.0
+    """Every setting's resolved value; the defaults are the ``SETTINGS`` entries' (written once, there)."""
+
+    backend: str
+    virtual_devices: int
+    init_timeout: float
+    op_timeout: float
+    case_timeout: float
+    grace: float
+    matrix: str
+    env_rung: tuple[Rung, ...]
+    env_rungs_file: Path | None
+    topology_file: Path | None
+    scenario: Path | None
+    reports_dir: Path
+    baseline: Path | None
+    bandwidth_tolerance: float
+    html_report: bool
+    nnodes: int | None
+    node_rank: int | None
+    master_addr: str | None
+    master_port: int | None
+    rendezvous_timeout: float
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def source(self, name: str) -> str:
         return self.sources.get(name, "default")
+
+
+SETTING = {setting.name: setting for setting in SETTINGS}
+
+
+def default_of(name: str) -> Any:
+    """A setting's built-in default, parsed (relative paths stay relative)."""
+    setting = SETTING[name]
+    return None if setting.default is None else setting.parse(setting.default, "default")
+
+
+def reports_dir_outside_pytest(environ: Mapping[str, str]) -> Path:
+    """Where runs are for the commands outside pytest: the environment variable, else the default."""
+    setting = SETTING["reports_dir"]
+    return Path(environ.get(setting.env_var) or str(setting.default))
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -294,6 +278,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
         sources[setting.name] = where
         if raw is not None:
             values[setting.name] = _parse(setting, raw, where, base)
+        else:
+            values[setting.name] = () if setting.multiple else None
     settings = Settings(**values, sources=sources)
     check_deadline_layers(settings)
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))

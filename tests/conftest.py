@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from conformance.common.families import INHERITED_FAMILIES
+
 pytest_plugins = ["pytester"]
 
 TAG_VARIABLE = "CONFORMANCE_TEST_TAG"
@@ -56,9 +58,6 @@ def read_records(reports_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 
 
 @pytest.fixture

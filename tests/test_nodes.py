@@ -53,8 +53,8 @@ def test_explicit_settings_win_over_slurm() -> None:
     [
         ({**NONE, "nnodes": 2, "node_rank": 2}, {}, "node rank 2 is not below the node count 2 (settings)"),
         ({**NONE, "nnodes": 2}, {}, "2 nodes need the first node's address (--master-addr or MASTER_ADDR)"),
-        (NONE, {"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES='two' is not a whole number"),
-        (NONE, {"NNODES": "0"}, "NNODES='0' must be at least 1"),
+        (NONE, {"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES: 'two' is not a whole number"),
+        (NONE, {"NNODES": "0"}, "NNODES: '0' must be a positive whole number"),
         ({**NONE, "nnodes": 2, "master_addr": "h", "master_port": 70000}, {}, "master port 70000 is not a TCP port"),
         (NONE, {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "[1-2]"}, "names no host"),
         (

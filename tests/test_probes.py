@@ -58,6 +58,7 @@ import json, sys, tempfile
 from pathlib import Path
 import torch
 from conformance.rank import probes
+from conformance.common.casefiles import CaseFile, RankDevice
 from conformance.rank.context import RankContext
 
 world, n, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -68,8 +69,8 @@ def peak_kib():
             return int(line.split()[1])
 
 def check_cost(got, reference):
-    spec = {"world_size": world, "devices": [{"name": "cpu0", "index": 0}], "backend": "gloo", "probe": "x"}
-    ctx = RankContext(spec, 0, Path(tempfile.mkdtemp()))
+    case = CaseFile("t", "x", "gloo", world, devices=(RankDevice("cpu0", 0),))
+    ctx = RankContext(case, 0, Path(tempfile.mkdtemp()))
     open("/proc/self/clear_refs", "w").write("5")  # peak RSS starts again from the current RSS
     before = peak_kib()
     ctx.verify("check", got, reference)
@@ -149,7 +150,7 @@ def own_ordinals(topology: Topology, kind: str) -> tuple[list[int], int]:
     """(each rank's CUDA ordinal, how many GPUs the ranks see) for the planned barrier set ``kind``."""
     chosen = next(s for s in barrier_sets(topology) if s.kind == kind)
     spec = CaseSpec("t", "barrier", chosen.devices, "nccl", isolate=chosen.isolate, visible=topology.devices)
-    return [d["index"] for d in rank_devices(spec)], len(spec.seen)
+    return [d.index for d in rank_devices(spec)], len(spec.seen)
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 8, 16])
@@ -185,10 +186,10 @@ def test_ranks_are_told_their_gpus_by_uuid_in_run_order() -> None:
     env, _ = rank_environment(spec)
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(d.uuid or "" for d in visible)
     assert "CUDA_DEVICE_ORDER" not in env
-    assert [d["index"] for d in rank_devices(spec)] == [1, 3]
+    assert [d.index for d in rank_devices(spec)] == [1, 3]
     isolated = CaseSpec("t", "barrier", (visible[1], visible[3]), "nccl", isolate=True, visible=visible)
     assert rank_environment(isolated)[0]["CUDA_VISIBLE_DEVICES"] == f"{visible[1].uuid},{visible[3].uuid}"
-    assert [d["index"] for d in rank_devices(isolated)] == [0, 1]
+    assert [d.index for d in rank_devices(isolated)] == [0, 1]
 
 
 def test_uuid_spellings_compare_by_digits() -> None:

@@ -905,7 +905,7 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
          "python -m conformance topology: --topology-file: topology file '{garbage}' is not a topology: "
          "Expecting value: line 1 column 1 (char 0)"),
         (["topology", "--virtual-devices", "0"],
-         "python -m conformance: error: argument --virtual-devices: expected a whole number of at least 1, got '0'"),
+         "python -m conformance: error: argument --virtual-devices: '0' must be a positive whole number"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
         (["topolgy"], "python -m conformance: error: argument COMMAND: invalid choice: 'topolgy' (choose from "
                       "'topology', 'recommend', 'compare', 'report', 'merge-junit', 'smoke')"),

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from conformance.common import jsonl
 from conformance.discover import topology
 from conformance.discover.topology import Device, Topology, cpu_topology, discover
 from conformance.plan.matrix import DeviceSet, Rung, all_devices, barrier_sets, each_device, each_pair
@@ -506,7 +507,7 @@ PAYLOAD = "x" * 6000  # longer than PIPE_BUF, so unlocked writers could interlea
 
 def _writer(path: str, writer: int) -> None:
     for i in range(RECORDS_EACH):
-        results.append_record(Path(path), {"writer": writer, "i": i, "payload": PAYLOAD})
+        jsonl.append_line(Path(path), {"writer": writer, "i": i, "payload": PAYLOAD})
 
 
 def test_append_record_from_many_processes(tmp_path: Path) -> None:
@@ -528,17 +529,17 @@ def test_append_record_from_many_processes(tmp_path: Path) -> None:
         assert record["payload"] == PAYLOAD
         seen.add((record["writer"], record["i"]))
     assert seen == {(w, i) for w in range(WRITERS) for i in range(RECORDS_EACH)}
-    assert len(list(results.read_records(path))) == WRITERS * RECORDS_EACH
+    assert len(jsonl.read_lines(path).objects) == WRITERS * RECORDS_EACH
 
 
 def test_read_records_skips_cut_off_line(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    results.append_record(path, {"n": 1})
-    results.append_record(path, {"n": 2, "when": Path("/x")})  # default=str for odd values
+    jsonl.append_line(path, {"n": 1})
+    jsonl.append_line(path, {"n": 2, "when": Path("/x")})  # default=str for odd values
     with path.open("a") as f:
         f.write('{"n": 3, "verdict": "pa')
-    assert list(results.read_records(path)) == [{"n": 1}, {"n": 2, "when": "/x"}]
-    assert list(results.read_records(tmp_path / "missing.jsonl")) == []
+    assert jsonl.read_lines(path).objects == [{"n": 1}, {"n": 2, "when": "/x"}]
+    assert jsonl.read_lines(tmp_path / "missing.jsonl").objects == []
 
 
 def test_point_latest_replaces_link(tmp_path: Path) -> None:

@@ -10,22 +10,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from conformance.common import values
 from conformance.record.runs import Run, load_run, resolve_run_path
+from conformance.settings import SETTING, reports_dir_outside_pytest
 
 PROG = "python -m conformance"
 USAGE_ERROR = 2
-REPORTS_DIR_VARIABLE = "CONFORMANCE_REPORTS_DIR"
 
 
 def add_reports_dir_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reports-dir",
         type=Path,
-        default=Path(os.environ.get(REPORTS_DIR_VARIABLE, "reports")),
+        default=reports_dir_outside_pytest(os.environ),
         metavar="DIR",
-        help=f"where runs are (default: ${REPORTS_DIR_VARIABLE} or reports/)",
+        help=f"where runs are (default: ${SETTING['reports_dir'].env_var} or {SETTING['reports_dir'].default}/)",
     )
 
 
@@ -59,3 +61,19 @@ def fail(command: str, message: str, status: int = USAGE_ERROR) -> int:
 
 def warn(command: str, message: str) -> None:
     print(f"{PROG} {command}: warning: {message}", file=sys.stderr)
+
+
+def argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """A ``values`` parser as an argparse type (its complaint becomes argparse's one line)."""
+
+    def checked(text: str) -> object:
+        try:
+            return parse(text)
+        except values.BadValue as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return checked
+
+
+def whole_number_type(minimum: int) -> Callable[[str], object]:
+    return argument_type(lambda text: values.whole_number(text, minimum=minimum))

@@ -8,15 +8,21 @@
     <case dir>/rank<k>/nccl.log                 NCCL_DEBUG=INFO output (NCCL cases)
     <case dir>/rank<k>/flight_recorder.json     torch's flight recorder, dumped at the deadline or on failure
 
-Exit codes are only a fallback for a rank that died before writing result.json.
+``case.json``, ``result.json`` and the phase lines are the dataclasses below, written and read
+only through this module on both sides of the fork.  Exit codes are only a fallback for a rank
+that died before writing result.json (``STATUS_BY_EXIT``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from conformance.common.jsonl import JsonlError, read_lines
 
 CASE_SPEC = "case.json"
 STORE = "store"
@@ -33,7 +39,108 @@ EXIT_WRONG_DATA = 2
 EXIT_SKIP = 3
 EXIT_HARNESS = 4  # the rank could not even set itself up
 
+# A rank that exited without result.json: what its exit code says it reached.
 STATUS_BY_EXIT = {EXIT_OK: "ok", EXIT_ERROR: "error", EXIT_WRONG_DATA: "fail", EXIT_SKIP: "skip"}
+
+
+@dataclass(frozen=True)
+class RankDevice:
+    """A rank's device as the rank sees it: ``index`` is its CUDA ordinal there."""
+
+    name: str
+    index: int
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Node 0's store and the case's prefix in it (cross-node cases)."""
+
+    host: str
+    port: int
+    prefix: str
+
+
+@dataclass(frozen=True)
+class CaseFile:
+    """``case.json``: everything a rank needs, written by the parent before the ranks start."""
+
+    nodeid: str
+    probe: str
+    backend: str
+    world_size: int  # every rank of the case, on every node
+    devices: tuple[RankDevice, ...]  # this node's ranks, in order
+    peers: tuple[RankDevice, ...] = ()  # the other devices of a one-process case (peer copies)
+    rank_offset: int = 0  # this node's first global rank
+    store: StoreAddress | None = None
+    single_process: bool = False
+    set_kind: str = "all"
+    links: tuple[str, ...] = ()
+    visible: tuple[str, ...] = ()  # the GPUs the ranks see, in order (UUIDs)
+    params: Mapping[str, Any] = field(default_factory=dict)  # the probe's own parameters (JSON)
+    env_set: Mapping[str, str] = field(default_factory=dict)
+    env_unset: tuple[str, ...] = ()
+    init_timeout: float = 30.0
+    process_group_timeout: float = 30.0
+    rules: tuple[Mapping[str, Any], ...] = ()  # scenario rules, as rank.scenario.Rule.to_dict writes them
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CaseFile:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["devices"] = tuple(RankDevice(**d) for d in data.get("devices", ()))
+        values["peers"] = tuple(RankDevice(**d) for d in data.get("peers", ()))
+        values["store"] = StoreAddress(**data["store"]) if data.get("store") else None
+        for name in ("links", "visible", "env_unset", "rules"):
+            values[name] = tuple(data.get(name, ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class PhaseLine:
+    """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies."""
+
+    phase: str
+    step: str = ""
+    t: float | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        line = {"phase": self.phase, "step": self.step, "t": self.t}
+        return {**line, "facts": dict(self.facts)} if self.facts else line
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """``result.json``: how a rank ended, written by the rank itself (authoritative)."""
+
+    status: str  # ok | fail | error | skip
+    t: float
+    phase: str | None = None
+    step: str | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+
+
+def write_case(case_dir: Path, case: CaseFile) -> None:
+    write_json_atomic(case_dir / CASE_SPEC, asdict(case))
+
+
+def read_case(case_dir: Path) -> CaseFile:
+    return CaseFile.from_json(json.loads((case_dir / CASE_SPEC).read_text(encoding="utf-8")))
+
+
+def write_result(rank_path: Path, result: RankResult) -> None:
+    write_json_atomic(rank_path / RESULT, asdict(result))
+
+
+def read_result(rank_path: Path) -> RankResult | None:
+    """The rank's result; None when it wrote none (or not a whole one)."""
+    data = read_json(rank_path / RESULT)
+    if not isinstance(data, dict) or "status" not in data:
+        return None
+    return RankResult(**{f.name: data[f.name] for f in fields(RankResult) if f.name in data})
 
 
 def rank_dir(case_dir: Path, rank: int) -> Path:
@@ -53,19 +160,14 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def read_phases(path: Path) -> list[dict[str, Any]]:
-    """Every whole line of a rank's phase log (a line cut by a kill is ignored)."""
+def read_phases(rank_path: Path) -> list[PhaseLine]:
+    """Every whole line of a rank's phase log (a line cut by a kill is ignored; an unreadable log is empty)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        lines = read_lines(rank_path / PHASES).objects
+    except JsonlError:
         return []
-    phases = []
-    for line in lines:
-        try:
-            phases.append(json.loads(line))
-        except ValueError:
-            continue
-    return phases
+    keys = {f.name for f in fields(PhaseLine)}
+    return [PhaseLine(**{k: v for k, v in line.items() if k in keys}) for line in lines if "phase" in line]
 
 
 def tail(path: Path, max_lines: int = 30, max_chars: int = 4000) -> str:

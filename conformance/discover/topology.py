@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conformance.common.inputs import read_user_file
+from conformance.common.tables import align_columns
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
@@ -180,12 +181,6 @@ def _pair_list(pairs: Sequence[str]) -> str:
     if len(pairs) > MAX_PAIRS_NAMED:
         return f"{len(pairs)} pairs"
     return ("pair " if len(pairs) == 1 else "pairs ") + " ".join(pairs)
-
-
-def align_columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Rows of cells as left-aligned columns two spaces apart."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _or_na(value: int | None) -> str:

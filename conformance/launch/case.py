@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common import casefiles
+from conformance.common.casefiles import CaseFile, RankDevice, StoreAddress
 from conformance.common.deadlines import Deadlines
 from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import leased
 from conformance.launch.watchdog import Peers, RankProcess, Supervision, supervise
+from conformance.verdict import nccl_log
 from conformance.verdict.decision import Decision, RankReport, decide, rank_report
 
 
@@ -133,17 +135,15 @@ def rank_environment(spec: CaseSpec, deadlines: Deadlines | None = None) -> tupl
     return env_set, list(spec.env_unset)
 
 
-def rank_devices(spec: CaseSpec) -> list[dict[str, Any]]:
+def rank_devices(spec: CaseSpec) -> list[RankDevice]:
     """Each rank's device, with ``index`` the CUDA ordinal the rank will see."""
     order = {d.name: position for position, d in enumerate(spec.seen)}
-    return [{**vars(d), "index": order.get(d.name, d.index)} for d in spec.devices]
+    return [RankDevice(d.name, order.get(d.name, d.index), d.uuid) for d in spec.devices]
 
 
 def read_nccl_logs(spec: CaseSpec, case_dir: Path) -> dict[str, Any] | None:
     if spec.backend != "nccl":
         return None
-    from conformance.verdict import nccl_log
-
     paths = sorted(case_dir.glob(f"rank*/{casefiles.NCCL_LOG}"))
     return nccl_log.parse_files(paths).to_record()
 
@@ -188,29 +188,27 @@ class CaseRunner:
         env_set, env_unset = rank_environment(spec, self.deadlines)
         devices = rank_devices(spec)
         across = spec.cross_node
-        casefiles.write_json_atomic(
-            case_dir / casefiles.CASE_SPEC,
-            {
-                "nodeid": spec.nodeid,
-                "probe": spec.probe,
-                "backend": spec.backend,
-                "world_size": across.world_size if across else spec.world_size,
-                "rank_offset": across.rank_offset if across else 0,
-                "store": {"host": across.host, "port": across.port, "prefix": across.prefix} if across else None,
-                "devices": devices[: spec.world_size],
-                "peers": devices[spec.world_size :],
-                "single_process": spec.single_process,
-                "set_kind": spec.set_kind,
-                "links": list(spec.links),
-                "params": dict(spec.params),
-                "visible": [device_id(d) for d in spec.seen],
-                "env_set": env_set,
-                "env_unset": env_unset,
-                "init_timeout": self.deadlines.init_timeout,
-                "process_group_timeout": self.deadlines.process_group_timeout,
-                "rules": self.rules,
-            },
+        case = CaseFile(
+            nodeid=spec.nodeid,
+            probe=spec.probe,
+            backend=spec.backend,
+            world_size=across.world_size if across else spec.world_size,
+            devices=tuple(devices[: spec.world_size]),
+            peers=tuple(devices[spec.world_size :]),
+            rank_offset=across.rank_offset if across else 0,
+            store=StoreAddress(across.host, across.port, across.prefix) if across else None,
+            single_process=spec.single_process,
+            set_kind=spec.set_kind,
+            links=spec.links,
+            visible=tuple(device_id(d) for d in spec.seen),
+            params=dict(spec.params),
+            env_set=env_set,
+            env_unset=tuple(env_unset),
+            init_timeout=self.deadlines.init_timeout,
+            process_group_timeout=self.deadlines.process_group_timeout,
+            rules=tuple(self.rules),
         )
+        casefiles.write_case(case_dir, case)
 
     def not_started(self, spec: CaseSpec, decision: Decision) -> CaseResult:
         """A case whose ranks were never started (a node it needs is gone)."""

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from conformance.discover.topology import align_columns
+from conformance.common import values
+from conformance.common.tables import align_columns
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
 
@@ -63,12 +64,9 @@ def first_host(nodelist: str) -> str:
 
 def _int(value: str, name: str, minimum: int) -> int:
     try:
-        number = int(value)
-    except ValueError:
-        raise NodeError(f"{name}={value!r} is not a whole number") from None
-    if number < minimum:
-        raise NodeError(f"{name}={value!r} must be at least {minimum}")
-    return number
+        return values.whole_number(value, minimum=minimum)
+    except values.BadValue as exc:
+        raise NodeError(f"{name}: {exc}") from None
 
 
 def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:

@@ -20,8 +20,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
+from conformance.common.jsonl import append_line, read_lines
 from conformance.plan.matrix import Rung
-from conformance.record.results import append_record, read_records
 
 LADDER_FILE = "ladder.jsonl"
 Selected = AbstractSet[tuple[str, int]] | None
@@ -76,10 +76,11 @@ class LadderBook:
         """Record a rung's outcome; ``final``: no NCCL rung can change it (``unchangeable``)."""
         rung = self.ladder[step.rung_index].name
         record = {"key": step.key, "rung": rung, "outcome": outcome, "reason": reason, "final": final}
-        append_record(self.path, record)
+        append_line(self.path, record)
 
     def _outcomes(self) -> dict[tuple[str, str], str]:
-        return {(r["key"], r["rung"]): "final" if r.get("final") else r["outcome"] for r in read_records(self.path)}
+        decided = read_lines(self.path).objects
+        return {(r["key"], r["rung"]): "final" if r.get("final") else r["outcome"] for r in decided}
 
     def wait_for(self, wanted: Sequence[tuple[str, str]], budget_rungs: int) -> dict[tuple[str, str], str]:
         """Outcomes of ``wanted`` (key, rung) pairs, waiting while other items decide them."""

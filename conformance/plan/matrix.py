@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.common.families import NCCL_FAMILIES, RUNG_FAMILIES
 from conformance.common.inputs import read_user_file
 from conformance.discover.topology import CPU_LINK, Device, Topology
 
@@ -22,8 +23,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
-RUNG_FAMILIES = ("NCCL_", "TORCH_NCCL_", "TORCH_", "GLOO_", "CUDA_")
-NCCL_FAMILIES = ("NCCL_", "TORCH_NCCL_")
 MATRIX_MODES = ("adaptive", "full", "inherited")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.common import casefiles
+from conformance.common.casefiles import CaseFile, PhaseLine, RankDevice
 from conformance.rank.scenario import Placement, Rule
 
 if TYPE_CHECKING:
@@ -50,19 +52,17 @@ def uuid_digits(uuid: str) -> str:
 
 
 class RankContext:
-    def __init__(self, spec: Mapping[str, Any], rank: int, rank_path: Path) -> None:
-        self.spec = spec
+    def __init__(self, case: CaseFile, rank: int, rank_path: Path) -> None:
+        self.case = case
         self.local_rank = rank  # this node's ranks count from 0; across nodes ``rank`` is global
-        self.rank: int = spec.get("rank_offset", 0) + rank
-        self.world_size: int = spec["world_size"]
-        self.device: dict[str, Any] = spec["devices"][rank]
-        self.backend: str = spec["backend"]
-        self.probe: str = spec["probe"]
-        self.params: dict[str, Any] = spec.get("params", {})
-        self.rules = [Rule.from_dict(r) for r in spec.get("rules", [])]
-        self.placement = Placement(
-            self.rank, self.device["name"], self.probe, spec.get("set_kind", "all"), tuple(spec.get("links", ()))
-        )
+        self.rank: int = case.rank_offset + rank
+        self.world_size: int = case.world_size
+        self.device: RankDevice = case.devices[rank]
+        self.backend: str = case.backend
+        self.probe: str = case.probe
+        self.params: Mapping[str, Any] = case.params
+        self.rules = [Rule.from_dict(r) for r in case.rules]
+        self.placement = Placement(self.rank, self.device.name, self.probe, case.set_kind, case.links)
         self.fired: set[int] = set()
         self.metrics: dict[str, Any] = {}
         self.group: dist.ProcessGroup | None = None
@@ -70,17 +70,17 @@ class RankContext:
         self.device_stuck = False  # a simulated kernel that never finishes: the next device wait blocks
         self.phase_name = "start"
         self.step = ""
-        self._phase_log = (rank_path / "phase.jsonl").open("a", encoding="utf-8", buffering=1)
+        self._phase_log = (rank_path / casefiles.PHASES).open("a", encoding="utf-8", buffering=1)
 
     @property
     def torch_device(self) -> torch.device:
         return self.device_of(self.device)
 
-    def device_of(self, device: Mapping[str, Any]) -> torch.device:
+    def device_of(self, device: RankDevice) -> torch.device:
         import torch
 
         if self.backend == "nccl":
-            return torch.device("cuda", device["index"])
+            return torch.device("cuda", device.index)
         return torch.device("cpu")
 
     @property
@@ -90,20 +90,20 @@ class RankContext:
             import torch
 
             return int(torch.cuda.device_count())
-        return len(self.spec.get("visible", [])) or 1
+        return len(self.case.visible) or 1
 
     def check_device_identity(self) -> None:
         """The GPU at this rank's ordinal is the one the parent chose (compared by UUID)."""
-        if self.backend != "nccl" or not self.device.get("uuid"):
+        if self.backend != "nccl" or not self.device.uuid:
             return
         import torch
 
         properties = torch.cuda.get_device_properties(self.torch_device)
         found = str(getattr(properties, "uuid", "") or "")
         self.metrics["cuda_device"] = {"ordinal": self.torch_device.index, "uuid": found or None}
-        if len(uuid_digits(found)) == 32 and uuid_digits(found) != uuid_digits(self.device["uuid"]):
+        if len(uuid_digits(found)) == 32 and uuid_digits(found) != uuid_digits(self.device.uuid):
             raise RuntimeError(
-                f"cuda:{self.torch_device.index} is {found}, not {self.device['uuid']} "
+                f"cuda:{self.torch_device.index} is {found}, not {self.device.uuid} "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
             )
 
@@ -114,12 +114,10 @@ class RankContext:
         even when the rank is killed in this phase.
         """
         self.phase_name, self.step = name, step
-        entry: dict[str, Any] = {"phase": name, "step": step, "t": time.time()}
         if facts:
             self.metrics.update(facts)
-            entry["facts"] = dict(facts)
-        line = json.dumps(entry)
-        self._phase_log.write(line + "\n")
+        line = PhaseLine(name, step, time.time(), facts or {})
+        self._phase_log.write(json.dumps(line.to_json()) + "\n")
         self._apply_faults(name)
 
     def _matching_rules(self, phase: str, effect: str | None = None) -> list[tuple[int, Rule]]:

@@ -14,10 +14,12 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 from conformance.common import casefiles
+from conformance.common.casefiles import CaseFile, RankResult
 from conformance.rank import flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
@@ -47,12 +49,12 @@ def redirect_output(rank_path: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def apply_case_env(spec: dict[str, Any], rank_path: Path) -> None:
-    for name in spec.get("env_unset", []):
+def apply_case_env(case: CaseFile, rank_path: Path) -> None:
+    for name in case.env_unset:
         os.environ.pop(name, None)
-    os.environ.update(flight_recorder.environment(spec["backend"], rank_path))
-    os.environ.update(spec.get("env_set", {}))  # a rung that sets a recorder variable keeps its value
-    if spec["backend"] == "nccl":
+    os.environ.update(flight_recorder.environment(case.backend, rank_path))
+    os.environ.update(case.env_set)  # a rung that sets a recorder variable keeps its value
+    if case.backend == "nccl":
         os.environ["NCCL_DEBUG_FILE"] = str(rank_path / casefiles.NCCL_LOG)
 
 
@@ -75,7 +77,7 @@ def use_own_device(ctx: RankContext) -> None:
     ctx.check_device_identity()
 
 
-def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
+def init_group(ctx: RankContext, store: Any) -> None:
     import torch.distributed as dist
 
     ctx.phase("init", f"init_process_group({ctx.backend})")
@@ -90,65 +92,66 @@ def init_group(ctx: RankContext, store: Any, spec: dict[str, Any]) -> None:
         store=store,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=datetime.timedelta(seconds=spec["process_group_timeout"]),
+        timeout=datetime.timedelta(seconds=ctx.case.process_group_timeout),
         **kwargs,
     )
     ctx.group = dist.group.WORLD
     # No rank may leave (skip, fail, finish) while a peer is still connecting to it.
-    store_barrier(ctx, store, "initialized", spec["init_timeout"])
+    store_barrier(ctx, store, "initialized", ctx.case.init_timeout)
 
 
-def case_store(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> Any:
+def case_store(ctx: RankContext, case_dir: Path) -> Any:
     """The case's own FileStore; across nodes, node 0's TCPStore under the case's prefix."""
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=spec["init_timeout"])
-    meeting = spec.get("store")
+    timeout = datetime.timedelta(seconds=ctx.case.init_timeout)
+    meeting = ctx.case.store
     if meeting:
-        ctx.phase("control", f"connect to node 0's store {meeting['host']}:{meeting['port']}")
-        client = dist.TCPStore(meeting["host"], meeting["port"], wait_for_workers=False, timeout=timeout)  # type: ignore[attr-defined]
-        return dist.PrefixStore(meeting["prefix"], client)  # type: ignore[attr-defined]
+        ctx.phase("control", f"connect to node 0's store {meeting.host}:{meeting.port}")
+        client = dist.TCPStore(meeting.host, meeting.port, wait_for_workers=False, timeout=timeout)  # type: ignore[attr-defined]
+        return dist.PrefixStore(meeting.prefix, client)  # type: ignore[attr-defined]
     store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)  # type: ignore[attr-defined]
     store.set_timeout(timeout)
     return store
 
 
-def run_case(ctx: RankContext, spec: dict[str, Any], case_dir: Path) -> None:
+def run_case(ctx: RankContext, case_dir: Path) -> None:
     import torch.distributed as dist
 
     from conformance.rank.probes import PROBES
 
     ctx.phase("start")
-    store = case_store(ctx, spec, case_dir)
-    control(ctx, store, spec["init_timeout"])
-    if spec.get("single_process"):
+    store = case_store(ctx, case_dir)
+    control(ctx, store, ctx.case.init_timeout)
+    if ctx.case.single_process:
         if ctx.backend == "nccl":
             use_own_device(ctx)
-        PROBES[spec["probe"]](ctx)  # one process, no group (peer copies)
+        PROBES[ctx.probe](ctx)  # one process, no group (peer copies)
         ctx.phase("teardown", "done")
         return
-    init_group(ctx, store, spec)
-    PROBES[spec["probe"]](ctx)
+    init_group(ctx, store)
+    PROBES[ctx.probe](ctx)
     ctx.phase("teardown", "destroy_process_group")
     dist.destroy_process_group()
 
 
-def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, dict[str, Any]]:
-    result: dict[str, Any] = {"t": time.time()}
+def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, RankResult]:
+    """The rank's exit code and its result: ok, skip, fail (wrong data) or error."""
+    ended = RankResult("ok", time.time())
     if ctx is not None:
-        result.update(phase=ctx.phase_name, step=ctx.step, metrics=ctx.metrics)
+        ended = replace(ended, phase=ctx.phase_name, step=ctx.step, metrics=ctx.metrics)
     if exc is None:
-        return casefiles.EXIT_OK, {**result, "status": "ok"}
+        return casefiles.EXIT_OK, ended
     if isinstance(exc, RankSkip):
-        return casefiles.EXIT_SKIP, {**result, "status": "skip", "message": str(exc)}
-    detail = {
-        "error_type": type(exc).__name__,
-        "message": str(exc).strip() or type(exc).__name__,
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
-    }
-    if isinstance(exc, WrongData):
-        return casefiles.EXIT_WRONG_DATA, {**result, **detail, "status": "fail"}
-    return casefiles.EXIT_ERROR, {**result, **detail, "status": "error"}
+        return casefiles.EXIT_SKIP, replace(ended, status="skip", message=str(exc))
+    failed = replace(
+        ended,
+        status="fail" if isinstance(exc, WrongData) else "error",
+        error_type=type(exc).__name__,
+        message=str(exc).strip() or type(exc).__name__,
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],
+    )
+    return (casefiles.EXIT_WRONG_DATA if isinstance(exc, WrongData) else casefiles.EXIT_ERROR), failed
 
 
 def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
@@ -166,11 +169,11 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     ctx: RankContext | None = None
     error: BaseException | None = None
     try:
-        spec = casefiles.read_json(case_dir / casefiles.CASE_SPEC)
-        apply_case_env(spec, rank_path)
-        flight_recorder.serve_dumps(spec["backend"], rank_path)
-        ctx = RankContext(spec, rank, rank_path)
-        run_case(ctx, spec, case_dir)
+        case = casefiles.read_case(case_dir)
+        apply_case_env(case, rank_path)
+        flight_recorder.serve_dumps(case.backend, rank_path)
+        ctx = RankContext(case, rank, rank_path)
+        run_case(ctx, case_dir)
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises is a result
         error = exc
         traceback.print_exc()
@@ -178,7 +181,7 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
             flight_recorder.dump(ctx.backend, rank_path)
     code, result = outcome(ctx, error)
     try:
-        casefiles.write_json_atomic(rank_path / casefiles.RESULT, result)
+        casefiles.write_result(rank_path, result)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -236,7 +236,7 @@ def barrier_no_device_ids(ctx: RankContext) -> None:
 def _barrier_first(ctx: RankContext, with_ids: bool) -> None:
     import torch.distributed as dist
 
-    own = int(ctx.device["index"])
+    own = ctx.device.index
     chosen = barrier_device(ctx.rank, ctx.visible_count, device_ids=[own] if with_ids else None, bound=ctx.bound_device)
     facts = {"barrier": {"rank_device": own, "barrier_device": chosen.index, "chosen_by": chosen.chosen_by}}
     ctx.barrier_device_is(wrong=chosen.index != own)
@@ -307,14 +307,11 @@ def peer_copy(ctx: RankContext) -> None:
     """
     import torch
 
-    peer = ctx.spec["peers"][0]
+    peer = ctx.case.peers[0]
     here, there = ctx.torch_device, ctx.device_of(peer)
     if here.type == "cuda":
         ctx.metrics["peer_access"] = torch.cuda.can_device_access_peer(here, there)
-    directions = (
-        (here, there, f"{ctx.device['name']}->{peer['name']}"),
-        (there, here, f"{peer['name']}->{ctx.device['name']}"),
-    )
+    directions = ((here, there, f"{ctx.device.name}->{peer.name}"), (there, here, f"{peer.name}->{ctx.device.name}"))
     for src, dst, names in directions:
         for n, label in sized_steps(ctx, f"copy {names}"):
             copied = pattern(ctx.rank, n, src).to(dst, copy=True)

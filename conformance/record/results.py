@@ -9,12 +9,10 @@ lines whole.  A run killed half-way keeps every line written before the kill.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,30 +105,6 @@ def case_record(
         "case_dir": str(result.case_dir),
         "time": time.time(),
     }
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every whole record; a line cut short by a kill is skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return
-    for line in lines:
-        try:
-            yield json.loads(line)
-        except ValueError:
-            continue
 
 
 JUNIT_PROPERTIES = (

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common.casefiles import read_json
+from conformance.common.jsonl import JsonlError, read_lines
 from conformance.record.results import LATEST, RESULTS_FILE, SCHEMA, record_from_junit_properties
 
 RUN_FACTS = "run.json"
@@ -60,27 +61,14 @@ def resolve_run_path(argument: str | None, reports_dir: Path) -> Path:
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every whole record of this schema or older; what was skipped, as warnings."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: cannot be read: {exc}") from None
-    records: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    newer = 0
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            warnings.append(f"{path}: line {number} is not whole JSON (cut off?); skipped")
-            continue
-        if not isinstance(record, dict):
-            warnings.append(f"{path}: line {number} is not a record; skipped")
-        elif int(record.get("schema", 0) or 0) > SCHEMA:
-            newer += 1
-        else:
-            records.append(record)
+        read = read_lines(path, missing_ok=False)
+    except JsonlError as exc:
+        raise RunError(str(exc)) from None
+    warnings = [f"{path}: {problem}; skipped" for problem in read.skipped]
+    records = [r for r in read.objects if int(r.get("schema", 0) or 0) <= SCHEMA]
+    newer = len(read.objects) - len(records)
     if newer:
         warnings.append(f"{path}: {newer} record(s) of a newer schema than {SCHEMA} skipped; upgrade the suite")
     return records, warnings

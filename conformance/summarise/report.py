@@ -14,7 +14,6 @@ Every text that comes from a record, the run facts or the caller is escaped (``h
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections import Counter
@@ -24,10 +23,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
 from conformance.discover.topology import Topology
 from conformance.plan.matrix import BUILTIN_LADDER, Rung
-from conformance.record.runs import Run, RunError
+from conformance.record.runs import Run
 from conformance.summarise.summary import first_passing_rungs, link_class_of, one_record_per_case, rung_env_text
 from conformance.verdict.decision import VERDICTS
 
@@ -743,32 +741,3 @@ def write_report(
 # --------------------------------------------------------------------------------------------
 # python -m conformance report
 # --------------------------------------------------------------------------------------------
-
-
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "report",
-        help="write the run's self-contained HTML report",
-        description=f"Write {REPORT_FILE} (self-contained HTML) into the run folder and print its path.",
-    )
-    add_run_argument(parser)
-    add_reports_dir_argument(parser)
-    parser.set_defaults(run=report_command)
-
-
-def report_command(args: argparse.Namespace) -> int:
-    try:
-        run = load_run_argument(args.run_path, args.reports_dir)
-        from conformance.summarise.recommend import recommend
-
-        lines = recommend(run).lines()
-    except RunError as exc:
-        return fail("report", str(exc))
-    try:
-        path = write_report(run, lines)
-    except OSError as exc:
-        return fail("report", f"cannot write {report_path(run)}: {exc.strerror or exc}")
-    for message in run.warnings:
-        warn("report", message)
-    print(path)
-    return 0

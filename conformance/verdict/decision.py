@@ -13,10 +13,11 @@ import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from conformance.common import casefiles
-from conformance.launch.watchdog import RankProcess
+from conformance.common.casefiles import PhaseLine
 from conformance.rank import flight_recorder
 
 VERDICTS = ("fail", "hang", "crash", "error", "inconclusive", "skip", "pass")
@@ -105,7 +106,21 @@ class RankReport:
         return f"{self.phase} ({self.step})" if self.step else self.phase
 
 
-def _status_without_result(proc: RankProcess) -> tuple[str, str]:
+class EndedRank(Protocol):
+    """What the launcher knows of a rank once the case is over (``launch.processes.RankProcess``)."""
+
+    rank: int
+    pid: int
+    path: Path
+    exit_code: int | None
+    exit_time: float | None
+    stopped_by: str | None
+    stack: str
+    unkillable: bool
+
+
+def _status_without_result(proc: EndedRank) -> tuple[str, str]:
+    """A rank that wrote no result.json: what its end says (its exit code, when it exited itself)."""
     if proc.stopped_by:
         return "stopped", f"stopped by the watchdog ({proc.stopped_by}) in its current phase"
     if proc.exit_code is None:
@@ -115,20 +130,20 @@ def _status_without_result(proc: RankProcess) -> tuple[str, str]:
         last_words = [line for line in stderr if VICTIM_PATTERN.search(line)]
         said = f"; it last said: {last_words[-1].strip()}" if last_words else ""
         return "crash", f"killed by {exit_label(proc.exit_code)}{said}"
-    return "error", f"exited with code {proc.exit_code} without a result"
+    status = casefiles.STATUS_BY_EXIT.get(proc.exit_code, "error")
+    return status, f"exited with code {proc.exit_code} ({status}) without a result"
 
 
-def rank_report(proc: RankProcess, device: str, started: float) -> RankReport:
-    phases = casefiles.read_phases(proc.path / casefiles.PHASES)
-    last: dict[str, Any] = phases[-1] if phases else {"phase": "start", "step": "", "t": None}
-    result = casefiles.read_json(proc.path / casefiles.RESULT)
+def rank_report(proc: EndedRank, device: str, started: float) -> RankReport:
+    phases = casefiles.read_phases(proc.path)
+    last = phases[-1] if phases else PhaseLine("start")
     report = RankReport(
         rank=proc.rank,
         device=device,
         pid=proc.pid,
-        phase=str(last["phase"]),
-        step=str(last.get("step", "")),
-        phase_time=last.get("t"),
+        phase=last.phase,
+        step=last.step,
+        phase_time=last.t,
         progress=len(phases),
         exit=exit_label(proc.exit_code),
         seconds=round((proc.exit_time or started) - started, 3) if proc.exit_time else 0.0,
@@ -137,19 +152,17 @@ def rank_report(proc: RankProcess, device: str, started: float) -> RankReport:
         stack=proc.stack,
         unkillable=proc.unkillable,
         collectives=flight_recorder.last_collectives(proc.path),
-        metrics={k: v for entry in phases for k, v in entry.get("facts", {}).items()},  # known even if killed
+        metrics={k: v for line in phases for k, v in line.facts.items()},  # known even if the rank was killed
     )
-    if isinstance(result, dict) and "status" in result:
-        report.status = result["status"]
-        report.error_type = result.get("error_type", "")
-        report.message = result.get("message", "")
-        report.traceback = result.get("traceback", "")
-        report.time = result.get("t")
-        report.metrics = {**report.metrics, **result.get("metrics", {})}
-        report.phase, report.step = result.get("phase", report.phase), result.get("step", report.step)
-    else:
+    result = casefiles.read_result(proc.path)
+    if result is None:
         report.status, report.message = _status_without_result(proc)
         report.time = proc.exit_time
+        return report
+    report.status, report.error_type, report.message = result.status, result.error_type, result.message
+    report.traceback, report.time = result.traceback, result.t
+    report.metrics = {**report.metrics, **result.metrics}
+    report.phase, report.step = result.phase or report.phase, result.step if result.step is not None else report.step
     return report
 
 

@@ -1,0 +1,38 @@
+"""``python -m conformance report [RUN]``: the run's self-contained HTML report."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.record.runs import RunError
+from conformance.summarise.recommend import recommend
+from conformance.summarise.report import REPORT_FILE, report_path, write_report
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "report",
+        help="write the run's self-contained HTML report",
+        description=f"Write {REPORT_FILE} (self-contained HTML) into the run folder and print its path.",
+    )
+    add_run_argument(parser)
+    add_reports_dir_argument(parser)
+    parser.set_defaults(run=report_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    try:
+        run = load_run_argument(args.run_path, args.reports_dir)
+        lines = recommend(run).lines()
+    except RunError as exc:
+        return fail("report", str(exc))
+    try:
+        path = write_report(run, lines)
+    except OSError as exc:
+        return fail("report", f"cannot write {report_path(run)}: {exc.strerror or exc}")
+    for message in run.warnings:
+        warn("report", message)
+    print(path)
+    return 0

@@ -1,0 +1,60 @@
+"""What a value given as text must be: the one parser for each kind, wherever it was given.
+
+Each raises :class:`BadValue` naming the text and what it must be; the caller adds where it came
+from (a setting's source, a command-line argument, an environment variable).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class BadValue(ValueError):
+    """The message says what is wrong with the value, not where it came from."""
+
+
+def number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadValue(f"{raw!r} is not a number") from None
+
+
+def positive_seconds(raw: str) -> float:
+    value = number(raw)
+    if not value > 0 or math.isinf(value):
+        raise BadValue(f"{raw!r} must be a positive, finite number of seconds")
+    return value
+
+
+def ratio(raw: str) -> float:
+    value = number(raw)
+    if not 0 < value <= 1:
+        raise BadValue(f"{raw!r} must be a ratio above 0 and at most 1")
+    return value
+
+
+def whole_number(raw: str, minimum: int | None = None) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadValue(f"{raw!r} is not a whole number") from None
+    if minimum == 1 and value < 1:
+        raise BadValue(f"{raw!r} must be a positive whole number")
+    if minimum is not None and value < minimum:
+        raise BadValue(f"{raw!r} must be {minimum} or more")
+    return value
+
+
+def port(raw: str) -> int:
+    value = whole_number(raw, minimum=1)
+    if value > 65535:
+        raise BadValue(f"{raw!r} is not a TCP port (1-65535)")
+    return value
+
+
+def host(raw: str) -> str:
+    value = raw.strip()
+    if not value or any(c.isspace() for c in value):
+        raise BadValue(f"{raw!r} is not a host name or address")
+    return value
