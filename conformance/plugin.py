@@ -13,7 +13,15 @@ from conformance.discover.topology import Topology, TopologyError, discover, loa
 from conformance.launch.case import CaseResult
 from conformance.nodes.group import NodeGroup, NodeGroupError, StartCheck
 from conformance.nodes.layout import NodeError, node_setup
-from conformance.plan.matrix import DeviceSet, Rung, RungError, build_ladder, load_rungs_file, node_rungs
+from conformance.plan.matrix import (
+    DeviceSet,
+    Rung,
+    RungError,
+    build_ladder,
+    load_rungs_file,
+    node_rungs,
+    parse_rung_spec,
+)
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
 from conformance.record.runs import Run, RunError, load_run
@@ -49,11 +57,12 @@ def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | No
         raise SettingError(f"{settings.source('backend')}: {exc}") from None
 
 
-def _ladder(settings: Settings, across_nodes: Sequence[Rung] = ()) -> tuple[Rung, ...]:
-    user = [(rung, settings.source("env_rung")) for rung in settings.env_rung]
+def _build_ladder(settings: Settings, across_nodes: Sequence[Rung] = ()) -> tuple[Rung, ...]:
+    where = settings.source("env_rung")
+    user = [(parse_rung_spec(spec, where), where) for spec in settings.env_rung]
     if settings.env_rungs_file is not None:
-        where = settings.source("env_rungs_file")
-        user = [(rung, str(settings.env_rungs_file)) for rung in load_rungs_file(settings.env_rungs_file, where)] + user
+        from_file = load_rungs_file(settings.env_rungs_file, settings.source("env_rungs_file"))
+        user = [(rung, str(settings.env_rungs_file)) for rung in from_file] + user
     return build_ladder(user, across_nodes)
 
 
@@ -108,7 +117,7 @@ def pytest_configure(config: pytest.Config) -> None:
         scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
         topology = _topology(config, settings, scenario)
         nodes, start = _join_nodes(config, settings, topology, run_id)
-        ladder = _ladder(settings, node_rungs(start.interfaces) if start else ())
+        ladder = _build_ladder(settings, node_rungs(start.interfaces) if start else ())
         baseline = _baseline(config, settings)
     except (SettingError, ScenarioError, TopologyError, RungError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.common import values
 from conformance.common.values import BadValue
-from conformance.plan.matrix import MATRIX_MODES, Rung, RungError, parse_rung_spec
 
 if TYPE_CHECKING:
     import pytest
 
 BACKENDS = ("auto", "gloo", "nccl")
+MATRIX_MODES = ("adaptive", "full", "inherited")
 T = TypeVar("T")
 
 
@@ -74,13 +74,6 @@ def _flag(raw: str, where: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise SettingError(f"{where}: {raw!r} is not a yes/no value (1, true, yes, on / 0, false, no, off)")
-
-
-def _rung(raw: str, where: str) -> Rung:
-    try:
-        return parse_rung_spec(raw, where)
-    except RungError as exc:
-        raise SettingError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -139,7 +132,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("case_timeout", CASE_TIMEOUT_HELP, "60", _positive_number),
     Setting("grace", GRACE_HELP, "3", _positive_number),
     Setting("matrix", MATRIX_HELP, "adaptive", _choice("matrix", MATRIX_MODES)),
-    Setting("env_rung", ENV_RUNG_HELP, None, _rung, multiple=True),
+    Setting("env_rung", ENV_RUNG_HELP, None, _text, multiple=True),  # parsed into rungs by the plan
     Setting("env_rungs_file", ENV_RUNGS_FILE_HELP, None, _text, is_path=True),
     Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True),
     Setting("scenario", SCENARIO_HELP, None, _text, is_path=True),
@@ -167,7 +160,7 @@ class Settings:
     case_timeout: float
     grace: float
     matrix: str
-    env_rung: tuple[Rung, ...]
+    env_rung: tuple[str, ...]  # NAME:VAR=VALUE[,...] specs, as given
     env_rungs_file: Path | None
     topology_file: Path | None
     scenario: Path | None
