@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from conformance.common.deadlines import DeadlineError
+from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
-from conformance.launch.case import CaseResult
-from conformance.nodes.group import NodeGroup, NodeGroupError, StartCheck
-from conformance.nodes.layout import NodeError, node_setup
+from conformance.launch.case import CaseResult, failure_text
+from conformance.nodes.layout import NodeError, NodeSetup, node_setup
 from conformance.plan.matrix import (
     DeviceSet,
     Rung,
     RungError,
-    build_ladder,
     load_rungs_file,
-    node_rungs,
     parse_rung_spec,
 )
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
 from conformance.record.runs import Run, RunError, load_run
-from conformance.session import ConformanceSession, failure_text, local_fingerprint, node_progress_limit
+from conformance.session import ConformanceSession
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
 
@@ -57,13 +55,14 @@ def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | No
         raise SettingError(f"{settings.source('backend')}: {exc}") from None
 
 
-def _build_ladder(settings: Settings, across_nodes: Sequence[Rung] = ()) -> tuple[Rung, ...]:
+def _user_rungs(settings: Settings) -> list[tuple[Rung, str]]:
+    """The user's rungs (file first, then each --env-rung), each with where it came from."""
     where = settings.source("env_rung")
     user = [(parse_rung_spec(spec, where), where) for spec in settings.env_rung]
     if settings.env_rungs_file is not None:
         from_file = load_rungs_file(settings.env_rungs_file, settings.source("env_rungs_file"))
         user = [(rung, str(settings.env_rungs_file)) for rung in from_file] + user
-    return build_ladder(user, across_nodes)
+    return user
 
 
 def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
@@ -80,10 +79,8 @@ def _uses_xdist(config: pytest.Config) -> bool:
     return bool(config.getoption("numprocesses", None)) or config.getoption("dist", "no") != "no"
 
 
-def _join_nodes(
-    config: pytest.Config, settings: Settings, topology: Topology, run_id: str
-) -> tuple[NodeGroup | None, StartCheck | None]:
-    """Multi-node runs: meet the other nodes at node 0's store and compare fingerprints first."""
+def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
+    """A multi-node run's layout, checked here; the session meets the other nodes when it starts."""
     explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
     try:
         setup = node_setup(explicit, os.environ)
@@ -91,21 +88,13 @@ def _join_nodes(
         sources = ", ".join(f"{settings.source(n)}" for n in NODE_LAYOUT if explicit[n] is not None)
         raise SettingError(f"{exc}" + (f" (from {sources})" if sources else "")) from None
     if not setup.multi_node or config.option.help or config.option.version:
-        return None, None
+        return None
     if _uses_xdist(config):
         raise SettingError(
             f"{setup.nnodes} nodes (from {setup.source}): a multi-node run is one pytest process per node; "
             "drop -n/--dist (cross-node cases must run in the same order on every node)"
         )
-    try:
-        group = NodeGroup.connect(setup, settings.rendezvous_timeout, node_progress_limit(settings))
-    except NodeGroupError as exc:
-        raise SettingError(str(exc)) from None
-    start = group.start(local_fingerprint(setup.node_rank, topology), run_id)
-    if start.fatal_text:
-        group.close()
-        raise SettingError(f"node {setup.node_rank}: {start.fatal_text}")
-    return group, start
+    return setup
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -116,14 +105,12 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = resolve_settings(config)
         scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
         topology = _topology(config, settings, scenario)
-        nodes, start = _join_nodes(config, settings, topology, run_id)
-        ladder = _build_ladder(settings, node_rungs(start.interfaces) if start else ())
+        setup = _node_setup(config, settings)
+        user_rungs = _user_rungs(settings)
         baseline = _baseline(config, settings)
+        session = ConformanceSession(config, settings, topology, scenario, run_id, user_rungs, baseline, setup)
     except (SettingError, ScenarioError, TopologyError, RungError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
-    run_id = start.run_id if start else run_id
-    try:
-        session = ConformanceSession(config, settings, topology, scenario, run_id, ladder, baseline, nodes, start)
     except DeadlineError as exc:
         raise pytest.UsageError(f"conformance: the deadlines are out of order: {exc}") from None
     config.stash[SESSION_KEY] = session
@@ -161,9 +148,9 @@ def conformance_case(request: pytest.FixtureRequest, conformance: ConformanceSes
         result = conformance.run(request.node, probe, device_set, expect=expect, **params)
         if expect is not None:
             return result
-        if result.verdict == "skip":
+        if result.verdict == Verdict.SKIP:
             pytest.skip(result.decision.summary)
-        if result.verdict != "pass":
+        if result.verdict != Verdict.PASS:
             pytest.fail(failure_text(result), pytrace=False)
         return result
 

@@ -4,36 +4,35 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from conformance.common import casefiles
-from conformance.common.deadlines import OUTER_NET_MARGIN, Deadlines
-from conformance.common.families import INHERITED_FAMILIES
-from conformance.common.jsonl import append_line, read_lines
-from conformance.discover.topology import Topology, link_matrix_lines, link_note_lines
+from conformance.common.deadlines import DeadlineError
+from conformance.common.families import inherited_variables
+from conformance.common.jsonl import read_lines
+from conformance.common.verdicts import Verdict
+from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines
+from conformance.discover.versions import nccl_wheel_version, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
-from conformance.nodes.group import NodeGroup, NodeProblem, StartCheck
-from conformance.nodes.layout import Fingerprint, NodeSetup, network_interfaces
-from conformance.plan.ladder import LADDER_FILE, Decision, LadderBook, Step, unchangeable
-from conformance.plan.matrix import BUILTIN_LADDER, NODE_SET_FIXTURES, DeviceSet, Rung
+from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
+from conformance.nodes.layout import NodeSetup, local_fingerprint
+from conformance.plan.ladder import LADDER_FILE, LadderBook, RungDecision, Step, unchangeable
+from conformance.plan.matrix import NODE_SET_FIXTURES, DeviceSet, Rung, RungError, build_ladder, node_rungs
 from conformance.plan.parametrize import Plan
-from conformance.rank import flight_recorder
 from conformance.rank.scenario import Scenario
 from conformance.record import results
+from conformance.record.records import CaseRecord, RunFacts, RungFacts, junit_properties
 from conformance.record.runs import Run
-from conformance.settings import Settings
+from conformance.settings import Settings, deadlines
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
-from conformance.verdict.decision import Decision as CaseDecision
-from conformance.verdict.decision import decide_across_nodes, stack_excerpt
+from conformance.verdict.decision import Decision, decide_across_nodes
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -49,86 +48,6 @@ MEASUREMENT = {
 }
 
 
-def node_progress_limit(settings: Settings) -> float:
-    """How long a node may stay in one test before the others stop waiting for it at a cross-node case."""
-    return settings.rendezvous_timeout + settings.case_timeout + settings.grace + OUTER_NET_MARGIN
-
-
-def choose_backend(setting: str, topology: Topology) -> str:
-    """Nccl on GPUs NVML found; gloo on CPU devices and on simulated machines (topology files)."""
-    if setting == "auto":
-        return "nccl" if topology.kind == "gpu" and topology.source == "nvml" else "gloo"
-    return setting
-
-
-def inherited_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(INHERITED_FAMILIES)}
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def nccl_wheel_version() -> str | None:
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"] or ""
-        if re.fullmatch(r"nvidia-nccl-cu\d+", name):
-            return f"{dist.version} ({name})"
-    return None
-
-
-def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
-    """What this node tells the others before any collective (``nodes.MUST_MATCH`` must agree)."""
-    return Fingerprint(
-        node_rank=node_rank,
-        hostname=socket.gethostname(),
-        gpu_count=len(topology.devices),
-        gpu_uuids=tuple(d.uuid or d.name for d in topology.devices),
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        driver=topology.driver,
-        cuda=topology.cuda_driver,
-        nccl=nccl_wheel_version(),
-        torch=package_version("torch"),
-        suite=package_version("gpu-conformance"),
-        nccl_env={k: v for k, v in inherited_variables().items() if k.startswith("NCCL_")},
-        interfaces=network_interfaces(),
-    )
-
-
-def failure_text(result: CaseResult) -> str:
-    """Verdict word first, then the root cause, the phase, victims and a stack excerpt."""
-    decision = result.decision
-    lines = [f"{decision.verdict}: {decision.summary}"]
-    if result.simulated:
-        lines[0] = "[simulated] " + lines[0]
-    root = decision.root
-    if root is not None:
-        lines.append(f"root cause: rank {root.rank} on {root.device}, phase {root.where}, exit {root.exit}")
-    if decision.victims:
-        victims = ", ".join(f"rank {v.rank} ({v.status} in {v.where})" for v in decision.victims)
-        lines.append(f"victims: {victims}")
-    if result.stop_reason:
-        lines.append(
-            f"stopped by the watchdog ({result.stop_reason}); last rank reaped {result.stop_seconds:.2f}s later"
-        )
-    for r in result.unkillable:
-        lines.append(f"rank {r.rank} (pid {r.pid}) would not die after SIGKILL: host may need to be recycled")
-    shown = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
-    for r in shown:
-        lines.append(f"stack of rank {r.rank} at the deadline:\n{stack_excerpt(r.stack)}")
-    for r in result.reports:
-        if r.collectives is not None and (r.failed or r.stopped_by):
-            lines.append(f"rank {r.rank}: {flight_recorder.describe(r.collectives)}")
-    if root is not None and root.traceback and not root.stack:
-        lines.append(f"traceback of rank {root.rank}:\n{root.traceback.strip()[-1500:]}")
-    lines.append(f"rank logs: {result.case_dir}")
-    return "\n".join(lines)
-
-
 class ConformanceSession:
     """Plans the cases, runs them, records them and summarises the run."""
 
@@ -139,32 +58,59 @@ class ConformanceSession:
         topology: Topology,
         scenario: Scenario | None,
         run_id: str,
-        ladder: Sequence[Rung] = BUILTIN_LADDER,
+        user_rungs: Sequence[tuple[Rung, str]] = (),
         baseline: Run | None = None,
-        nodes: NodeGroup | None = None,
-        start: StartCheck | None = None,
+        node_setup: NodeSetup | None = None,
     ) -> None:
+        """``node_setup``: a multi-node run's layout; the nodes are met when the session starts."""
         self.baseline = baseline
-        self.nodes = nodes  # multi-node runs only
-        self.start = start
+        self.node_setup = node_setup
+        self.nodes: NodeGroup | None = None  # multi-node runs, once met
+        self.start: StartCheck | None = None
         self.node_notes: list[str] = []
         self.conclusion = Conclusion()
         self.config = config
         self.settings = settings
         self.topology = topology
         self.scenario = scenario
-        self.run_id = run_id
+        self.user_rungs = tuple(user_rungs)
         self.backend = choose_backend(settings.backend, topology)
+        self.deadlines = deadlines(settings, self.backend)
+        self._runner: CaseRunner | None = None
+        self._plan_run(run_id, build_ladder(self.user_rungs))
+
+    def _plan_run(self, run_id: str, ladder: Sequence[Rung]) -> None:
+        """The run's id, folder, plan and ladder book (again once the nodes have agreed on them)."""
+        self.run_id = run_id
         folder = run_id if not self.node_rank else f"{run_id}-node{self.node_rank}"  # shared file systems
-        self.run_dir = settings.reports_dir / folder
+        self.run_dir = self.settings.reports_dir / folder
         self.results_path = self.run_dir / results.RESULTS_FILE
         fallbacks_matter = self.backend == "nccl" or self.simulated
-        nnodes = nodes.setup.nnodes if nodes else 1
-        self.plan = Plan(topology, ladder, settings.matrix, fallbacks_matter=fallbacks_matter, nnodes=nnodes)
-        self.deadlines.check()
-        ladder_wait = self.deadlines.outer_net
-        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, settings.matrix, ladder_wait)
-        self._runner: CaseRunner | None = None
+        nnodes = self.node_setup.nnodes if self.node_setup else 1
+        self.plan = Plan(self.topology, ladder, self.settings.matrix, fallbacks_matter=fallbacks_matter, nnodes=nnodes)
+        self.deadlines.check(rungs=len(self.plan.ladder))
+        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, self.deadlines.rung_wait)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """A multi-node run meets the other nodes here, before the header and collection (not at configure)."""
+        setup = self.node_setup
+        if setup is None:
+            return
+        try:
+            group = NodeGroup.connect(setup, self.settings.rendezvous_timeout, self.deadlines.node_progress_limit)
+        except NodeGroupError as exc:
+            raise pytest.UsageError(f"conformance: {exc}") from None
+        start = group.start(local_fingerprint(setup.node_rank, self.topology), self.run_id)
+        if start.fatal_text:
+            group.close()
+            raise pytest.UsageError(f"conformance: node {setup.node_rank}: {start.fatal_text}")
+        self.nodes, self.start = group, start
+        try:
+            self._plan_run(start.run_id, build_ladder(self.user_rungs, node_rungs(start.interfaces)))
+        except (RungError, DeadlineError) as exc:
+            group.close()
+            raise pytest.UsageError(f"conformance: {exc}") from None
 
     @property
     def simulated(self) -> bool:
@@ -180,55 +126,38 @@ class ConformanceSession:
         return self.nodes.setup if self.nodes else None
 
     @property
-    def verdict_wait(self) -> float:
-        """How long a node waits for the others' verdicts once its own part of a case is over."""
-        return self.settings.case_timeout + self.settings.grace + OUTER_NET_MARGIN
-
-    @property
-    def progress_limit(self) -> float:
-        return node_progress_limit(self.settings)
-
-    @property
     def sizes(self) -> list[int]:
         return COLLECTIVE_SIZES["gpu" if self.backend == "nccl" else "cpu"]
-
-    @property
-    def deadlines(self) -> Deadlines:
-        s = self.settings
-        return Deadlines(s.init_timeout, s.op_timeout, s.case_timeout, s.grace, self.backend)
 
     @property
     def is_worker(self) -> bool:
         return hasattr(self.config, "workerinput")
 
     # -- run folder and records ------------------------------------------------------------
-    def run_facts(self) -> dict[str, Any]:
-        return {
-            "schema": results.SCHEMA,
-            "run_id": self.run_id,
-            "host": socket.gethostname(),
-            "backend": self.backend,
-            "topology": json.loads(self.topology.to_json()),
-            "torch": package_version("torch"),
-            "nccl": nccl_wheel_version(),
-            "inherited_env": inherited_variables(),
-            "simulated": self.simulated,
-            "scenario": self.scenario.path if self.scenario else None,
-            "matrix": self.plan.mode,
-            "ladder": [
-                {"name": r.name, "set": dict(r.set), "unset_families": list(r.unset_families)} for r in self.plan.ladder
-            ],
-            "case_timeout": self.settings.case_timeout,
-            "node_rank": self.node_rank,
-            "nnodes": self.setup.nnodes if self.setup else 1,
-        }
+    def run_facts(self) -> RunFacts:
+        return RunFacts(
+            run_id=self.run_id,
+            host=socket.gethostname(),
+            backend=self.backend,
+            topology=json.loads(self.topology.to_json()),
+            torch=package_version("torch"),
+            nccl=nccl_wheel_version(),
+            inherited_env=inherited_variables(),
+            simulated=self.simulated,
+            scenario=self.scenario.path if self.scenario else None,
+            matrix=self.plan.mode,
+            ladder=tuple(RungFacts(r.name, dict(r.set), r.unset_families) for r in self.plan.ladder),
+            case_timeout=self.settings.case_timeout,
+            node_rank=self.node_rank,
+            nnodes=self.setup.nnodes if self.setup else 1,
+        )
 
     def ensure_run_dir(self) -> Path:
         if not self.run_dir.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)
             run_json = self.run_dir / "run.json"
             if not run_json.exists():
-                casefiles.write_json_atomic(run_json, self.run_facts())
+                casefiles.write_json_atomic(run_json, self.run_facts().to_json())
             if not self.node_rank:  # other nodes leave 'latest' to node 0 (a shared file system)
                 results.point_latest(self.settings.reports_dir, self.run_id)
         return self.run_dir
@@ -254,7 +183,7 @@ class ConformanceSession:
             )
         return self._runner
 
-    def _rung_decision(self, step: Step) -> Decision:
+    def _rung_decision(self, step: Step) -> RungDecision:
         return self.book.decide(step, os.environ, self.plan.selected)
 
     def case_spec(self, item: pytest.Item, probe: str, device_set: DeviceSet, params: dict[str, Any]) -> CaseSpec:
@@ -299,7 +228,7 @@ class ConformanceSession:
         if not decision.run:
             self.book.record(step, "skipped", decision.reason)
             pytest.skip(decision.reason)
-        outcome, final_reason = "error", ""
+        outcome, final_reason = Verdict.ERROR.value, ""
         try:
             spec = self.case_spec(item, probe, device_set, params)
             result = self._run_across_nodes(spec, device_set) if device_set.nodes else self.runner.run(spec)
@@ -310,9 +239,9 @@ class ConformanceSession:
         finally:
             self.book.record(step, outcome, final_reason, final=bool(final_reason))
         record = results.case_record(result, self.run_id, expect, step.key)
-        append_line(self.results_path, record)
-        item.user_properties.extend(results.junit_properties(record))
-        if result.verdict not in ("pass", "skip"):
+        results.append_case(self.results_path, record)
+        item.user_properties.extend(junit_properties(record))
+        if result.verdict not in (Verdict.PASS, Verdict.SKIP):
             self._attach_logs(item, result)
         return result
 
@@ -323,7 +252,7 @@ class ConformanceSession:
             raise RuntimeError(f"{spec.nodeid}: a cross-node case in a one-node run")
         nodes = device_set.nodes
         prefix = group.case_prefix(spec.nodeid)
-        problem = group.absent(nodes) or group.meet(prefix, "arrived", nodes, "1", self.progress_limit)
+        problem = group.absent(nodes) or group.meet(prefix, "arrived", nodes, "1", self.deadlines.node_progress_limit)
         if problem is not None:
             return self._node_missing(spec, problem)
         setup = group.setup
@@ -341,7 +270,7 @@ class ConformanceSession:
         )
         result = self.runner.run(spec, group.peers(prefix, nodes))
         mine = json.dumps({"verdict": result.verdict, "summary": result.decision.summary})
-        problem = group.meet(prefix, "verdict", nodes, mine, self.verdict_wait)
+        problem = group.meet(prefix, "verdict", nodes, mine, self.deadlines.verdict_wait)
         verdicts = {n: json.loads(text) for n, text in group.read(prefix, "verdict", nodes).items()}
         missing = (problem.node, problem.reason) if problem else None
         result.decision, result.root_node = decide_across_nodes(group.me, result.decision, verdicts, missing)
@@ -349,7 +278,7 @@ class ConformanceSession:
         return result
 
     def _node_missing(self, spec: CaseSpec, problem: NodeProblem) -> CaseResult:
-        decision = CaseDecision("hang", None, [], f"hang in rendezvous: {problem.reason}")
+        decision = Decision(Verdict.HANG, None, [], f"hang in rendezvous: {problem.reason}")
         result = self.runner.not_started(spec, decision)
         result.root_node = problem.node
         return result
@@ -423,13 +352,13 @@ class ConformanceSession:
         self.plan.order(items)
         if not self.config.pluginmanager.hasplugin("timeout"):
             return
-        outer = self.deadlines.outer_net
-        across = outer + self.progress_limit + self.verdict_wait  # cross-node cases also wait for the others
         for item in items:
             fixtures = getattr(item, "fixturenames", ())
             if "conformance_case" in fixtures and not item.get_closest_marker("timeout"):
+                step = self.plan.item_step(item)
                 crosses = any(name in fixtures for name in NODE_SET_FIXTURES)
-                item.add_marker(pytest.mark.timeout(across if crosses else outer, method="thread"))
+                net = self.deadlines.outer_net(step.rung_index if step else 0, crosses)
+                item.add_marker(pytest.mark.timeout(net, method="thread"))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._runner is not None:
@@ -449,8 +378,9 @@ class ConformanceSession:
         if group is None:
             return
         group.now_at("the end of its run")
-        if group.me != 0:
-            mine = [json.dumps(r, sort_keys=True) for r in read_lines(self.results_path).objects]
+        if group.me != 0:  # records go over the wire as JSON text, one per line
+            records = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
+            mine = [json.dumps(r.to_json(), sort_keys=True) for r in records]
             self.node_notes.append(f"node {group.me}: {group.publish_results(mine)}")
             return
 
@@ -461,7 +391,7 @@ class ConformanceSession:
         self.ensure_run_dir()
         for node, lines in sorted(gathered.items()):
             for line in lines:
-                append_line(self.results_path, json.loads(line))
+                results.append_case(self.results_path, CaseRecord.from_json(json.loads(line)))
             self.node_notes.append(f"node {node}: {len(lines)} records gathered into {self.results_path}")
         for node, reason in sorted(gone.items()):
             self.node_notes.append(f"node {node}: records missing: {reason}")
@@ -471,8 +401,8 @@ class ConformanceSession:
             return
         for line in self.node_notes:
             terminalreporter.write_line(f"conformance: {line}")
-        records = [r for r in read_lines(self.results_path).objects if r.get("run_id") == self.run_id]
-        records = one_record_per_case(records)
+        read = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
+        records = one_record_per_case(r for r in read if r.run_id == self.run_id)
         if records:
             for line in summary_lines(records, self.simulated):
                 terminalreporter.write_line(line)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.common import values
+from conformance.common.deadlines import Deadlines
 from conformance.common.values import BadValue
 
 if TYPE_CHECKING:
@@ -277,6 +278,18 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     check_deadline_layers(settings)
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
     return settings
+
+
+def deadlines(settings: Settings, backend: str) -> Deadlines:
+    """Every deadline and wait of the run, derived from the settings (``common/deadlines.py``)."""
+    return Deadlines(
+        init_timeout=settings.init_timeout,
+        op_timeout=settings.op_timeout,
+        case_timeout=settings.case_timeout,
+        grace=settings.grace,
+        backend=backend,
+        rendezvous_timeout=settings.rendezvous_timeout,
+    )
 
 
 def check_deadline_layers(settings: Settings) -> None:

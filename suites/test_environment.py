@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from conformance.common.families import inherited_variables
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
-from conformance.session import ConformanceSession, inherited_variables
+from conformance.session import ConformanceSession
 
 # Every host figure below cites where it comes from.  "NCCL's troubleshooting guide" is
 # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html

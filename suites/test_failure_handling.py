@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.launch.case import CaseResult
+from conformance.launch.case import CaseResult, failure_text
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
-from conformance.session import ConformanceSession, failure_text
+from conformance.session import ConformanceSession
 
 SLACK = 1.0  # seconds for scheduling noise on a loaded machine
 

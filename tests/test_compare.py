@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conformance.cli.main import main
+from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, load_run
 from conformance.summarise.compare import CompareError, Comparison, case_key, compare, match_id
 
@@ -110,13 +111,13 @@ def test_real_runs_in_every_input_form(
     current = (reports_dir / "latest").resolve()
     capsys.readouterr()  # what pytester echoed
     assert baseline != current
-    verdicts = [(r["nodeid"], r["verdict"]) for r in load_run(current).records]
+    verdicts = [(r.nodeid, r.verdict) for r in load_run(current).records]
     assert sorted(verdicts) == sorted(
         [(CASE.format("gpu0-gpu1-PIX-inherited"), "pass")]
         + [(CASE.format(c), "hang") for c in HANGING]
         + [(CASE.format(c), v) for c, v in FALLBACKS]
     )
-    assert [r["verdict"] for r in load_run(baseline).records] == ["pass"] * 3
+    assert [r.verdict for r in load_run(baseline).records] == ["pass"] * 3
 
     forms = {
         "run folder": (baseline, current),
@@ -157,7 +158,7 @@ def test_real_runs_in_every_input_form(
     assert lines[
         0
     ] == f"baseline: {baseline} (run {baseline.name}, host {os.uname().nodename}, 3 cases, SIMULATED): " + (
-        f"driver {DRIVER}, cuda {CUDA}, nccl -, torch {load_run(baseline).facts['torch']}"
+        f"driver {DRIVER}, cuda {CUDA}, nccl -, torch {load_run(baseline).facts.torch}"
     )
     first = lines.index("REGRESSIONS (2):")
     assert lines[first + 2].split() == [
@@ -182,6 +183,10 @@ def test_real_runs_in_every_input_form(
 HOST = "gpu-box-1"
 
 
+def typed(records: list[dict[str, Any]]) -> list[CaseRecord]:
+    return [CaseRecord.from_json(r) for r in records]
+
+
 def record(pair: str = "gpu0-gpu1", rung: str = "inherited", verdict: str = "pass", **fields: Any) -> dict[str, Any]:
     """A pair_exchange record as the suite writes it; ``fields`` override."""
     names = pair.split("-")
@@ -199,7 +204,7 @@ def record(pair: str = "gpu0-gpu1", rung: str = "inherited", verdict: str = "pas
 
 def run(*records: dict[str, Any], host: str | None = HOST, uuids: list[str] = UUIDS, source: str = "run") -> Run:
     facts = {"host": host, "run_id": source, "topology": machine(uuids), "torch": "2.5.1", "nccl": "2.21.5"}
-    return Run(source, facts if host else {}, list(records))
+    return Run(source, RunFacts.from_json(facts if host else {}), typed(list(records)))
 
 
 def test_bandwidth_drops_below_the_tolerance_are_regressions() -> None:
@@ -317,8 +322,10 @@ def test_cases_match_by_device_identity_not_by_name() -> None:
         ladder_key="test_pair_exchange[gpu0-gpu1-SYS]",
     )  # fmt: skip
     original = record("gpu1-gpu2")
-    assert match_id(original) == f"test_pairs.py::test_pair_exchange[{UUIDS[1]}-{UUIDS[2]}-SYS-inherited]"
-    assert case_key(renamed) == case_key(original)
+    assert match_id(CaseRecord.from_json(original)) == (
+        f"test_pairs.py::test_pair_exchange[{UUIDS[1]}-{UUIDS[2]}-SYS-inherited]"
+    )
+    assert case_key(CaseRecord.from_json(renamed)) == case_key(CaseRecord.from_json(original))
     comparison = compare(run(original, record()), run(renamed))
     assert cases(comparison.regressions, "baseline", "current") == [
         ("suites/test_pairs.py::test_pair_exchange[gpu0-gpu1-SYS-inherited]", "pass", "hang")
@@ -341,8 +348,9 @@ def test_cases_match_by_device_identity_not_by_name() -> None:
 
 def test_device_names_replaced_as_whole_words_only() -> None:
     many = record(devices=["gpu1", "gpu10"], device_ids=["U1", "U10"], nodeid="dir/test_gpu1.py::t[gpu1-gpu10-x]")
-    assert match_id(many) == "test_gpu1.py::t[U1-U10-x]"
-    assert match_id({"ladder_key": "t[cpu0]", "devices": ["cpu0"], "device_ids": ["cpu0"]}) == "t[cpu0]"
+    assert match_id(CaseRecord.from_json(many)) == "test_gpu1.py::t[U1-U10-x]"
+    cpu = CaseRecord.from_json({"ladder_key": "t[cpu0]", "devices": ["cpu0"], "device_ids": ["cpu0"]})
+    assert match_id(cpu) == "t[cpu0]"
 
 
 def test_different_machines_refused_unless_allowed() -> None:
@@ -363,23 +371,23 @@ def test_different_machines_refused_unless_allowed() -> None:
 
 
 def test_bad_runs_refused() -> None:
-    garbage = Run("garbage.jsonl", {}, [], ["garbage.jsonl: line 1 is not whole JSON (cut off?); skipped"])
+    garbage = Run("garbage.jsonl", RunFacts(), [], ["garbage.jsonl: line 1 is not whole JSON (cut off?); skipped"])
     with pytest.raises(CompareError, match=r"^garbage.jsonl: no readable record \(garbage.jsonl: line 1 is not"):
         compare(run(record()), garbage)
-    foreign = Run("other.jsonl", {}, [{"a": 1}, {"verdict": "pass"}])
+    foreign = Run("other.jsonl", RunFacts(), typed([{"a": 1}, {"verdict": "pass"}]))
     with pytest.raises(CompareError, match=r"^other.jsonl: no record of this suite \(none of 2 has a verdict"):
         compare(foreign, run(record()))
     with pytest.raises(CompareError, match=r"^both runs are empty \(a, b\): no case to compare$"):
-        compare(Run("a", {}, []), Run("b", {}, []))
+        compare(Run("a", RunFacts(), []), Run("b", RunFacts(), []))
     with pytest.raises(CompareError, match="must be a ratio above 0 and at most 1"):
         compare(run(record()), run(record()), tolerance=0)
     # one empty side is a comparison: everything new
-    assert len(compare(Run("a", {}, []), run(record())).new) == 1
+    assert len(compare(Run("a", RunFacts(), []), run(record())).new) == 1
 
 
 def test_repeated_cases_and_reading_warnings_are_said() -> None:
     cut = "results.jsonl: line 3 is not whole JSON (cut off?); skipped"
-    new = Run("current", {}, [record(verdict="hang"), record()], [cut])
+    new = Run("current", RunFacts(), typed([record(verdict="hang"), record()]), [cut])
     comparison = compare(run(record()), new)
     assert comparison.regressions == []  # the last record of a case counts
     assert comparison.warnings == [

@@ -40,7 +40,7 @@ def test_every_layer_acts_before_the_one_around_it(backend: str, init: float, op
     deadlines.check()
     ladder = deadlines.stop_ladder
     assert deadlines.case_bound == case + ladder.total
-    assert deadlines.outer_net == deadlines.case_bound + OUTER_NET_MARGIN
+    assert deadlines.outer_net() == deadlines.case_bound + deadlines.lease_wait + OUTER_NET_MARGIN
     if backend == "nccl":
         assert ladder == GPU_STOP_LADDER
         assert deadlines.process_group_timeout == deadlines.case_bound + NCCL_WATCHDOG_MARGIN > deadlines.case_bound
@@ -122,10 +122,11 @@ def test_each_ranks_last_collectives_are_in_the_record(pytester: pytest.Pytester
     rank0, rank1 = record["ranks"]
     assert record["root_cause"]["rank"] == 1
     last0 = rank0["collectives"]["last"][-1]
-    assert (last0["op"], last0["sizes"]) == ("gloo:all_reduce", [[1]])  # ended by gloo's in-rank timeout
+    # Ended by gloo's in-rank timeout, or still in flight when the watchdog's deadline came first on a busy machine.
+    assert (last0["op"], last0["sizes"]) == ("gloo:all_reduce", [[1]])
     assert rank1["stopped_by"] is not None and rank1["collectives"] is not None, "the dump request went unanswered"
     assert "gloo:all_reduce" not in [e["op"] for e in rank1["collectives"]["last"]]
-    record["result"].stdout.fnmatch_lines(["rank 0: last collective gloo:all_reduce #* [[][[]1[]][]] ended*"])
+    record["result"].stdout.fnmatch_lines(["rank 0: last collective gloo:all_reduce #* [[][[]1[]][]] *"])
 
 
 # A rank stopped while waiting in a collective, as torch's gloo recorder dumps it (seen in torch 2.13).

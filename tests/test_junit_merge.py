@@ -18,7 +18,7 @@ import torch
 from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
 from conformance.cli.main import main
-from conformance.record.results import junit_properties
+from conformance.record.records import CaseRecord, RunFacts, junit_properties
 from conformance.record.runs import _json_or_text, load_run
 from conformance.summarise.junit_merge import merge, property_text
 
@@ -95,11 +95,11 @@ def test_merge_two_real_runs(
     # read back: the same records and the facts (the last suite's run)
     merged = load_run(out)
     assert merged.records == load_run(first).records + load_run(second).records
-    assert [r["verdict"] for r in merged.records] == ["pass"] * 6
-    assert merged.facts == {
+    assert [r.verdict for r in merged.records] == ["pass"] * 6
+    assert merged.facts == RunFacts.from_json({
         "host": os.uname().nodename, "gpus": {"count": 3, "models": {"NVIDIA L4": 3}}, "driver": DRIVER,
         "cuda": CUDA, "nccl": None, "torch": torch.__version__, "run_id": second_run, "simulated": True,
-    }  # fmt: skip
+    })  # fmt: skip
     assert merged.run_id == second_run and merged.warnings == []
 
     # one run's file merged alone compares against the other run's folder: same host, same GPUs
@@ -122,7 +122,9 @@ def junit(path: Path, *records: dict[str, Any], name: str = "pytest") -> Path:
     """A JUnit file as pytest writes it, the records as each case's conformance.* properties."""
     cases = "".join(
         f'<testcase classname="test_pairs" name="{r["nodeid"].split("::")[1]}" time="0.1"><properties>'
-        + "".join(f"<property name={json.dumps(k)} value={quote(v)} />" for k, v in junit_properties(r))
+        + "".join(
+            f"<property name={json.dumps(k)} value={quote(v)} />" for k, v in junit_properties(CaseRecord.from_json(r))
+        )
         + "</properties></testcase>"
         for r in records
     )
@@ -157,11 +159,11 @@ def run_folder(reports: Path, run_id: str, host: str = "box-a", simulated: bool 
     return folder
 
 
-def facts_of(run_id: str, host: str = "box-a") -> dict[str, Any]:
-    return {
+def facts_of(run_id: str, host: str = "box-a") -> RunFacts:
+    return RunFacts.from_json({
         "host": host, "gpus": {"count": 1, "models": {"H100": 1}}, "driver": "535.1", "cuda": "12.2",
         "nccl": "2.23.4", "torch": "2.5.1", "run_id": run_id, "simulated": False,
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_run_folder_from_the_cases_run_id_else_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -211,7 +213,7 @@ def test_no_run_folder_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixtur
         f"'{tmp_path}/reports/run-gone/run.json'); no run properties added for it\n"
     )
     assert stdout.endswith("; no run properties\n")
-    assert suite_properties(out) == [[]] and load_run(out).facts == {}
+    assert suite_properties(out) == [[]] and load_run(out).facts == RunFacts()
     assert load_run(out).records == load_run(a).records
 
 

@@ -204,3 +204,102 @@ def test_xdist_gives_the_same_verdicts(pytester: pytest.Pytester, run_suite, rep
     # the controller's summary covers every case the workers ran
     # columns: hang fail crash error inconclusive skip pass
     parallel.stdout.re_match_lines([r"total +1 +1 +0 +1 +0 +0 +3$"])
+
+
+# Three GPUs, every pair across the sockets: gpu0-gpu1 leads the class, the other two follow it.
+SYS_BOX = {
+    "kind": "gpu", "source": "file", "driver": "550.54.15", "cuda_driver": "12.4",
+    "devices": [{"name": f"gpu{i}", "index": i, "kind": "gpu", "uuid": f"GPU-{i:08d}-0000-0000-0000-00000000000{i}",
+                 "nvml_index": i} for i in range(3)],
+    "links": {"gpu0-gpu1": "SYS", "gpu0-gpu2": "SYS", "gpu1-gpu2": "SYS"},
+}  # fmt: skip
+PAIR_SUITE = """
+def test_pair(conformance_case, device_pair):
+    conformance_case("pair_exchange", device_pair, sizes=[4])
+"""
+# The leader's cases on one worker, the followers' on the other (xdist --dist loadgroup).
+GROUPS_CONFTEST = """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        group = "leader" if "gpu0-gpu1" in item.name else "followers"
+        item.add_marker(pytest.mark.xdist_group(group))
+"""
+FIXED_BY_CUMEM_OFF = 'effect = "hang"\nprobes = ["pair_exchange"]\nunless_env = { NCCL_CUMEM_ENABLE = "0" }'
+
+
+def case_rank_pids(case_dir: Path) -> set[int]:
+    """Live processes holding a file of ``case_dir`` open: that case's ranks."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            targets = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(t.startswith(str(case_dir)) for t in targets):
+            found.add(int(entry.name))
+    return found
+
+
+def parent_of(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
+    """-n 2: the leader's worker is killed mid-case; no other worker is harmed.
+
+    The cases waiting for the dead worker's ladder decisions give up within their bound, once per
+    missing rung for the whole run, and decide for themselves; pytest-timeout fires nowhere.
+    """
+    pytester.makepyfile(test_p=PAIR_SUITE)
+    pytester.makeconftest(GROUPS_CONFTEST)
+    topology = pytester.path / "sys3.json"
+    topology.write_text(json.dumps(SYS_BOX))
+    scenario = pytester.makefile(".toml", scen=scenario_text(FIXED_BY_CUMEM_OFF))
+    output = pytester.path / "pytest-output.txt"
+    command = [
+        sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", "-rA",
+        f"--reports-dir={reports_dir}", f"--scenario={scenario}", f"--topology-file={topology}",
+        "--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1",
+        "-n", "2", "--dist", "loadgroup", "test_p.py",
+    ]  # fmt: skip
+    begun = time.monotonic()
+    with output.open("w") as out:
+        proc = subprocess.Popen(command, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        leader_case = None
+        while leader_case is None and time.monotonic() - begun < 120:
+            found = sorted((reports_dir / "latest" / "cases").glob("*gpu0-gpu1-SYS-inherited*")) if (
+                reports_dir / "latest").exists() else []  # fmt: skip
+            ranks = case_rank_pids(found[0].resolve()) if found else set()
+            leader_case = found[0] if ranks else None
+            time.sleep(0.2)
+        assert leader_case is not None, output.read_text()
+        worker = parent_of(parent_of(min(ranks)))  # rank -> forkserver -> xdist worker
+        os.kill(worker, signal.SIGKILL)
+        code = proc.wait(timeout=600)  # a hang guard only: the run's own bounds end it well before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = output.read_text()
+    assert code == 1, text
+    assert text.count("node down") == 1, text  # no other worker went down
+    crashed = [line for line in text.splitlines() if "crashed while running" in line]
+    assert crashed and all("gpu0-gpu1-SYS-inherited" in line for line in crashed), crashed  # only the killed case
+    assert "Timeout" not in text, text  # pytest-timeout fired nowhere
+    records = [r for r in read_records(reports_dir) if "gpu0-gpu1" not in r["nodeid"]]
+    ran = sorted((r["nodeid"].split("[")[1].split("-SYS")[0], r["env_name"], r["verdict"]) for r in records)
+    assert ran == [
+        ("gpu0-gpu2", "cumem_off", "pass"), ("gpu0-gpu2", "inherited", "hang"),
+        ("gpu1-gpu2", "cumem_off", "pass"), ("gpu1-gpu2", "inherited", "hang"),
+    ], text  # fmt: skip
+    decisions = [json.loads(line) for line in (reports_dir / "latest" / "ladder.jsonl").read_text().splitlines()]
+    assert all(d["outcome"] in ("pass", "hang", "skipped") for d in decisions if d["key"] == "test_pair[gpu0-gpu2-SYS]")
+    # the leader's inherited rung, killed with its worker, was given up on once by one waiting case
+    given_up = [d for d in decisions if d["outcome"] == "undecided" and d["key"] == "test_pair[gpu0-gpu1-SYS]"]
+    assert [d["rung"] for d in given_up].count("inherited") == 1, decisions

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conformance.plan.ladder import Decision, LadderBook, LadderWaitError, Step
+from conformance.plan.ladder import LadderBook, RungDecision, Step
 from conformance.plan.matrix import (
     BUILTIN_LADDER,
     INHERITED,
@@ -519,7 +519,7 @@ def test_p2p_used(link: str, environ: dict[str, str], used: bool) -> None:
 
 
 def make_book(tmp_path: Path, mode: str = "adaptive", ladder: tuple[Rung, ...] = BUILTIN_LADDER) -> LadderBook:
-    return LadderBook(tmp_path / "ladder.jsonl", ladder, mode, wait_seconds=0.3)
+    return LadderBook(tmp_path / "ladder.jsonl", ladder, mode, decision_wait=lambda k: 0.3)
 
 
 def step(key: str, rung_name: str, leader: str | None = None, ladder: tuple[Rung, ...] = BUILTIN_LADDER) -> Step:
@@ -535,21 +535,21 @@ def record(book: LadderBook, key: str, outcomes: dict[str, str]) -> None:
 def test_ladder_book_climbs_only_past_failures(tmp_path: Path) -> None:
     book = make_book(tmp_path)
     key = "test_x[all2]"
-    assert book.decide(step(key, "inherited"), {}) == Decision(True)
+    assert book.decide(step(key, "inherited"), {}) == RungDecision(True)
     record(book, key, {"inherited": "hang"})
-    assert book.decide(step(key, "clean"), {}) == Decision(False, SAME_ENV)
-    assert book.decide(step(key, "clean"), {"NCCL_DEBUG": "INFO"}) == Decision(True)
+    assert book.decide(step(key, "clean"), {}) == RungDecision(False, SAME_ENV)
+    assert book.decide(step(key, "clean"), {"NCCL_DEBUG": "INFO"}) == RungDecision(True)
     record(book, key, {"clean": "skipped", "cumem_off": "error"})
-    assert book.decide(step(key, "nvls_off"), {}) == Decision(True)
-    assert book.decide(step(key, "nvls_off"), {"NCCL_NVLS_ENABLE": "0"}) == Decision(
+    assert book.decide(step(key, "nvls_off"), {}) == RungDecision(True)
+    assert book.decide(step(key, "nvls_off"), {"NCCL_NVLS_ENABLE": "0"}) == RungDecision(
         False, "same environment as rung inherited here"
     )
     record(book, key, {"nvls_off": "pass"})
     for later in BUILTIN_NAMES[4:]:
-        assert book.decide(step(key, later), {}) == Decision(False, ALREADY_PASSED.format("nvls_off"))
+        assert book.decide(step(key, later), {}) == RungDecision(False, ALREADY_PASSED.format("nvls_off"))
         record(book, key, {later: "skipped"})
     # full: every rung runs, whatever passed before
-    assert make_book(tmp_path, "full").decide(step(key, "p2p_off"), {}) == Decision(True)
+    assert make_book(tmp_path, "full").decide(step(key, "p2p_off"), {}) == RungDecision(True)
 
 
 def test_ladder_book_user_rung_same_as_builtin_is_skipped(tmp_path: Path) -> None:
@@ -559,7 +559,7 @@ def test_ladder_book_user_rung_same_as_builtin_is_skipped(tmp_path: Path) -> Non
     key = "test_x[all2]"
     record(book, key, {name: "hang" for name in BUILTIN_NAMES})
     decision = book.decide(step(key, "mine", ladder=ladder), {})
-    assert decision == Decision(False, "same environment as rung p2p_level_nvl here")
+    assert decision == RungDecision(False, "same environment as rung p2p_level_nvl here")
 
 
 def test_ladder_book_follower_jumps_to_the_leaders_rung(tmp_path: Path) -> None:
@@ -568,31 +568,58 @@ def test_ladder_book_follower_jumps_to_the_leaders_rung(tmp_path: Path) -> None:
     record(book, leader, {"inherited": "hang", "clean": "skipped", "cumem_off": "hang"})
     record(book, follower, {"inherited": "hang", "clean": "skipped"})
     no_rung = "no rung up to {} passed for link class SYS (test_p[gpu0-gpu3-SYS])"
-    assert book.decide(step(follower, "cumem_off", leader), {}) == Decision(False, no_rung.format("cumem_off"))
+    assert book.decide(step(follower, "cumem_off", leader), {}) == RungDecision(False, no_rung.format("cumem_off"))
     record(book, follower, {"cumem_off": "skipped"})
     record(book, leader, {"nvls_off": "hang", "p2p_level_nvl": "pass"})
-    assert book.decide(step(follower, "nvls_off", leader), {}) == Decision(False, no_rung.format("nvls_off"))
+    assert book.decide(step(follower, "nvls_off", leader), {}) == RungDecision(False, no_rung.format("nvls_off"))
     record(book, follower, {"nvls_off": "skipped"})
-    assert book.decide(step(follower, "p2p_level_nvl", leader), {}) == Decision(True)
+    assert book.decide(step(follower, "p2p_level_nvl", leader), {}) == RungDecision(True)
     # the rung failed for the follower: it goes on down the ladder by itself
     record(book, follower, {"p2p_level_nvl": "hang"})
     record(book, leader, {"p2p_off": "skipped"})
-    assert book.decide(step(follower, "p2p_off", leader), {}) == Decision(True)
+    assert book.decide(step(follower, "p2p_off", leader), {}) == RungDecision(True)
+
+
+NEVER_DECIDED = "was never decided (its worker died?): deciding alone, this rung runs"
+
+
+def lines_of(book: LadderBook) -> list[dict]:
+    return [json.loads(line) for line in book.path.read_text().splitlines()]
+
+
+def test_ladder_book_follower_of_a_dead_leader_decides_alone(tmp_path: Path) -> None:
+    book = make_book(tmp_path)
+    leader, follower = "test_p[gpu0-gpu1-SYS]", "test_p[gpu1-gpu2-SYS]"
+    record(book, follower, {"inherited": "hang", "clean": "skipped"})
+    expected = RungDecision(True, f"rung inherited, clean, cumem_off of {leader} {NEVER_DECIDED}")
+    assert book.decide(step(follower, "cumem_off", leader), {}) == expected
+    record(book, follower, {"cumem_off": "hang"})
+    # the next follower decision waits only for the leader's new rung
+    decision = book.decide(step(follower, "nvls_off", leader), {})
+    assert decision == RungDecision(True, f"rung inherited, clean, cumem_off, nvls_off of {leader} {NEVER_DECIDED}")
+    assert [g["rung"] for g in lines_of(book) if g["outcome"] == "undecided"] == [
+        "inherited", "clean", "cumem_off", "nvls_off"]  # fmt: skip
 
 
 def test_ladder_book_waits_only_for_selected_rungs(tmp_path: Path) -> None:
     book = make_book(tmp_path)
     key = "test_x[all2]"
-    with pytest.raises(LadderWaitError) as caught:
-        book.decide(step(key, "cumem_off"), {})
-    assert str(caught.value).startswith(
-        f"rungs never decided: [('{key}', 'inherited'), ('{key}', 'clean')] (see {tmp_path / 'ladder.jsonl'})"
-    )
+    alone = book.decide(step(key, "cumem_off"), {})  # the deciding worker died: decide for itself
+    assert alone == RungDecision(True, f"rung inherited, clean of {key} {NEVER_DECIDED}")
+    given_up = lines_of(book)
+    assert [(g["rung"], g["outcome"]) for g in given_up] == [("inherited", "undecided"), ("clean", "undecided")]
+    assert given_up[0]["reason"].startswith("not decided within 0s of waiting")
+    # nobody waits for a rung given up on again; a real outcome, when it comes, takes its place
+    assert book.decide(step(key, "cumem_off"), {}) == alone  # e.g. the replacement worker, on the same item
+    assert len(lines_of(book)) == 2
+    record(book, key, {"inherited": "hang", "clean": "pass"})
+    book.record(step(key, "inherited"), "undecided")  # a late give-up does not overwrite it
+    assert book.decide(step(key, "nvls_off"), {}) == RungDecision(False, ALREADY_PASSED.format("clean"))
     # only cumem_off and nvls_off are in this run (-k): nothing earlier is waited for
     selected = {(key, 2), (key, 3)}
-    assert book.decide(step(key, "cumem_off"), {}, selected) == Decision(True)
+    assert book.decide(step(key, "cumem_off"), {}, selected) == RungDecision(True)
     record(book, key, {"cumem_off": "pass"})
-    assert book.decide(step(key, "nvls_off"), {}, selected) == Decision(False, ALREADY_PASSED.format("cumem_off"))
+    assert book.decide(step(key, "nvls_off"), {}, selected) == RungDecision(False, ALREADY_PASSED.format("cumem_off"))
 
 
 # ---------------------------------------------------------------------------------------------

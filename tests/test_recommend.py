@@ -16,7 +16,8 @@ import pytest
 
 from conformance.cli.main import main
 from conformance.plan.matrix import BUILTIN_LADDER
-from conformance.record.runs import Run, RunError, load_run
+from conformance.record.records import CaseRecord, RunFacts
+from conformance.record.runs import Run, RunError, load_run, run_facts
 from conformance.summarise.recommend import Recommendation, recommend, write_env_file
 from conftest import REPO, copy_suites
 
@@ -69,8 +70,12 @@ def pair(case: str, rung: str, verdict: str, **kwargs: Any) -> dict[str, Any]:
     return record(case, rung, verdict, link=case.rsplit("-", 1)[1], **kwargs)
 
 
+def typed(records: list[dict[str, Any]]) -> list[CaseRecord]:
+    return [CaseRecord.from_json(r) for r in records]
+
+
 def make_run(folder: Path, records: list[dict[str, Any]], **facts: Any) -> Run:
-    return Run(str(folder), {"run_id": RUN_ID, **facts}, records, folder=folder)
+    return Run(str(folder), run_facts({"run_id": RUN_ID, **facts}), typed(records), folder=folder)
 
 
 def header(folder: Path, simulated: bool = False) -> list[str]:
@@ -429,7 +434,7 @@ def test_write_env_file(tmp_path: Path) -> None:
     assert path.read_text() == rec.env_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recommended.env"]
     with pytest.raises(RunError, match="no run folder to write recommended.env into"):
-        write_env_file(Run("x.xml", {}, sys_records()), rec)
+        write_env_file(Run("x.xml", RunFacts(), typed(sys_records())), rec)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import pytest
 
 from conformance.cli.main import main
 from conformance.discover.topology import Device, Topology
+from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, load_run
 from conformance.summarise.report import HEAT_HIGH, REPORT_FILE, render_report, write_report
 from conftest import read_records, scenario_text
@@ -204,7 +205,11 @@ def make_run(topology: Topology, records: list[dict[str, Any]], folder: Path | N
         "scenario": "scenarios/pcie-sys-p2p-hang.toml", "torch": "2.13.0", "matrix": "adaptive",
         "topology": json.loads(topology.to_json()), "inherited_env": {}, **facts,
     }  # fmt: skip
-    return Run(str(folder or "/reports/run"), run_facts, records, folder=folder)
+    return Run(str(folder or "/reports/run"), RunFacts.from_json(run_facts), typed(records), folder=folder)
+
+
+def typed(records: list[dict[str, Any]]) -> list[CaseRecord]:
+    return [CaseRecord.from_json(r) for r in records]
 
 
 RECOMMENDATION = ["per topology class, the first rung on which every case of the class passed:", "  SYS: p2p_level_nvl"]
@@ -356,7 +361,7 @@ def test_run_without_topology_facts() -> None:
     """A JUnit XML run has no run.json: devices come from the records, the machine section says so."""
     topology = pcie_topology(3)
     records = [r for r in sys_hang_records(topology) if r["probe"] == "pair_exchange"]
-    run = Run("results.xml", {}, records)
+    run = Run("results.xml", RunFacts(), typed(records))
     root = parse(render_report(run))
     assert "No topology in the run facts" in root.find("section", id="machine").text
     d, p, h, u = "diag", "v-pass", "v-hang", "v-untested"
@@ -375,8 +380,8 @@ def test_write_report_and_command(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert path.read_text(encoding="utf-8") == render_report(run, RECOMMENDATION)
 
     # the command, on a run folder written as a run writes it
-    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.records))
-    (folder / "run.json").write_text(json.dumps(run.facts))
+    (folder / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in run.records))
+    (folder / "run.json").write_text(json.dumps(run.facts.to_json()))
     path.unlink()
     assert main(["report", str(folder)]) == 0
     out, err = capsys.readouterr()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli.main import main
-from conformance.record.results import SCHEMA, junit_properties, record_from_junit_properties
+from conformance.record.records import SCHEMA, CaseRecord, junit_properties, record_from_junit_properties
 from conformance.record.runs import RunError, load_run, read_jsonl, resolve_run_path
 
 RECORD = {
@@ -27,7 +27,7 @@ def test_newer_schema_and_cut_off_lines_are_skipped_and_said(tmp_path: Path) -> 
     newer = {**RECORD, "schema": SCHEMA + 1, "nodeid": "from-the-future"}
     path.write_text(json.dumps(RECORD) + "\n" + json.dumps(newer) + "\n" + json.dumps(RECORD)[:40])
     records, warnings = read_jsonl(path)
-    assert records == [RECORD]
+    assert records == [CaseRecord.from_json(RECORD)]
     assert warnings == [
         f"{path}: line 3 is not whole JSON (cut off?); skipped",
         f"{path}: 1 record(s) of a newer schema than {SCHEMA} skipped; upgrade the suite",
@@ -62,10 +62,10 @@ def test_junit_without_the_suites_properties(tmp_path: Path) -> None:
 
 
 def test_every_record_field_survives_junit_properties() -> None:
-    properties = dict(junit_properties(RECORD))
+    properties = dict(junit_properties(CaseRecord.from_json(RECORD)))
     assert properties["conformance.verdict"] == "pass"  # text stays readable in the XML
     assert properties["conformance.devices"] == '["cpu0", "cpu1"]'
-    assert record_from_junit_properties(properties) == RECORD
+    assert record_from_junit_properties(properties) == CaseRecord.from_json(RECORD)
 
 
 def test_latest_is_the_default_run_and_a_bare_run_id_works(tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def recommend_command(args: argparse.Namespace) -> int:
     try:
         run = load_run_argument(args.run_path, args.reports_dir)
-        recommendation = recommend(run)
     except RunError as exc:
         return fail(COMMAND, str(exc))
+    recommendation = recommend(run)
     for message in run.warnings:
         warn(COMMAND, message)
     if not recommendation.classes:

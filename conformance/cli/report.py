@@ -25,9 +25,9 @@ def register(commands: Any) -> None:
 def report_command(args: argparse.Namespace) -> int:
     try:
         run = load_run_argument(args.run_path, args.reports_dir)
-        lines = recommend(run).lines()
     except RunError as exc:
         return fail("report", str(exc))
+    lines = recommend(run).lines()
     try:
         path = write_report(run, lines)
     except OSError as exc:

@@ -1,6 +1,7 @@
-"""Every deadline of a case and how they relate, stated and checked here.
+"""Every deadline and wait of a test item and how they relate, stated and checked here.
 
-From the inside out, each layer must act before the one around it:
+Built once from the settings (``settings.deadlines``) and handed to whoever waits.  From the inside
+out, each layer must act before the one around it:
 
     gloo:  in-rank timeouts (--init-timeout, --op-timeout)  <  --case-timeout
     the suite's watchdog: --case-timeout, then the stop ladder (stacks and flight recorder,
@@ -9,7 +10,15 @@ From the inside out, each layer must act before the one around it:
            the stop ladder has ended, so the suite takes every rank's stack and flight recorder
            first; torch would otherwise SIGABRT the ranks and the first rank to abort would look
            like the root cause
-    pytest-timeout's net per item: the case's bound plus OUTER_NET_MARGIN
+    pytest-timeout's net per item: everything the item may wait for (below) plus OUTER_NET_MARGIN
+
+Besides its own case, a test item may wait for a device lease (another case on the same GPU, at
+most one case bound later), for the ladder's decision on earlier rungs (items on other xdist
+workers, each at most a lease wait and a case bound, per rung), and across nodes for the other
+nodes to arrive and to send their verdicts.  Each of those waits is bounded here, and the item's
+outer net is their sum plus a margin, so pytest-timeout never fires inside a wait that is still
+within its bound (it did: killing one xdist worker made the others' ladder waits outlast their
+net, and pytest-timeout killed three more).  A wait that runs out decides for itself.
 
 On gloo the in-rank timeout raises inside the rank (a catchable "Timed out"), which keeps the
 rank's own phase and traceback, so it comes first there.  On NCCL a timeout is an abort, so the
@@ -50,6 +59,10 @@ NCCL_WATCHDOG_MARGIN = 30.0
 OUTER_NET_MARGIN = 30.0
 # torch's heartbeat monitor aborts a rank whose NCCL watchdog thread is stuck this long (its default).
 TORCH_HEARTBEAT_DEFAULT = 480.0
+# Beyond the holder's case bound: writing its record and releasing the lease.
+LEASE_MARGIN = 10.0
+# Beyond the cases a rung decision waits for: recording their outcome.
+DECISION_MARGIN = 5.0
 
 
 class DeadlineError(ValueError):
@@ -63,6 +76,7 @@ class Deadlines:
     case_timeout: float
     grace: float
     backend: str = "gloo"
+    rendezvous_timeout: float = 60.0  # nodes waiting for each other at the start
 
     @property
     def stop_ladder(self) -> StopLadder:
@@ -88,12 +102,44 @@ class Deadlines:
         return self.process_group_timeout + NCCL_WATCHDOG_MARGIN
 
     @property
-    def outer_net(self) -> float:
-        """pytest-timeout's limit for one item that runs one case."""
-        return self.case_bound + OUTER_NET_MARGIN
+    def lease_wait(self) -> float:
+        """How long a case waits for its devices: the case holding them has ended by then."""
+        return self.case_bound + LEASE_MARGIN
 
-    def check(self) -> None:
-        """Raise DeadlineError unless each layer acts before the one around it."""
+    @property
+    def rung_step(self) -> float:
+        """The longest one earlier rung of a ladder decision can take: its lease wait and its case."""
+        return self.lease_wait + self.case_bound + DECISION_MARGIN
+
+    def rung_wait(self, rung_index: int) -> float:
+        """How long the decision on rung ``rung_index`` waits (0 on the first rung).
+
+        Its own earlier rungs, then its class leader's rungs up to this one, each at most a rung step
+        after the one before.
+        """
+        return (rung_index + 1) * self.rung_step if rung_index > 0 else 0.0
+
+    @property
+    def node_progress_limit(self) -> float:
+        """How long a node may stay in one test before the others stop waiting for it at a cross-node case."""
+        return self.rendezvous_timeout + self.case_bound + self.grace + OUTER_NET_MARGIN
+
+    @property
+    def verdict_wait(self) -> float:
+        """How long a node waits for the others' verdicts once its own part of a case is over."""
+        return self.case_bound + self.grace + OUTER_NET_MARGIN
+
+    def item_waits(self, rung_index: int, across_nodes: bool) -> float:
+        """Everything one test item on rung ``rung_index`` may wait for, its own case included."""
+        nodes = self.node_progress_limit + self.verdict_wait if across_nodes else 0.0
+        return self.rung_wait(rung_index) + self.lease_wait + self.case_bound + nodes
+
+    def outer_net(self, rung_index: int = 0, across_nodes: bool = False) -> float:
+        """pytest-timeout's limit for the item: above every wait it may make."""
+        return self.item_waits(rung_index, across_nodes) + OUTER_NET_MARGIN
+
+    def check(self, rungs: int = 1) -> None:
+        """Raise DeadlineError unless each layer acts before the one around it, for items on ``rungs`` rungs."""
         if self.init_timeout >= self.case_timeout:
             raise DeadlineError(f"init timeout {self.init_timeout:g}s is not shorter than case {self.case_timeout:g}s")
         if self.backend != "nccl" and self.op_timeout >= self.case_timeout:
@@ -103,5 +149,9 @@ class Deadlines:
                 f"torch's NCCL watchdog ({self.process_group_timeout:g}s) would act before the suite's "
                 f"({self.case_bound:g}s)"
             )
-        if self.outer_net <= self.case_bound:
-            raise DeadlineError(f"pytest-timeout ({self.outer_net:g}s) would act before the case ends")
+        for rung in range(max(1, rungs)):
+            for across in (False, True):
+                if self.outer_net(rung, across) <= self.item_waits(rung, across):
+                    raise DeadlineError(f"pytest-timeout ({self.outer_net(rung, across):g}s) would act inside a wait")
+        if self.lease_wait <= self.case_bound:
+            raise DeadlineError("a case would stop waiting for its devices before their holder has ended")

@@ -567,3 +567,10 @@ def discover(backend: str, virtual_devices: int, environ: Mapping[str, str] | No
     if backend == "nccl":
         raise ValueError(f"the nccl backend needs GPUs, and none was found ({reason})")
     return cpu_topology(virtual_devices, note=f"no GPU: {reason}")
+
+
+def choose_backend(setting: str, topology: Topology) -> str:
+    """Nccl on GPUs NVML found; gloo on CPU devices and on simulated machines (topology files)."""
+    if setting == "auto":
+        return "nccl" if topology.kind == "gpu" and topology.source == "nvml" else "gloo"
+    return setting

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,12 +13,15 @@ from typing import Any
 from conformance.common import casefiles
 from conformance.common.casefiles import CaseFile, RankDevice, StoreAddress
 from conformance.common.deadlines import Deadlines
+from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
-from conformance.launch.leases import leased
-from conformance.launch.watchdog import Peers, RankProcess, Supervision, supervise
+from conformance.launch.leases import LeaseTimeout, leased
+from conformance.launch.processes import CaseProcesses, RankProcess
+from conformance.launch.watchdog import Peers, Supervision, supervise
+from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
-from conformance.verdict.decision import Decision, RankReport, decide, rank_report
+from conformance.verdict.decision import Decision, RankReport, decide, rank_report, stack_excerpt
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,6 @@ def case_dir_name(nodeid: str) -> str:
 
 
 NCCL_DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"
-LEASE_WAIT_MARGIN = 60.0  # beyond one case timeout: the holder's stop ladder and its record
 
 
 def device_id(device: Device) -> str:
@@ -148,14 +149,6 @@ def read_nccl_logs(spec: CaseSpec, case_dir: Path) -> dict[str, Any] | None:
     return nccl_log.parse_files(paths).to_record()
 
 
-def kill_group(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-        return True
-    except OSError:
-        return False
-
-
 class CaseRunner:
     """Runs cases one at a time for one pytest process and remembers every group it started."""
 
@@ -173,7 +166,7 @@ class CaseRunner:
         self.rules = list(rules)
         self.simulated = simulated
         self.server = ForkServerClient(run_dir / "forkserver" / f"{os.getpid()}.log")
-        self.groups: dict[int, list[int]] = {}  # pgid -> pids, for the final sweep
+        self.live: dict[int, CaseProcesses] = {}  # process group -> its case's ranks, for the final sweep
 
     def _fresh_case_dir(self, nodeid: str) -> Path:
         base = self.run_dir / "cases" / case_dir_name(nodeid)
@@ -221,10 +214,15 @@ class CaseRunner:
         self._write_spec(spec, case_dir)
         self.server.ensure_started()  # once per process; not part of the case's time
         device_ids = [d.uuid or d.name for d in spec.devices]
-        lease_wait = self.deadlines.case_timeout + LEASE_WAIT_MARGIN
-        with leased(self.lease_dir, device_ids, lease_wait) as waited:
-            begun = time.monotonic()
-            ranks, supervision = self._start_and_supervise(spec, case_dir, peers)
+        try:
+            with leased(self.lease_dir, device_ids, self.deadlines.lease_wait) as waited:
+                begun = time.monotonic()
+                ranks, supervision = self._start_and_supervise(spec, case_dir, peers)
+        except LeaseTimeout as exc:  # decide for itself: the case could not be judged
+            decision = Decision(Verdict.INCONCLUSIVE, None, [], f"not run: {exc} for {self.deadlines.lease_wait:g}s")
+            result = CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
+            result.lease_wait = self.deadlines.lease_wait
+            return result
         reports = [rank_report(r, spec.devices[r.rank].name, supervision.started) for r in ranks]
         return CaseResult(
             spec=spec,
@@ -242,34 +240,56 @@ class CaseRunner:
     def _start_and_supervise(
         self, spec: CaseSpec, case_dir: Path, peers: Peers | None
     ) -> tuple[list[RankProcess], Supervision]:
-        pids, pgid = self.server.spawn(case_dir, spec.world_size)
-        self.groups[pgid] = pids
-        ranks = [RankProcess(rank=i, pid=pid, path=casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
+        processes = CaseProcesses(self.server, case_dir, spec.world_size)
+        self.live[processes.pgid] = processes
         try:
             deadlines = self.deadlines
-            supervision = supervise(
-                self.server, ranks, pgid, deadlines.case_timeout, deadlines.grace, deadlines.stop_ladder, peers
-            )
+            supervision = supervise(processes, deadlines.case_timeout, deadlines.grace, deadlines.stop_ladder, peers)
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
-            kill_group(pgid)
+            processes.kill("the case was interrupted")
             raise
         finally:
-            if all(r.exit_code is not None for r in ranks):
-                self.groups.pop(pgid, None)
+            if processes.ended:
+                self.live.pop(processes.pgid, None)
             (case_dir / casefiles.STORE).unlink(missing_ok=True)
-        return ranks, supervision
+        return processes.ranks, supervision
 
     def sweep(self) -> list[int]:
         """SIGKILL every case group that may still have a rank; return the groups signalled."""
-        signalled = []
-        for pgid, pids in list(self.groups.items()):
-            if all(self.server.exit_of(pid) is not None for pid in pids):
-                continue
-            if kill_group(pgid):
-                signalled.append(pgid)
-        self.groups.clear()
+        signalled = [pgid for pgid, processes in self.live.items() if processes.kill("end-of-session sweep")]
+        self.live.clear()
         return signalled
 
     def close(self) -> None:
         self.sweep()
         self.server.close()
+
+
+def failure_text(result: CaseResult) -> str:
+    """Verdict word first, then the root cause, the phase, victims and a stack excerpt."""
+    decision = result.decision
+    lines = [f"{decision.verdict}: {decision.summary}"]
+    if result.simulated:
+        lines[0] = "[simulated] " + lines[0]
+    root = decision.root
+    if root is not None:
+        lines.append(f"root cause: rank {root.rank} on {root.device}, phase {root.where}, exit {root.exit}")
+    if decision.victims:
+        victims = ", ".join(f"rank {v.rank} ({v.status} in {v.where})" for v in decision.victims)
+        lines.append(f"victims: {victims}")
+    if result.stop_reason:
+        lines.append(
+            f"stopped by the watchdog ({result.stop_reason}); last rank reaped {result.stop_seconds:.2f}s later"
+        )
+    for r in result.unkillable:
+        lines.append(f"rank {r.rank} (pid {r.pid}) would not die after SIGKILL: host may need to be recycled")
+    shown = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
+    for r in shown:
+        lines.append(f"stack of rank {r.rank} at the deadline:\n{stack_excerpt(r.stack)}")
+    for r in result.reports:
+        if r.collectives is not None and (r.failed or r.stopped_by):
+            lines.append(f"rank {r.rank}: {flight_recorder.describe(r.collectives)}")
+    if root is not None and root.traceback and not root.stack:
+        lines.append(f"traceback of rank {root.rank}:\n{root.traceback.strip()[-1500:]}")
+    lines.append(f"rank logs: {result.case_dir}")
+    return "\n".join(lines)

@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 from typing import IO, Any
 
+from conformance.launch.signals import signal_group
+
 READY_TIMEOUT = 120.0
 
 
@@ -76,10 +78,7 @@ class Server:
 
     def kill_all(self) -> None:
         for pgid in self.groups:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(pgid, signal.SIGKILL, "the forkserver's parent is gone")
 
     def handle_input(self) -> bool:
         """Read requests; False when the parent closed the pipe."""

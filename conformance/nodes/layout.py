@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import socket
 import struct
@@ -23,7 +24,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conformance.common import values
+from conformance.common.families import inherited_variables
 from conformance.common.tables import align_columns
+from conformance.discover.topology import Topology
+from conformance.discover.versions import nccl_wheel_version, package_version
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
 
@@ -202,3 +206,21 @@ def shared_interfaces(prints: Sequence[Fingerprint]) -> list[str]:
         return []
     names = set.intersection(*(set(p.interfaces) for p in prints))
     return sorted(n for n in names if not any(p.interfaces[n].startswith("127.") for p in prints))
+
+
+def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
+    """What this node tells the others before any collective (``MUST_MATCH`` must agree)."""
+    return Fingerprint(
+        node_rank=node_rank,
+        hostname=socket.gethostname(),
+        gpu_count=len(topology.devices),
+        gpu_uuids=tuple(d.uuid or d.name for d in topology.devices),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        driver=topology.driver,
+        cuda=topology.cuda_driver,
+        nccl=nccl_wheel_version(),
+        torch=package_version("torch"),
+        suite=package_version("gpu-conformance"),
+        nccl_env={k: v for k, v in inherited_variables().items() if k.startswith("NCCL_")},
+        interfaces=network_interfaces(),
+    )

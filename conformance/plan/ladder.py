@@ -13,18 +13,23 @@ first, so everything a decision waits for comes earlier in every worker's queue.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.common.jsonl import append_line, read_lines
+from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
 
 LADDER_FILE = "ladder.jsonl"
+# The outcome a waiting case records for a rung nobody decided within its wait.
+UNDECIDED = "undecided"
 Selected = AbstractSet[tuple[str, int]] | None
+LOG = logging.getLogger("conformance.plan")
 POLL_SECONDS = 0.1
 # Failures no NCCL or torch NCCL variable changes: CUDA itself refused, in the rank's own torch call
 # (torch spells these "CUDA error: ..."; NCCL's own "Cuda failure '...'" is not here, because an NCCL
@@ -40,11 +45,7 @@ UNCHANGEABLE_FAILURES = re.compile(
 
 def unchangeable(verdict: str, message: str) -> bool:
     """Whether a case's failure is one that no NCCL environment rung can change."""
-    return verdict in ("error", "crash") and bool(UNCHANGEABLE_FAILURES.search(message))
-
-
-class LadderWaitError(RuntimeError):
-    """A rung this decision depends on was never decided (its worker died?)."""
+    return verdict in (Verdict.ERROR, Verdict.CRASH) and bool(UNCHANGEABLE_FAILURES.search(message))
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RungDecision:
     run: bool
     reason: str = ""
 
@@ -66,68 +67,109 @@ class Decision:
 class LadderBook:
     """The shared record of rung outcomes for one run."""
 
-    def __init__(self, path: Path, ladder: Sequence[Rung], mode: str, wait_seconds: float) -> None:
+    def __init__(self, path: Path, ladder: Sequence[Rung], mode: str, decision_wait: Callable[[int], float]) -> None:
+        """``decision_wait(k)``: the most the decision on rung ``k`` waits (``Deadlines.rung_wait``)."""
         self.path = path
         self.ladder = tuple(ladder)
         self.mode = mode
-        self.wait_seconds = wait_seconds
+        self.decision_wait = decision_wait
 
     def record(self, step: Step, outcome: str, reason: str = "", final: bool = False) -> None:
         """Record a rung's outcome; ``final``: no NCCL rung can change it (``unchangeable``)."""
-        rung = self.ladder[step.rung_index].name
-        record = {"key": step.key, "rung": rung, "outcome": outcome, "reason": reason, "final": final}
-        append_line(self.path, record)
+        self._append(step.key, self.ladder[step.rung_index].name, outcome, reason, final)
+
+    def _append(self, key: str, rung: str, outcome: str, reason: str = "", final: bool = False) -> None:
+        append_line(self.path, {"key": key, "rung": rung, "outcome": outcome, "reason": reason, "final": final})
 
     def _outcomes(self) -> dict[tuple[str, str], str]:
-        decided = read_lines(self.path).objects
-        return {(r["key"], r["rung"]): "final" if r.get("final") else r["outcome"] for r in decided}
+        known: dict[tuple[str, str], str] = {}
+        for line in read_lines(self.path).objects:
+            where, outcome = (line["key"], line["rung"]), "final" if line.get("final") else line["outcome"]
+            if outcome != UNDECIDED or where not in known:  # a real outcome is never overwritten by a give-up
+                known[where] = outcome
+        return known
 
-    def wait_for(self, wanted: Sequence[tuple[str, str]], budget_rungs: int) -> dict[tuple[str, str], str]:
-        """Outcomes of ``wanted`` (key, rung) pairs, waiting while other items decide them."""
-        deadline = time.monotonic() + self.wait_seconds * max(1, budget_rungs)
+    def wait_for(self, wanted: Sequence[tuple[str, str]], deadline: float) -> dict[tuple[str, str], str]:
+        """Outcomes of ``wanted`` (key, rung) pairs, waiting until ``deadline`` while other items decide them.
+
+        What is still missing at the deadline is recorded ``UNDECIDED``, so no other case waits for it again
+        (a replacement worker included); the real outcome, if it ever comes, takes its place.
+        """
+        begun = time.monotonic()
         while True:
             known = self._outcomes()
             missing = [w for w in wanted if w not in known]
             if not missing:
                 return known
             if time.monotonic() > deadline:
-                raise LadderWaitError(f"rungs never decided: {missing} (see {self.path})")
+                waited = f"not decided within {time.monotonic() - begun:.0f}s of waiting (its worker died?)"
+                for key, rung in missing:
+                    self._append(key, rung, UNDECIDED, waited)
+                    known[(key, rung)] = UNDECIDED
+                return known
             time.sleep(POLL_SECONDS)
 
-    def decide(self, step: Step, environ: Mapping[str, str], selected: Selected = None) -> Decision:
+    def decide(self, step: Step, environ: Mapping[str, str], selected: Selected = None) -> RungDecision:
         """Run this rung, or skip it with the reason.
 
         ``selected`` holds the (key, rung index) of every item in this run; rungs outside it (a
-        ``-k`` selection) are not waited for.
+        ``-k`` selection) are not waited for.  An earlier rung not decided within the wait (the
+        worker deciding it died) counts as not passed: the case decides for itself and says so.
         """
         k = step.rung_index
         if k == 0 or self.mode == "full":
-            return Decision(True)
+            return RungDecision(True)
+        deadline = time.monotonic() + self.decision_wait(k)
         names = [r.name for r in self.ladder]
-        earlier = [i for i in range(k) if selected is None or (step.key, i) in selected]
-        own = self.wait_for([(step.key, names[i]) for i in earlier], k)
-        passed = [names[i] for i in earlier if own[(step.key, names[i])] == "pass"]
-        if passed:
-            return Decision(False, f"adaptive matrix: rung {passed[0]} already passed")
-        skipped = [names[i] for i in earlier if own[(step.key, names[i])] == "skip"]
-        if skipped:
-            return Decision(False, f"adaptive matrix: the case does not apply here (skipped on rung {skipped[0]})")
-        rung = self.ladder[k]
-        final = [names[i] for i in earlier if own[(step.key, names[i])] == "final"]
-        if final and not rung.sets_beyond_nccl:
-            return Decision(False, f"no NCCL environment rung changes the failure on rung {final[0]} (CUDA refused)")
-        for other in self.ladder[:k]:
-            if other.effective(environ) == rung.effective(environ):
-                return Decision(False, f"same environment as rung {other.name} here")
-        leader = step.leader_key
-        if leader is not None and (selected is None or all((leader, i) in selected for i in range(k + 1))):
-            return self._follow_leader(step, names, k)
-        return Decision(True)
+        earlier = [names[i] for i in range(k) if selected is None or (step.key, i) in selected]
+        own = self.wait_for([(step.key, n) for n in earlier], deadline)
+        outcomes = {n: own[(step.key, n)] for n in earlier}
+        decision = self._by_own_outcomes(step, outcomes, environ)
+        if decision is None:
+            leader = step.leader_key
+            if leader is not None and (selected is None or all((leader, i) in selected for i in range(k + 1))):
+                decision = self._follow_leader(step, names[: k + 1], deadline)
+            else:
+                decision = RungDecision(True, _alone(step.key, [n for n, o in outcomes.items() if o == UNDECIDED]))
+        if decision.run and decision.reason:
+            LOG.warning("%s, rung %s: %s", step.key, names[k], decision.reason)
+        return decision
 
-    def _follow_leader(self, step: Step, names: list[str], k: int) -> Decision:
+    def _by_own_outcomes(
+        self, step: Step, outcomes: Mapping[str, str], environ: Mapping[str, str]
+    ) -> RungDecision | None:
+        """Skip on the case's own earlier rungs (one passed, it does not apply, nothing changes it); else None."""
+        passed = [n for n, o in outcomes.items() if o == Verdict.PASS]
+        if passed:
+            return RungDecision(False, f"adaptive matrix: rung {passed[0]} already passed")
+        skipped = [n for n, o in outcomes.items() if o == Verdict.SKIP]
+        if skipped:
+            return RungDecision(False, f"adaptive matrix: the case does not apply here (skipped on rung {skipped[0]})")
+        rung = self.ladder[step.rung_index]
+        final = [n for n, o in outcomes.items() if o == "final"]
+        if final and not rung.sets_beyond_nccl:
+            return RungDecision(
+                False, f"no NCCL environment rung changes the failure on rung {final[0]} (CUDA refused)"
+            )
+        for other in self.ladder[: step.rung_index]:
+            if other.effective(environ) == rung.effective(environ):
+                return RungDecision(False, f"same environment as rung {other.name} here")
+        return None
+
+    def _follow_leader(self, step: Step, names: Sequence[str], deadline: float) -> RungDecision:
         """A follower runs a rung only once its class leader has passed on it or an earlier one."""
         leader_key = step.leader_key or ""
-        leader = self.wait_for([(leader_key, n) for n in names[: k + 1]], k + 1)
-        if not any(leader[(leader_key, n)] == "pass" for n in names[: k + 1]):
-            return Decision(False, f"no rung up to {names[k]} passed for link class {step.link} ({leader_key})")
-        return Decision(True)
+        leader = self.wait_for([(leader_key, n) for n in names], deadline)
+        if any(leader[(leader_key, n)] == Verdict.PASS for n in names):
+            return RungDecision(True)
+        undecided = [n for n in names if leader[(leader_key, n)] == UNDECIDED]
+        if undecided:
+            return RungDecision(True, _alone(leader_key, undecided))
+        return RungDecision(False, f"no rung up to {names[-1]} passed for link class {step.link} ({leader_key})")
+
+
+def _alone(key: str, undecided: Sequence[str]) -> str:
+    """Why a case runs a rung without the decision it waited for ("" when nothing was missing)."""
+    if not undecided:
+        return ""
+    return f"rung {', '.join(undecided)} of {key} was never decided (its worker died?): deciding alone, this rung runs"

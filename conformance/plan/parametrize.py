@@ -98,7 +98,7 @@ class Plan:
             link=device_set.link,
         )
 
-    def _item_step(self, item: pytest.Item) -> Step | None:
+    def item_step(self, item: pytest.Item) -> Step | None:
         params = getattr(item, "callspec", None)
         for fixture in (*DEVICE_SET_FIXTURES, *NODE_SET_FIXTURES):
             device_set = params.params.get(fixture) if params is not None else None
@@ -107,7 +107,7 @@ class Plan:
         return None
 
     def _sort_key(self, item: pytest.Item) -> tuple[int, int]:
-        step = self._item_step(item)
+        step = self.item_step(item)
         return (step.rung_index, int(step.leader_key is not None)) if step else (0, 0)
 
     def order(self, items: list[pytest.Item]) -> None:
@@ -117,5 +117,5 @@ class Plan:
         decision never waits for an item that is not in this run.
         """
         items.sort(key=self._sort_key)
-        steps = (self._item_step(item) for item in items)
+        steps = (self.item_step(item) for item in items)
         self.selected = {(s.key, s.rung_index) for s in steps if s is not None}

@@ -26,16 +26,17 @@ read, two empty runs, runs from different machines without ``--allow-different-m
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, TypedDict, TypeGuard, TypeVar
 
 from conformance.common.tables import align_columns
+from conformance.common.verdicts import Verdict
+from conformance.record.records import CaseRecord, JsonObject
 from conformance.record.runs import Run
 from conformance.settings import default_of
 from conformance.summarise.summary import link_class_of
 
-PASS = "pass"
 DEFAULT_TOLERANCE: float = default_of("bandwidth_tolerance")
 SUMMARY_WIDTH = 100
 
@@ -47,17 +48,69 @@ class CompareError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------
+# what a comparison reports, entry by entry (JSON objects: ``--json`` prints them as they are)
+# --------------------------------------------------------------------------------------------
+
+
+class CaseFields(TypedDict):
+    """What names a case in a report."""
+
+    case: str
+    probe: str
+    devices: list[str]
+    device_ids: list[str]
+    link: str
+    env_name: str | None
+
+
+class VerdictRegression(CaseFields):
+    baseline: str
+    current: str
+    kind: Literal["verdict"]
+    metric: str
+    summary: str
+
+
+class BandwidthDrop(CaseFields):
+    kind: Literal["bandwidth"]
+    metric: str
+    baseline: float
+    current: float
+    ratio: float
+
+
+Regression = VerdictRegression | BandwidthDrop
+
+
+class VerdictChange(CaseFields):  # a fix: anything else -> pass
+    baseline: str
+    current: str
+
+
+class OtherVerdictChange(VerdictChange):  # neither side passes
+    summary: str
+
+
+class TransportChange(CaseFields):
+    baseline: list[str]
+    current: list[str]
+
+
+class CaseVerdict(CaseFields):  # a new or a missing case
+    verdict: str
+
+
+# --------------------------------------------------------------------------------------------
 # matching
 # --------------------------------------------------------------------------------------------
 
 
-def _device_map(record: dict[str, Any]) -> dict[str, str]:
-    names = record.get("devices") or []
-    ids = record.get("device_ids") or []
+def _device_map(record: CaseRecord) -> dict[str, str]:
+    names, ids = record.devices, record.device_ids
     return {str(n): str(i) for n, i in zip(names, ids, strict=False) if n and i and n != i}
 
 
-def with_device_ids(text: str, record: dict[str, Any]) -> str:
+def with_device_ids(text: str, record: CaseRecord) -> str:
     """``text`` with each of the record's device names (whole words only) replaced by its id."""
     mapping = _device_map(record)
     if not mapping:
@@ -67,35 +120,36 @@ def with_device_ids(text: str, record: dict[str, Any]) -> str:
     return pattern.sub(lambda match: mapping[match.group(1)], text)
 
 
-def match_id(record: dict[str, Any]) -> str:
+def match_id(record: CaseRecord) -> str:
     """The node id without its folder (the module file, test and parameters), devices by id.
 
     Records without a node id fall back on the ladder key (the test id without the rung).
     """
-    nodeid = str(record.get("nodeid") or "")
+    nodeid = record.nodeid
     if "::" not in nodeid:
-        return with_device_ids(str(record.get("ladder_key") or nodeid), record)
+        return with_device_ids(record.ladder_key or nodeid, record)
     module, rest = nodeid.split("::", 1)
     return f"{module.rsplit('/', 1)[-1]}::{with_device_ids(rest, record)}"
 
 
-def measured_on_gpu(record: dict[str, Any]) -> bool:
+def measured_on_gpu(record: CaseRecord) -> bool:
     """Bandwidth means something only for real NCCL cases; older records without a backend count."""
-    return record.get("backend", "nccl") == "nccl" and not record.get("simulated")
+    return (record.backend or "nccl") == "nccl" and not record.simulated
 
 
-def case_key(record: dict[str, Any]) -> CaseKey:
-    ids = tuple(str(i) for i in record.get("device_ids") or [])
-    node = record.get("node_rank")  # a multi-node run holds every node's records
+def case_key(record: CaseRecord) -> CaseKey:
+    """One case on one rung, matched between two runs by what it tests (devices by identity)."""
+    ids = tuple(str(i) for i in record.device_ids)
+    node = record.node_rank  # a multi-node run holds every node's records
     where = match_id(record) if node is None else f"node{node}:{match_id(record)}"
-    return (str(record.get("probe")), ids, link_class_of(record), where, str(record.get("env_name")))
+    return (record.probe, ids, link_class_of(record), where, str(record.env_name))
 
 
-def _usable_records(run: Run, warnings: list[str]) -> list[dict[str, Any]]:
-    """The records of this suite (a verdict and a test id); a run with only unreadable lines is refused."""
+def _usable_records(run: Run, warnings: list[str]) -> list[CaseRecord]:
+    """The records of this suite (``CaseRecord.usable``); a run with only unreadable lines is refused."""
     if not run.records and run.warnings:
         raise CompareError(f"{run.source}: no readable record ({run.warnings[0]})")
-    usable = [r for r in run.records if isinstance(r.get("verdict"), str) and (r.get("nodeid") or r.get("ladder_key"))]
+    usable = run.usable_records
     left_out = len(run.records) - len(usable)
     if left_out and not usable:
         raise CompareError(f"{run.source}: no record of this suite (none of {left_out} has a verdict and a test id)")
@@ -104,8 +158,8 @@ def _usable_records(run: Run, warnings: list[str]) -> list[dict[str, Any]]:
     return usable
 
 
-def _index(source: str, records: list[dict[str, Any]], warnings: list[str]) -> dict[CaseKey, dict[str, Any]]:
-    cases: dict[CaseKey, dict[str, Any]] = {}
+def _index(source: str, records: list[CaseRecord], warnings: list[str]) -> dict[CaseKey, CaseRecord]:
+    cases: dict[CaseKey, CaseRecord] = {}
     repeated = 0
     for record in records:
         key = case_key(record)
@@ -122,17 +176,17 @@ def _index(source: str, records: list[dict[str, Any]], warnings: list[str]) -> d
 
 
 def _host(run: Run) -> str | None:
-    host = run.facts.get("host")
+    host = run.facts.host
     return str(host) if host else None
 
 
 def run_device_ids(run: Run) -> frozenset[str]:
     """Every device id of the run's machine (run.json's topology), else those its records name."""
-    topology = run.facts.get("topology")
-    devices = topology.get("devices") if isinstance(topology, dict) else None
+    topology = run.facts.topology
+    devices = topology.get("devices") if isinstance(topology, Mapping) else None
     if isinstance(devices, list) and devices:
-        return frozenset(str(d.get("uuid") or d.get("name")) for d in devices if isinstance(d, dict))
-    return frozenset(str(i) for r in run.records for i in r.get("device_ids") or [])
+        return frozenset(str(d.get("uuid") or d.get("name")) for d in devices if isinstance(d, Mapping))
+    return frozenset(str(i) for r in run.records for i in r.device_ids)
 
 
 def machine_difference(baseline: Run, current: Run) -> str | None:
@@ -154,16 +208,38 @@ def machine_difference(baseline: Run, current: Run) -> str | None:
     return None
 
 
-def _run_summary(run: Run, cases: int) -> dict[str, Any]:
-    simulated = bool(run.facts.get("simulated")) or any(r.get("simulated") for r in run.records)
-    return {
-        "source": run.source,
-        "run_id": run.run_id,
-        "host": _host(run),
-        "simulated": simulated,
-        "versions": run.versions,
-        "cases": cases,
-    }
+@dataclass(frozen=True)
+class RunSide:
+    """One side of a comparison, as its header line and ``--json`` show it."""
+
+    source: str
+    run_id: str | None
+    host: str | None
+    simulated: bool
+    versions: dict[str, str | None]
+    cases: int
+
+    @classmethod
+    def of(cls, run: Run, cases: int) -> RunSide:
+        return cls(run.source, run.run_id, _host(run), run.simulated, run.versions, cases)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "source": self.source,
+            "run_id": self.run_id,
+            "host": self.host,
+            "simulated": self.simulated,
+            "versions": self.versions,
+            "cases": self.cases,
+        }
+
+    def line(self) -> str:
+        facts = [f"run {self.run_id or '-'}", f"host {self.host or '-'}", f"{self.cases} cases"]
+        if self.simulated:
+            facts.append("SIMULATED")
+        versions = self.versions
+        text = ", ".join(f"{name} {versions.get(name) or '-'}" for name in ("driver", "cuda", "nccl", "torch"))
+        return f"{self.source} ({', '.join(facts)}): {text}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,42 +247,42 @@ def _run_summary(run: Run, cases: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
-def bandwidths(record: dict[str, Any]) -> dict[str, float]:
+def bandwidths(record: CaseRecord) -> dict[str, float]:
     """``bandwidth_gbps`` and ``busbw_gbps <size>`` for each size of ``metrics.busbw_gbps``."""
     found: dict[str, float] = {}
-    if _positive(record.get("bandwidth_gbps")):
-        found["bandwidth_gbps"] = float(record["bandwidth_gbps"])
-    metrics = record.get("metrics")
-    busbw = metrics.get("busbw_gbps") if isinstance(metrics, dict) else None
-    for size, value in busbw.items() if isinstance(busbw, dict) else ():
+    if _positive(record.bandwidth_gbps):
+        found["bandwidth_gbps"] = float(record.bandwidth_gbps)
+    metrics = record.metrics
+    busbw = metrics.get("busbw_gbps") if isinstance(metrics, Mapping) else None
+    for size, value in busbw.items() if isinstance(busbw, Mapping) else ():
         if _positive(value):
             found[f"busbw_gbps {size}"] = float(value)
     return found
 
 
-def transport_labels(record: dict[str, Any]) -> list[str]:
-    transports = record.get("transports")
-    return sorted(str(t) for t in transports) if isinstance(transports, (dict, list)) else []
+def transport_labels(record: CaseRecord) -> list[str]:
+    transports: object = record.transports
+    return sorted(str(t) for t in transports) if isinstance(transports, (Mapping, list)) else []
 
 
-def case_fields(record: dict[str, Any]) -> dict[str, Any]:
+def case_fields(record: CaseRecord) -> CaseFields:
     """What names a case in a report: its node id, probe, devices (names and ids), link class, rung."""
     return {
-        "case": str(record.get("nodeid") or record.get("ladder_key")),
-        "probe": record.get("probe"),
-        "devices": list(record.get("devices") or []),
-        "device_ids": list(record.get("device_ids") or []),
+        "case": record.nodeid or str(record.ladder_key),
+        "probe": record.probe,
+        "devices": list(record.devices),
+        "device_ids": list(record.device_ids),
         "link": link_class_of(record),
-        "env_name": record.get("env_name"),
+        "env_name": record.env_name,
     }
 
 
-def _summary_text(record: dict[str, Any]) -> str:
-    text = " ".join(str(record.get("summary") or "").split())
+def _summary_text(record: CaseRecord) -> str:
+    text = " ".join(str(record.summary or "").split())
     return text if len(text) <= SUMMARY_WIDTH else text[: SUMMARY_WIDTH - 3] + "..."
 
 
@@ -217,12 +293,12 @@ class Comparison:
     baseline: Run
     current: Run
     tolerance: float = DEFAULT_TOLERANCE
-    regressions: list[dict[str, Any]] = field(default_factory=list)  # kind "verdict" or "bandwidth"
-    fixes: list[dict[str, Any]] = field(default_factory=list)
-    verdict_changes: list[dict[str, Any]] = field(default_factory=list)  # neither side passes
-    transport_changes: list[dict[str, Any]] = field(default_factory=list)
-    new: list[dict[str, Any]] = field(default_factory=list)
-    missing: list[dict[str, Any]] = field(default_factory=list)
+    regressions: list[Regression] = field(default_factory=list)  # kind "verdict" or "bandwidth"
+    fixes: list[VerdictChange] = field(default_factory=list)
+    verdict_changes: list[OtherVerdictChange] = field(default_factory=list)  # neither side passes
+    transport_changes: list[TransportChange] = field(default_factory=list)
+    new: list[CaseVerdict] = field(default_factory=list)
+    missing: list[CaseVerdict] = field(default_factory=list)
     matched: int = 0
     baseline_cases: int = 0
     current_cases: int = 0
@@ -234,25 +310,26 @@ class Comparison:
     def exit_status(self) -> int:
         return 1 if self.regressions else 0
 
-    def add_match(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def add_match(self, old: CaseRecord, new: CaseRecord) -> None:
         self.matched += 1
-        before, after = str(old["verdict"]), str(new["verdict"])
-        verdicts = {**case_fields(new), "baseline": before, "current": after}
-        if before == PASS and after != PASS:
+        before, after = old.verdict, new.verdict
+        passed, passes = old.outcome is Verdict.PASS, new.outcome is Verdict.PASS
+        verdicts: VerdictChange = {**case_fields(new), "baseline": before, "current": after}
+        if passed and not passes:
             self.regressions.append({**verdicts, "kind": "verdict", "metric": "verdict", "summary": _summary_text(new)})
-        elif before != PASS and after == PASS:
+        elif not passed and passes:
             self.fixes.append(verdicts)
         elif before != after:
             self.verdict_changes.append({**verdicts, "summary": _summary_text(new)})
-        elif before == PASS and not (measured_on_gpu(old) and measured_on_gpu(new)):
+        elif passed and not (measured_on_gpu(old) and measured_on_gpu(new)):
             self.bandwidth_not_compared += 1
-        elif before == PASS:
+        elif passed:
             self._bandwidth_drops(old, new)
         old_transports, new_transports = transport_labels(old), transport_labels(new)
         if old_transports and new_transports and old_transports != new_transports:
             self.transport_changes.append({**case_fields(new), "baseline": old_transports, "current": new_transports})
 
-    def _bandwidth_drops(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def _bandwidth_drops(self, old: CaseRecord, new: CaseRecord) -> None:
         now = bandwidths(new)
         for metric, before in bandwidths(old).items():
             after = now.get(metric)
@@ -284,10 +361,10 @@ class Comparison:
             "bandwidth_not_compared": self.bandwidth_not_compared,
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
-            "baseline": _run_summary(self.baseline, self.baseline_cases),
-            "current": _run_summary(self.current, self.current_cases),
+            "baseline": RunSide.of(self.baseline, self.baseline_cases).to_json(),
+            "current": RunSide.of(self.current, self.current_cases).to_json(),
             "bandwidth_tolerance": self.tolerance,
             "different_machines": self.machines,
             "counts": self.counts(),
@@ -323,12 +400,12 @@ class Comparison:
         return [*lines, "", self._verdict_line()]
 
     def _header(self) -> list[str]:
-        old, new = _run_summary(self.baseline, self.baseline_cases), _run_summary(self.current, self.current_cases)
-        lines = [f"baseline: {_run_line(old)}", f"current:  {_run_line(new)}"]
+        old, new = RunSide.of(self.baseline, self.baseline_cases), RunSide.of(self.current, self.current_cases)
+        lines = [f"baseline: {old.line()}", f"current:  {new.line()}"]
         changed = [
-            f"{name} {old['versions'][name]} -> {value}"
-            for name, value in new["versions"].items()
-            if value and old["versions"].get(name) and value != old["versions"][name]
+            f"{name} {old.versions[name]} -> {value}"
+            for name, value in new.versions.items()
+            if value and old.versions.get(name) and value != old.versions[name]
         ]
         if changed:
             lines.append(f"versions changed: {', '.join(changed)}")
@@ -352,42 +429,38 @@ class Comparison:
         return f"{'REGRESSED' if self.regressions else 'no regressions'}: {text}"
 
 
-def _run_line(summary: dict[str, Any]) -> str:
-    facts = [f"run {summary['run_id'] or '-'}", f"host {summary['host'] or '-'}", f"{summary['cases']} cases"]
-    if summary["simulated"]:
-        facts.append("SIMULATED")
-    versions = summary["versions"]
-    text = ", ".join(f"{name} {versions.get(name) or '-'}" for name in ("driver", "cuda", "nccl", "torch"))
-    return f"{summary['source']} ({', '.join(facts)}): {text}"
+Entry = TypeVar("Entry")
 
 
-def _section(title: str, entries: list[dict[str, Any]], columns: tuple[str, ...], row: Any) -> list[str]:
+def _section(
+    title: str, entries: Sequence[Entry], columns: tuple[str, ...], row: Callable[[Entry], tuple[str, ...]]
+) -> list[str]:
     if not entries:
         return []
     table = align_columns([columns, *(row(e) for e in entries)])
     return ["", f"{title} ({len(entries)}):", *(f"  {line}" for line in table)]
 
 
-def _regression_row(entry: dict[str, Any]) -> tuple[str, ...]:
+def _regression_row(entry: Regression) -> tuple[str, ...]:
     if entry["kind"] == "verdict":
         return ("verdict", entry["case"], entry["baseline"], entry["current"], entry["summary"])
     detail = f"{entry['metric']}: {entry['ratio']:g}x"
     return ("bandwidth", entry["case"], f"{entry['baseline']:g} GB/s", f"{entry['current']:g} GB/s", detail)
 
 
-def _fix_row(entry: dict[str, Any]) -> tuple[str, ...]:
+def _fix_row(entry: VerdictChange) -> tuple[str, ...]:
     return (entry["case"], entry["baseline"], entry["current"])
 
 
-def _change_row(entry: dict[str, Any]) -> tuple[str, ...]:
+def _change_row(entry: OtherVerdictChange) -> tuple[str, ...]:
     return (entry["case"], entry["baseline"], entry["current"], entry["summary"])
 
 
-def _transport_row(entry: dict[str, Any]) -> tuple[str, ...]:
+def _transport_row(entry: TransportChange) -> tuple[str, ...]:
     return (entry["case"], " ".join(entry["baseline"]), " ".join(entry["current"]))
 
 
-def _case_row(entry: dict[str, Any]) -> tuple[str, ...]:
+def _case_row(entry: CaseVerdict) -> tuple[str, ...]:
     return (entry["case"], entry["verdict"])
 
 
@@ -398,6 +471,10 @@ def _case_row(entry: dict[str, Any]) -> tuple[str, ...]:
 
 def _ordered(keys: Iterable[CaseKey], wanted: set[CaseKey]) -> list[CaseKey]:
     return [k for k in keys if k in wanted]
+
+
+def _with_verdict(record: CaseRecord) -> CaseVerdict:
+    return {**case_fields(record), "verdict": record.verdict}
 
 
 def compare(
@@ -420,10 +497,8 @@ def compare(
     comparison.baseline_cases, comparison.current_cases = len(old), len(new)
     for key in _ordered(new, set(old)):
         comparison.add_match(old[key], new[key])
-    comparison.new = [{**case_fields(new[k]), "verdict": new[k]["verdict"]} for k in _ordered(new, set(new) - set(old))]
-    comparison.missing = [
-        {**case_fields(old[k]), "verdict": old[k]["verdict"]} for k in _ordered(old, set(old) - set(new))
-    ]
+    comparison.new = [_with_verdict(new[k]) for k in _ordered(new, set(new) - set(old))]
+    comparison.missing = [_with_verdict(old[k]) for k in _ordered(old, set(old) - set(new))]
     comparison.regressions.sort(key=lambda r: r["kind"] != "verdict")  # stable: verdicts, then bandwidth
     return comparison
 

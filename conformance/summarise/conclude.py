@@ -6,11 +6,15 @@ its folder exactly as ``python -m conformance recommend/compare/report`` would.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
+from conformance.summarise.compare import CompareError, compare
+from conformance.summarise.recommend import recommend, write_env_file
+from conformance.summarise.report import write_report
 
 
 @dataclass
@@ -21,10 +25,6 @@ class Conclusion:
 
 def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclusion:
     """Recommend, compare and report on the finished run in ``run_dir``."""
-    from conformance.summarise.compare import CompareError, compare
-    from conformance.summarise.recommend import recommend, write_env_file
-    from conformance.summarise.report import write_report
-
     conclusion = Conclusion()
     try:
         run = load_run(run_dir)
@@ -36,7 +36,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
     recommendation = recommend(run)
     env_file = write_env_file(run, recommendation)
     conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
-    regressions: list[dict[str, object]] = []
+    regressions: Sequence[Mapping[str, object]] = ()
     if baseline is not None:
         try:
             comparison = compare(baseline, run, settings.bandwidth_tolerance)
@@ -45,7 +45,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             conclusion.regressed = True
         else:
             conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
-            regressions = list(comparison.regressions)
+            regressions = comparison.regressions
             conclusion.regressed = comparison.exit_status != 0
     if settings.html_report:
         path = write_report(run, recommendation.lines(), regressions)

@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.record.results import JUNIT_PREFIX, LATEST, RESULTS_FILE
-from conformance.record.runs import RUN_FACTS, SUITE_PROPERTY_PREFIX, Run, RunError, read_jsonl, resolve_run_path
+from conformance.record.records import JUNIT_PREFIX
+from conformance.record.results import LATEST, RESULTS_FILE
+from conformance.record.runs import (
+    RUN_FACTS,
+    SUITE_PROPERTY_PREFIX,
+    Run,
+    RunError,
+    read_jsonl,
+    resolve_run_path,
+    run_facts,
+)
 
 RUN_ID_PROPERTY = f"{JUNIT_PREFIX}run_id"
 RUN_PROPERTY_KEYS = ("host", "gpus", "driver", "cuda", "nccl", "torch", "run_id", "simulated")
@@ -80,35 +89,38 @@ def suite_run_id(suite: Any) -> str | None:
     return None
 
 
-def run_properties(folder: Path) -> dict[str, Any]:
+def run_properties(folder: Path) -> dict[str, object]:
     """The suite properties of one run, from its ``run.json`` (and the NCCL version its records saw)."""
     try:
-        facts = json.loads((folder / RUN_FACTS).read_text(encoding="utf-8"))
+        data = json.loads((folder / RUN_FACTS).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise MergeError(f"{folder}: no readable {RUN_FACTS} ({exc})") from None
-    if not isinstance(facts, dict):
+    if not isinstance(data, dict):
         raise MergeError(f"{folder / RUN_FACTS}: not a JSON object")
+    try:
+        facts = run_facts(data)
+    except RunError as exc:
+        raise MergeError(f"{folder}: no readable {RUN_FACTS} ({exc})") from None
     try:
         records = read_jsonl(folder / RESULTS_FILE)[0] if (folder / RESULTS_FILE).exists() else []
     except RunError:
         records = []
     versions = Run(str(folder), facts, records).versions
-    topology = facts.get("topology")
-    topology = topology if isinstance(topology, dict) else {}
-    gpus = [d for d in topology.get("devices") or [] if isinstance(d, dict) and d.get("kind") == "gpu"]
+    topology = facts.topology if isinstance(facts.topology, Mapping) else {}
+    gpus = [d for d in topology.get("devices") or [] if isinstance(d, Mapping) and d.get("kind") == "gpu"]
     return {
-        "host": facts.get("host"),
+        "host": facts.host,
         "gpus": {"count": len(gpus), "models": dict(sorted(Counter(str(d.get("model")) for d in gpus).items()))},
         "driver": versions["driver"],
         "cuda": versions["cuda"],
         "nccl": versions["nccl"],
         "torch": versions["torch"],
-        "run_id": facts.get("run_id"),
-        "simulated": facts.get("simulated"),
+        "run_id": facts.run_id,
+        "simulated": facts.simulated,
     }
 
 
-def property_text(value: Any) -> str:
+def property_text(value: object) -> str:
     """Text that runs.read_junit reads back as ``value``: plain when unambiguous, JSON otherwise."""
     if isinstance(value, str):
         try:
@@ -123,7 +135,7 @@ def property_text(value: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def set_run_properties(suite: Any, properties: dict[str, Any]) -> None:
+def set_run_properties(suite: Any, properties: Mapping[str, object]) -> None:
     """Replace the suite's ``conformance.run.*`` properties; its ``<properties>`` comes first, as in the schema."""
     from junitparser import Properties, Property
 
@@ -174,7 +186,7 @@ def merge(out: Path, inputs: Sequence[Path], run: str | None = None, reports_dir
     suites = [suite for path in inputs for suite in read_suites(path)]
     result = Merge(out, files=len(inputs), suites=len(suites))
     merged = JUnitXml(MERGED_NAME)
-    facts: dict[Path, dict[str, Any] | None] = {}
+    facts: dict[Path, dict[str, object] | None] = {}
     for suite, folder in zip(suites, _run_folders(suites, explicit, reports_dir), strict=True):
         merged.append(suite)  # type: ignore[no-untyped-call]  # as it is: add_testsuite folds equal-looking suites
         result.cases += sum(1 for _ in suite)
@@ -193,7 +205,7 @@ def merge(out: Path, inputs: Sequence[Path], run: str | None = None, reports_dir
     return result
 
 
-def _facts_or_warning(folder: Path, result: Merge) -> dict[str, Any] | None:
+def _facts_or_warning(folder: Path, result: Merge) -> dict[str, object] | None:
     try:
         properties = run_properties(folder)
     except MergeError as exc:

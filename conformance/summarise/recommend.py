@@ -19,14 +19,16 @@ folder (``VAR=VALUE`` lines under a comment header).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeGuard
 
-from conformance.plan.matrix import BUILTIN_LADDER, Rung
+from conformance.common.verdicts import Verdict
+from conformance.plan.matrix import Rung
+from conformance.record.records import CaseRecord, JsonObject
 from conformance.record.runs import Run, RunError
-from conformance.summarise.summary import first_passing_rungs, link_class_of, rung_env_text
+from conformance.summarise.summary import case_of, first_passing_rungs, link_class_of, run_ladder, rung_env_text
 
 ENV_FILE = "recommended.env"
 UNFIT_STATUS = 1  # the command's exit status when any case delivered wrong data
@@ -42,7 +44,7 @@ UNFIT_REASON = (
 
 
 @dataclass(frozen=True)
-class Comparison:
+class FigureCost:
     """One bandwidth figure on the class's rung against the best passing rung that measured it."""
 
     figure: str  # "pair_exchange" (bandwidth_gbps) or "all_reduce busbw 1MiB" (metrics.busbw_gbps)
@@ -56,7 +58,7 @@ class Comparison:
             return 0.0
         return round(max(0.0, (self.best_gbps - self.gbps) / self.best_gbps * 100), 1)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "figure": self.figure,
             "gbps": self.gbps,
@@ -71,11 +73,11 @@ class BandwidthCost:
     """What a class's rung costs against its best passing rung; ``reason`` when not measured."""
 
     rung: str
-    comparisons: tuple[Comparison, ...] = ()
+    comparisons: tuple[FigureCost, ...] = ()
     reason: str = ""
 
     @property
-    def worst(self) -> Comparison | None:
+    def worst(self) -> FigureCost | None:
         if not self.comparisons:
             return None
         return max(self.comparisons, key=lambda c: (c.cost_percent, c.figure))
@@ -91,7 +93,7 @@ class BandwidthCost:
             f"({worst.figure}: {worst.gbps:.2f} vs {worst.best_gbps:.2f} GB/s)"
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         worst = self.worst
         return {
             "measured": worst is not None,
@@ -120,7 +122,7 @@ class ClassAdvice:
         bandwidth = self.bandwidth.text() if self.bandwidth else "not measured"
         return f"{self.name}: {self.rung.name}: {rung_env_text(self.rung)}; bandwidth cost: {bandwidth}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         rung = self.rung
         return {
             "rung": rung.name if rung else None,
@@ -147,13 +149,26 @@ class Conflict:
         wants = ", ".join(f"{value} for {cls} ({rung})" for value, rung, cls in self.wanted)
         return f"conflict: {self.variable} is {wants}; using {self.chosen} from {self.chosen_rung}, the later rung"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "variable": self.variable,
             "chosen": self.chosen,
             "chosen_rung": self.chosen_rung,
             "wanted": [{"value": v, "rung": r, "class": c} for v, r, c in self.wanted],
         }
+
+
+@dataclass(frozen=True)
+class WrongData:
+    """A case that delivered wrong data (verdict ``fail``), on whichever rung."""
+
+    nodeid: str
+    link_class: str
+    rung: str | None
+    summary: str
+
+    def to_json(self) -> JsonObject:
+        return {"nodeid": self.nodeid, "class": self.link_class, "rung": self.rung, "summary": self.summary}
 
 
 @dataclass
@@ -165,7 +180,7 @@ class Recommendation:
     simulated: bool
     unfit: bool
     classes: list[ClassAdvice] = field(default_factory=list)
-    wrong_data: list[dict[str, Any]] = field(default_factory=list)  # nodeid, class, rung, summary
+    wrong_data: list[WrongData] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     unset_families: tuple[str, ...] = ()
     conflicts: list[Conflict] = field(default_factory=list)
@@ -223,7 +238,7 @@ class Recommendation:
             f"{UNFIT_REASON}:"
         ]
         for case in self.wrong_data:
-            lines.append(f"  FAIL {case['nodeid']} ({case['class']}, rung {case['rung']}): {case['summary']}")
+            lines.append(f"  FAIL {case.nodeid} ({case.link_class}, rung {case.rung}): {case.summary}")
         return lines
 
     def _overall_lines(self) -> list[str]:
@@ -266,7 +281,7 @@ class Recommendation:
         )
         if self.unfit:
             lines.append(f"# NOT FIT FOR TRAINING: wrong data (verdict fail); {UNFIT_REASON}")
-            lines += [f"#   FAIL {case['nodeid']}" for case in self.wrong_data]
+            lines += [f"#   FAIL {case.nodeid}" for case in self.wrong_data]
             return "\n".join(lines) + "\n"
         if not self.classes:
             lines.append("# nothing to recommend: no case ran that can be used")
@@ -296,13 +311,13 @@ class Recommendation:
         return comments
 
     # -- JSON ------------------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "run_id": self.run_id,
             "source": self.source,
             "simulated": self.simulated,
             "unfit": self.unfit,
-            "wrong_data": self.wrong_data,
+            "wrong_data": [case.to_json() for case in self.wrong_data],
             "classes": {c.name: c.to_json() for c in self.classes},
             "unfixed": self.unfixed,
             "env": {} if self.unfit else dict(sorted(self.env.items())),
@@ -333,76 +348,35 @@ def _assignments(rung: Rung) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def run_ladder(run: Run) -> tuple[Rung, ...]:
-    """The run's rungs (``run.json``: ``ladder``), else the built-in ladder; then rungs only records name."""
-    entries = run.facts.get("ladder")
-    ladder = list(BUILTIN_LADDER) if entries is None else _parse_ladder(entries)
-    known = {r.name for r in ladder}
-    for record in run.records:
-        name = record.get("env_name")
-        if isinstance(name, str) and name not in known:
-            env = record.get("env")
-            found = {k: v for k, v in env.items() if isinstance(v, str)} if isinstance(env, dict) else {}
-            ladder.append(Rung(name, found, description="only named by the records"))
-            known.add(name)
-    return tuple(ladder)
+def _rung_of(record: CaseRecord) -> str:
+    return record.env_name or ""  # every record a recommendation reads names its rung (``CaseRecord.counts``)
 
 
-def _parse_ladder(entries: Any) -> list[Rung]:
-    if not isinstance(entries, list):
-        raise RunError("run.json: ladder is not a list of rungs")
-    ladder = []
-    for number, entry in enumerate(entries, start=1):
-        try:
-            name, env, unset = entry["name"], entry.get("set") or {}, entry.get("unset_families") or []
-            texts = [name, *env, *env.values(), *unset]
-            valid = isinstance(unset, list) and all(isinstance(v, str) for v in texts)
-        except (TypeError, KeyError, AttributeError):
-            valid = False
-        if not valid:
-            raise RunError(f"run.json: ladder entry {number} is not {{name, set, unset_families}}: {entry!r}")
-        ladder.append(Rung(name, dict(env), tuple(unset)))
-    return ladder
-
-
-def usable_records(run: Run) -> list[dict[str, Any]]:
-    """Records a recommendation reads: not negative controls, not skipped, whole."""
-    return [
-        r
-        for r in run.records
-        if r.get("expected_verdict") is None
-        and r.get("verdict") not in (None, "skip")
-        and isinstance(r.get("nodeid"), str)
-        and isinstance(r.get("env_name"), str)
-    ]
-
-
-def _case_key(record: dict[str, Any]) -> str:
-    return str(record.get("ladder_key") or record["nodeid"])
-
-
-def _failing_cases(records: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+def _failing_cases(records: list[CaseRecord]) -> tuple[tuple[str, str], ...]:
     """(nodeid, verdict) of every record of the cases that never passed."""
-    passed = {_case_key(r) for r in records if r["verdict"] == "pass"}
-    return tuple((r["nodeid"], r["verdict"]) for r in records if _case_key(r) not in passed)
+    passed = {case_of(r) for r in records if r.outcome is Verdict.PASS}
+    return tuple((r.nodeid, r.verdict) for r in records if case_of(r) not in passed)
 
 
-def _figures(record: dict[str, Any]) -> dict[str, float]:
+def _number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _figures(record: CaseRecord) -> dict[str, float]:
     """Bandwidth figures of one record: ``bandwidth_gbps`` and ``metrics.busbw_gbps`` per size."""
-    probe = str(record.get("probe") or "?")
+    probe = record.probe or "?"
     found: dict[str, float] = {}
-    value = record.get("bandwidth_gbps")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        found[probe] = float(value)
-    metrics = record.get("metrics")
-    busbw = metrics.get("busbw_gbps") if isinstance(metrics, dict) else None
-    for size, number in busbw.items() if isinstance(busbw, dict) else ():
-        if isinstance(number, (int, float)) and not isinstance(number, bool):
+    if _number(record.bandwidth_gbps):
+        found[probe] = float(record.bandwidth_gbps)
+    metrics = record.metrics
+    busbw = metrics.get("busbw_gbps") if isinstance(metrics, Mapping) else None
+    for size, number in busbw.items() if isinstance(busbw, Mapping) else ():
+        if _number(number):
             found[f"{probe} busbw {size}"] = float(number)
     return found
 
 
-def _mean_figures(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+def _mean_figures(records: Iterable[CaseRecord]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for record in records:
         for figure, number in _figures(record).items():
@@ -410,12 +384,12 @@ def _mean_figures(records: Iterable[dict[str, Any]]) -> dict[str, float]:
     return {figure: sum(v) / len(v) for figure, v in values.items()}
 
 
-def bandwidth_cost(records: list[dict[str, Any]], rung: str) -> BandwidthCost:
+def bandwidth_cost(records: list[CaseRecord], rung: str) -> BandwidthCost:
     """The rung's figures against the best passing rung of the class, figure by figure (means)."""
-    passing: dict[str, list[dict[str, Any]]] = {}
+    passing: dict[str, list[CaseRecord]] = {}
     for r in records:
-        if r["verdict"] == "pass":
-            passing.setdefault(r["env_name"], []).append(r)
+        if r.outcome is Verdict.PASS:
+            passing.setdefault(_rung_of(r), []).append(r)
     if not set(passing) - {rung}:
         return BandwidthCost(rung, reason=f"only {rung} passed")
     means = {name: _mean_figures(found) for name, found in passing.items()}
@@ -426,20 +400,18 @@ def bandwidth_cost(records: list[dict[str, Any]], rung: str) -> BandwidthCost:
         others = {name: m[figure] for name, m in means.items() if name != rung and figure in m}
         if others:
             best_rung, best = max([(rung, gbps), *others.items()], key=lambda item: item[1])
-            comparisons.append(Comparison(figure, round(gbps, 4), round(best, 4), best_rung))
+            comparisons.append(FigureCost(figure, round(gbps, 4), round(best, 4), best_rung))
     if not comparisons:
         return BandwidthCost(rung, reason=f"no figure measured both on {rung} and on another passing rung")
     return BandwidthCost(rung, tuple(comparisons))
 
 
-def _class_advice(name: str, rung: Rung | None, records: list[dict[str, Any]], ladder: Sequence[Rung]) -> ClassAdvice:
+def _class_advice(name: str, rung: Rung | None, records: list[CaseRecord], ladder: Sequence[Rung]) -> ClassAdvice:
     if rung is None:
         failing = _failing_cases(records)
-        ran = {r["env_name"] for r in records if (r["nodeid"], r["verdict"]) in failing}
+        ran = {_rung_of(r) for r in records if (r.nodeid, r.verdict) in failing}
         return ClassAdvice(name, None, failing=failing, tried=tuple(r.name for r in ladder if r.name in ran))
-    on_rung = tuple(
-        (r["nodeid"], r["verdict"]) for r in records if r["env_name"] == rung.name and r["verdict"] != "pass"
-    )
+    on_rung = tuple((r.nodeid, r.verdict) for r in records if r.env_name == rung.name and r.outcome is not Verdict.PASS)
     return ClassAdvice(name, rung, bandwidth_cost(records, rung.name), not_passing_on_rung=on_rung)
 
 
@@ -473,19 +445,15 @@ def _needed_by(classes: Sequence[ClassAdvice], env: dict[str, str], unset: tuple
     return needed
 
 
-def _wrong_data(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        {"nodeid": r["nodeid"], "class": link_class_of(r), "rung": r.get("env_name"), "summary": r.get("summary", "")}
-        for r in records
-        if r["verdict"] == "fail"
-    ]
+def _wrong_data(records: list[CaseRecord]) -> list[WrongData]:
+    return [WrongData(r.nodeid, link_class_of(r), r.env_name, r.summary) for r in records if r.outcome is Verdict.FAIL]
 
 
 def recommend(run: Run) -> Recommendation:
-    """The recommendation for a finished run (raises RunError when its ladder cannot be read)."""
+    """The recommendation for a finished run (its ladder: :func:`conformance.summarise.summary.run_ladder`)."""
     ladder = run_ladder(run)
-    records = usable_records(run)
-    by_class: dict[str, list[dict[str, Any]]] = {}
+    records = [r for r in run.records if r.counts]
+    by_class: dict[str, list[CaseRecord]] = {}
     for r in records:
         by_class.setdefault(link_class_of(r), []).append(r)
     first = first_passing_rungs(records, ladder)
@@ -496,12 +464,12 @@ def recommend(run: Run) -> Recommendation:
         for family in advice.rung.unset_families if advice.rung else ():
             if family not in unset:
                 unset.append(family)
-    inherited = run.facts.get("inherited_env")
+    inherited = run.facts.inherited_env
     wrong = _wrong_data(records)
     return Recommendation(
         run_id=run.run_id,
         source=run.source,
-        simulated=bool(run.facts.get("simulated")) or any(r.get("simulated") for r in run.records),
+        simulated=run.simulated,
         unfit=bool(wrong),
         classes=classes,
         wrong_data=wrong,
@@ -509,7 +477,7 @@ def recommend(run: Run) -> Recommendation:
         unset_families=tuple(unset),
         conflicts=conflicts,
         needed_by=_needed_by(classes, env, tuple(unset)),
-        inherited_env={str(k): str(v) for k, v in inherited.items()} if isinstance(inherited, dict) else {},
+        inherited_env={str(k): str(v) for k, v in inherited.items()} if isinstance(inherited, Mapping) else {},
     )
 
 

@@ -17,30 +17,49 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
 
-from conformance.discover.topology import Topology
-from conformance.plan.matrix import BUILTIN_LADDER, Rung
+from conformance.common.verdicts import FAILURES, SEVERITY, Verdict, worst
+from conformance.discover.topology import Device, Topology
+from conformance.plan.matrix import Rung
+from conformance.record.records import CaseRecord, RootCause, RunFacts
 from conformance.record.runs import Run
-from conformance.summarise.summary import first_passing_rungs, link_class_of, one_record_per_case, rung_env_text
-from conformance.verdict.decision import VERDICTS
+from conformance.summarise.summary import (
+    first_passing_rungs,
+    link_class_of,
+    one_record_per_case,
+    run_ladder,
+    rung_env_text,
+)
 
 REPORT_FILE = "report.html"
 PAIR_PROBES = ("pair_exchange", "peer_copy")
-FAILING = ("hang", "fail", "crash", "error", "inconclusive")  # the order of the failures section
-VERDICT_LETTERS = {"pass": "P", "fail": "F", "hang": "H", "crash": "C", "error": "E", "inconclusive": "I", "skip": "S"}
-VERDICT_MEANING = {
-    "pass": "pass",
-    "fail": "fail: wrong data",
-    "hang": "hang",
-    "crash": "crash (signal)",
-    "error": "error (raised)",
-    "inconclusive": "inconclusive",
-    "skip": "skip",
+VERDICT_LETTERS: dict[str, str] = {
+    Verdict.PASS: "P",
+    Verdict.FAIL: "F",
+    Verdict.HANG: "H",
+    Verdict.CRASH: "C",
+    Verdict.ERROR: "E",
+    Verdict.INCONCLUSIVE: "I",
+    Verdict.SKIP: "S",
+}
+VERDICT_MEANING: dict[str, str] = {
+    Verdict.PASS: "pass",
+    Verdict.FAIL: "fail: wrong data",
+    Verdict.HANG: "hang",
+    Verdict.CRASH: "crash (signal)",
+    Verdict.ERROR: "error (raised)",
+    Verdict.INCONCLUSIVE: "inconclusive",
+    Verdict.SKIP: "skip",
+}
+BORDERS: dict[str, str] = {  # a failure card's edge; any other verdict's is yellow
+    Verdict.HANG: "#f08c00",
+    Verdict.FAIL: "#b3261e",
+    Verdict.CRASH: "#6f2dbd",
+    Verdict.ERROR: "#d6336c",
 }
 DENSE_FROM = 10  # devices; more get the dense matrix cells
 OPEN_STACKS = 3  # failures whose stacks are shown unfolded; the rest fold (<details>)
@@ -124,23 +143,22 @@ ul.warn{margin:2px 0;padding-left:18px;color:#9a6700}
 # --------------------------------------------------------------------------------------------
 
 
-def _e(value: Any) -> str:
+def _e(value: object) -> str:
     """Any value as escaped text; None as a dash."""
     if value is None:
         return "–"
-    if isinstance(value, (dict, list)):
+    if isinstance(value, (dict, list, tuple)):
         return escape(json.dumps(value, sort_keys=True))
     return escape(str(value))
 
 
-def _verdict_class(verdict: Any) -> str:
+def _verdict_class(verdict: str) -> str:
     return f"v-{verdict}" if verdict in VERDICT_LETTERS else "v-unknown"
 
 
-def _worst(verdicts: Iterable[str]) -> str:
-    """The worst of several verdicts (VERDICTS runs worst first); unknown ones count as errors."""
-    rank = {v: i for i, v in enumerate(VERDICTS)}
-    return min(verdicts, key=lambda v: rank.get(v, rank["error"]))
+def _worst_record(records: Iterable[CaseRecord]) -> CaseRecord:
+    """The record of the worst verdict (``SEVERITY``); one that names no verdict counts as an error."""
+    return min(records, key=lambda r: SEVERITY.index(r.outcome or Verdict.ERROR))
 
 
 def _natural(name: str) -> tuple[str, int]:
@@ -148,18 +166,18 @@ def _natural(name: str) -> tuple[str, int]:
     return (match.group(1), int(match.group(2))) if match else (name, -1)
 
 
-def _natural_key(text: str) -> tuple[Any, ...]:
+def _natural_key(text: str) -> tuple[str | int, ...]:
     """``gpu8`` before ``gpu10``: digit runs compare as numbers."""
     return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text)))
 
 
-def _rows(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "list") -> str:
+def _rows(header: Sequence[str], rows: Iterable[Sequence[object]], css: str = "list") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _key_values(rows: Iterable[tuple[str, Any]]) -> str:
+def _key_values(rows: Iterable[tuple[str, object]]) -> str:
     body = "".join(f"<tr><th>{_e(key)}</th><td>{_e(value)}</td></tr>" for key, value in rows)
     return f'<table class="facts"><tbody>{body}</tbody></table>'
 
@@ -180,23 +198,23 @@ class _Facts:
     run: Run
     topology: Topology | None
     devices: list[str]  # names, in device order (gpu0, gpu1, ...)
-    ladder: list[Rung]  # the run's ladder, then rungs seen in records only
+    ladder: tuple[Rung, ...]  # the run's ladder, then rungs seen in records only (``summary.run_ladder``)
 
     @property
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[CaseRecord]:
         return one_record_per_case(self.run.records)
 
     @property
     def simulated(self) -> bool:
-        return bool(self.run.facts.get("simulated")) or any(r.get("simulated") for r in self.records)
+        return self.run.facts.simulated or any(r.simulated for r in self.records)
 
-    def rungs_of(self, records: Iterable[dict[str, Any]]) -> list[str]:
-        seen = {r.get("env_name") for r in records}
+    def rungs_of(self, records: Iterable[CaseRecord]) -> list[str]:
+        seen = {r.env_name for r in records}
         return [rung.name for rung in self.ladder if rung.name in seen]
 
 
-def _topology(facts: Mapping[str, Any]) -> Topology | None:
-    data = facts.get("topology")
+def _topology(facts: RunFacts) -> Topology | None:
+    data = facts.topology
     if not isinstance(data, dict):
         return None
     try:
@@ -205,33 +223,15 @@ def _topology(facts: Mapping[str, Any]) -> Topology | None:
         return None
 
 
-def _device_names(topology: Topology | None, records: Sequence[dict[str, Any]]) -> list[str]:
+def _device_names(topology: Topology | None, records: Sequence[CaseRecord]) -> list[str]:
     names = [d.name for d in topology.devices] if topology else []
-    seen = {str(name) for r in records for name in (r.get("devices") or [])}
+    seen = {str(name) for r in records for name in r.devices}
     return names + sorted(seen - set(names), key=_natural)
-
-
-def _ladder(facts: Mapping[str, Any], records: Sequence[dict[str, Any]]) -> list[Rung]:
-    """The run's ladder from run.json (else the built-in one), then any rung only records name."""
-    ladder: list[Rung] = []
-    for entry in facts.get("ladder") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-            unset = tuple(str(f) for f in entry.get("unset_families") or ())
-            ladder.append(Rung(entry["name"], dict(entry.get("set") or {}), unset))
-    ladder = ladder or list(BUILTIN_LADDER)
-    known = {r.name for r in ladder}
-    for record in records:
-        name = record.get("env_name")
-        if isinstance(name, str) and name not in known:
-            env = record.get("env") or {}
-            ladder.append(Rung(name, {k: str(v) for k, v in env.items() if v is not None}))
-            known.add(name)
-    return ladder
 
 
 def _facts(run: Run) -> _Facts:
     topology = _topology(run.facts)
-    return _Facts(run, topology, _device_names(topology, run.records), _ladder(run.facts, run.records))
+    return _Facts(run, topology, _device_names(topology, run.records), run_ladder(run))
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,14 +242,15 @@ def _facts(run: Run) -> _Facts:
 def _header(facts: _Facts) -> str:
     run = facts.run
     simulated = '<span class="banner">SIMULATED</span>' if facts.simulated else ""
-    counts = Counter(str(r.get("verdict")) for r in facts.records)
-    shown = [v for v in VERDICTS if counts.get(v)] + sorted(set(counts) - set(VERDICTS))
-    expected = Counter(str(r.get("verdict")) for r in facts.records if r.get("expected_verdict") == r.get("verdict"))
+    counts = Counter(r.verdict for r in facts.records)
+    known = [v.value for v in SEVERITY]
+    shown = [v for v in known if counts.get(v)] + sorted(set(counts) - set(known))
+    expected = Counter(r.verdict for r in facts.records if r.expected_verdict == r.verdict)
     badges = "".join(
         f"<span>{_badge(v, f'{counts[v]} {v}' + (f' ({expected[v]} expected)' if expected[v] else ''))}</span>"
         for v in shown
     )
-    deadlines = sum(1 for r in facts.records if r.get("stop_reason") == "deadline")
+    deadlines = sum(1 for r in facts.records if r.stop_reason == "deadline")
     warnings = "".join(f"<li>{_e(w)}</li>" for w in run.warnings)
     return (
         f"<header><h1>GPU conformance report{simulated}</h1>"
@@ -259,7 +260,7 @@ def _header(facts: _Facts) -> str:
     )
 
 
-def _device_row(device: Any) -> tuple[Any, ...]:
+def _device_row(device: Device) -> tuple[object, ...]:
     memory = None if device.memory_mib is None else f"{device.memory_mib} MiB"
     return (
         device.name,
@@ -303,22 +304,22 @@ def _link_matrix(topology: Topology) -> str:
     )
 
 
-def _version_rows(facts: _Facts) -> list[tuple[str, Any]]:
+def _version_rows(facts: _Facts) -> list[tuple[str, object]]:
     run, topology = facts.run, facts.topology
     versions = run.versions
-    scenario = run.facts.get("scenario")
-    inherited = run.facts.get("inherited_env") or {}
-    rows: list[tuple[str, Any]] = [
-        ("host", run.facts.get("host")),
-        ("backend", run.facts.get("backend") or next((r.get("backend") for r in facts.records), None)),
+    scenario = run.facts.scenario
+    inherited = run.facts.inherited_env or {}
+    rows: list[tuple[str, object]] = [
+        ("host", run.facts.host),
+        ("backend", run.facts.backend or next((r.backend for r in facts.records), None)),
         ("simulated", "yes, " + ("scenario " + str(scenario) if scenario else "no scenario named")
          if facts.simulated else "no"),
         ("driver", versions.get("driver")),
         ("CUDA driver", versions.get("cuda")),
-        ("NCCL", versions.get("nccl") or ("not used (gloo)" if run.facts.get("backend") == "gloo" else None)),
+        ("NCCL", versions.get("nccl") or ("not used (gloo)" if run.facts.backend == "gloo" else None)),
         ("torch", versions.get("torch")),
-        ("matrix", run.facts.get("matrix")),
-        ("case timeout", run.facts.get("case_timeout")),
+        ("matrix", run.facts.matrix),
+        ("case timeout", run.facts.case_timeout),
         ("nodes", _nodes_text(facts.records)),
         ("inherited", " ".join(f"{k}={v}" for k, v in inherited.items()) or "no NCCL/GLOO/TORCH variable"),
     ]  # fmt: skip
@@ -329,8 +330,8 @@ def _version_rows(facts: _Facts) -> list[tuple[str, Any]]:
     return rows
 
 
-def _nodes_text(records: list[dict[str, Any]]) -> str:
-    nodes = sorted({r["node_rank"] for r in records if isinstance(r.get("node_rank"), int)})
+def _nodes_text(records: list[CaseRecord]) -> str:
+    nodes = sorted({r.node_rank for r in records if isinstance(r.node_rank, int)})
     if not nodes:
         return "1"
     return f"{len(nodes)} with records (node {', '.join(map(str, nodes))}); the device tables are node 0's"
@@ -363,13 +364,13 @@ def _short(name: str) -> str:
     return str(number) if number >= 0 and prefix in ("gpu", "cpu") else name[:4]
 
 
-def _pair(record: dict[str, Any]) -> frozenset[str] | None:
-    devices = record.get("devices") or []
+def _pair(record: CaseRecord) -> frozenset[str] | None:
+    devices = record.devices
     return frozenset(str(d) for d in devices) if len(devices) == 2 and devices[0] != devices[1] else None
 
 
-def _by_pair(records: Iterable[dict[str, Any]]) -> dict[frozenset[str], list[dict[str, Any]]]:
-    found: dict[frozenset[str], list[dict[str, Any]]] = {}
+def _by_pair(records: Iterable[CaseRecord]) -> dict[frozenset[str], list[CaseRecord]]:
+    found: dict[frozenset[str], list[CaseRecord]] = {}
     for record in records:
         pair = _pair(record)
         if pair is not None:
@@ -382,7 +383,7 @@ def _dense(count: int) -> str:
     return " dense" if count > DENSE_FROM else ""
 
 
-def _matrix_table(devices: Sequence[str], cell: Any, wide: bool = False) -> str:
+def _matrix_table(devices: Sequence[str], cell: Callable[[str, str], str], wide: bool = False) -> str:
     """An n x n table; ``cell(a, b)`` gives each off-diagonal ``<td>``."""
     head = "".join(f'<th title="{_e(d)}">{_e(_short(d))}</th>' for d in devices)
     rows = []
@@ -396,20 +397,20 @@ def _matrix_table(devices: Sequence[str], cell: Any, wide: bool = False) -> str:
     )
 
 
-def _verdict_cell(records: dict[frozenset[str], list[dict[str, Any]]], a: str, b: str) -> str:
+def _verdict_cell(records: dict[frozenset[str], list[CaseRecord]], a: str, b: str) -> str:
     here = records.get(frozenset((a, b)))
     if not here:
         return f'<td class="v-untested" title="{_e(f"{a}-{b}: not run on this rung")}"></td>'
-    verdict = _worst(str(r.get("verdict")) for r in here)
-    worst = next(r for r in here if str(r.get("verdict")) == verdict)
-    title = f"{a}-{b} {worst.get('link') or ''}: {verdict}: {worst.get('summary') or ''}"
+    record = _worst_record(here)
+    verdict = record.verdict
+    title = f"{a}-{b} {record.link or ''}: {verdict}: {record.summary or ''}"
     letter = VERDICT_LETTERS.get(verdict, "?")
     return f'<td class="{_verdict_class(verdict)}" title="{_e(title)}">{letter}</td>'
 
 
-def _verdict_grid(facts: _Facts, probe: str, rung: str, records: list[dict[str, Any]]) -> str:
+def _verdict_grid(facts: _Facts, probe: str, rung: str, records: list[CaseRecord]) -> str:
     pairs = _by_pair(records)
-    passed = sum(1 for group in pairs.values() if _worst(str(r.get("verdict")) for r in group) == "pass")
+    passed = sum(1 for group in pairs.values() if worst(r.verdict for r in group) is Verdict.PASS)
     table = _matrix_table(facts.devices, lambda a, b: _verdict_cell(pairs, a, b))
     return (
         f'<figure class="card grid" data-probe="{_e(probe)}" data-rung="{_e(rung)}">'
@@ -424,7 +425,7 @@ def _legend(items: Iterable[tuple[str, str, str]]) -> str:
 
 
 def _verdict_legend() -> str:
-    items = [(f"v-{v}", VERDICT_LETTERS[v], VERDICT_MEANING[v]) for v in VERDICTS]
+    items = [(f"v-{v.value}", VERDICT_LETTERS[v], VERDICT_MEANING[v]) for v in SEVERITY]
     return _legend([*items, ("v-untested", "", "not run on this rung"), ("diag", "·", "same device")])
 
 
@@ -432,11 +433,11 @@ def _grids(facts: _Facts) -> str:
     parts = ['<section id="grids"><h2>Pair verdicts per rung</h2>', _verdict_legend()]
     groups: list[str] = []
     for probe in PAIR_PROBES:
-        records = [r for r in facts.records if r.get("probe") == probe and _pair(r)]
+        records = [r for r in facts.records if r.probe == probe and _pair(r)]
         if not records:
             continue
         grids = (
-            _verdict_grid(facts, probe, rung, [r for r in records if r.get("env_name") == rung])
+            _verdict_grid(facts, probe, rung, [r for r in records if r.env_name == rung])
             for rung in facts.rungs_of(records)
         )
         groups.append(
@@ -450,15 +451,16 @@ def _grids(facts: _Facts) -> str:
     return "".join(parts)
 
 
-def _bandwidth(record: dict[str, Any]) -> float | None:
-    value = record.get("bandwidth_gbps")
+def _bandwidth(record: CaseRecord) -> float | None:
+    value = record.bandwidth_gbps
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _best_bandwidth(records: Iterable[dict[str, Any]]) -> dict[frozenset[str], dict[str, Any]]:
+def _best_bandwidth(records: Iterable[CaseRecord]) -> dict[frozenset[str], CaseRecord]:
     """Per pair, its passing record of the highest bandwidth."""
-    best: dict[frozenset[str], dict[str, Any]] = {}
-    for pair, group in _by_pair(r for r in records if r.get("verdict") == "pass" and _bandwidth(r) is not None).items():
+    best: dict[frozenset[str], CaseRecord] = {}
+    passing = (r for r in records if r.outcome is Verdict.PASS and _bandwidth(r) is not None)
+    for pair, group in _by_pair(passing).items():
         best[pair] = max(group, key=lambda r: _bandwidth(r) or 0.0)
     return best
 
@@ -476,20 +478,20 @@ def _heat_colour(ratio: float) -> tuple[str, str]:
     return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})", "#fff" if ratio > 0.5 else "#1b1f24"
 
 
-def _heat_cell(best: dict[frozenset[str], dict[str, Any]], top: float, a: str, b: str) -> str:
+def _heat_cell(best: dict[frozenset[str], CaseRecord], top: float, a: str, b: str) -> str:
     record = best.get(frozenset((a, b)))
     if record is None:
         return f'<td class="bw-none" title="{_e(f"{a}-{b}: no passing measurement")}">–</td>'
     value = _bandwidth(record) or 0.0
     background, colour = _heat_colour(value / top if top > 0 else 0.0)
-    rung = record.get("env_name")
+    rung = record.env_name
     alt = "" if rung == "inherited" else " alt"
-    title = f"{a}-{b} {record.get('link') or ''}: {value:g} GB/s on rung {rung}"
+    title = f"{a}-{b} {record.link or ''}: {value:g} GB/s on rung {rung}"
     style = f"background:{background};color:{colour}"
     return f'<td class="bw{alt}" style="{style}" title="{_e(title)}">{_e(_bw_text(value))}</td>'
 
 
-def _heat_map(facts: _Facts, probe: str, records: list[dict[str, Any]]) -> str:
+def _heat_map(facts: _Facts, probe: str, records: list[CaseRecord]) -> str:
     best = _best_bandwidth(records)
     top = max((_bandwidth(r) or 0.0 for r in best.values()), default=0.0)
     table = _matrix_table(facts.devices, lambda a, b: _heat_cell(best, top, a, b), wide=True)
@@ -514,7 +516,7 @@ def _heat_maps(facts: _Facts) -> str:
     )
     maps = []
     for probe in PAIR_PROBES:
-        records = [r for r in facts.records if r.get("probe") == probe and _pair(r)]
+        records = [r for r in facts.records if r.probe == probe and _pair(r)]
         if records:
             maps.append(_heat_map(facts, probe, records))
     parts.append(f'<div class="flex">{"".join(maps)}</div>' if maps else '<p class="sub">No pair probe ran.</p>')
@@ -527,84 +529,82 @@ def _heat_maps(facts: _Facts) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _root_cause_text(record: dict[str, Any]) -> str:
-    root = record.get("root_cause") or {}
-    if not isinstance(root, dict) or not root:
+def _root_cause_text(record: CaseRecord) -> str:
+    root = record.root_cause
+    if not isinstance(root, RootCause):
         return "not named"
-    where = " ".join(str(p) for p in (root.get("phase"), f"({root['step']})" if root.get("step") else None) if p)
-    who = "no single rank" if root.get("rank") is None else f"rank {root['rank']}"
-    device = _rank_device(record, root.get("rank"))
+    where = " ".join(str(p) for p in (root.phase, f"({root.step})" if root.step else None) if p)
+    who = "no single rank" if root.rank is None else f"rank {root.rank}"
+    device = _rank_device(record, root.rank)
     who += f" ({device})" if device else ""
-    kind = root.get("kind")
-    kind_text = f"{kind}: " if kind and kind != record.get("verdict") else ""
-    return f"{who}{' in ' + where if where else ''}: {kind_text}{root.get('message') or ''}"
+    kind = root.kind
+    kind_text = f"{kind}: " if kind and kind != record.verdict else ""
+    return f"{who}{' in ' + where if where else ''}: {kind_text}{root.message or ''}"
 
 
-def _rank_device(record: dict[str, Any], rank: Any) -> str | None:
-    for entry in record.get("ranks") or []:
-        if isinstance(entry, dict) and entry.get("rank") == rank and rank is not None:
-            return str(entry.get("device"))
+def _rank_device(record: CaseRecord, rank: int | None) -> str | None:
+    for entry in record.ranks:
+        if entry.rank == rank and rank is not None:
+            return str(entry.device)
     return None
 
 
-def _rank_rows(record: dict[str, Any]) -> list[tuple[Any, ...]]:
-    keys = ("rank", "device", "phase", "step", "exit", "status", "stopped_by", "seconds")
-    return [tuple(r.get(k) for k in keys) for r in record.get("ranks") or [] if isinstance(r, dict)]
+def _rank_rows(record: CaseRecord) -> list[tuple[object, ...]]:
+    return [(r.rank, r.device, r.phase, r.step, r.exit, r.status, r.stopped_by, r.seconds) for r in record.ranks]
 
 
-def _stacks(record: dict[str, Any], unfold: bool) -> str:
+def _stacks(record: CaseRecord, unfold: bool) -> str:
     blocks = []
-    for entry in record.get("ranks") or []:
-        if isinstance(entry, dict) and entry.get("stack"):
-            label = f"rank {entry.get('rank')} ({entry.get('device')}), {entry.get('phase')}: {entry.get('step')}"
-            blocks.append(f'<div class="sub">{_e(label)}</div><pre class="stack">{_e(entry["stack"])}</pre>')
+    for entry in record.ranks:
+        if entry.stack:
+            label = f"rank {entry.rank} ({entry.device}), {entry.phase}: {entry.step}"
+            blocks.append(f'<div class="sub">{_e(label)}</div><pre class="stack">{_e(entry.stack)}</pre>')
     if not blocks:
         return ""
     state = " open" if unfold else ""
     return f"<details{state}><summary>stack excerpt ({len(blocks)} rank(s))</summary>{''.join(blocks)}</details>"
 
 
-def _warnings(record: dict[str, Any]) -> str:
-    nccl = record.get("nccl") if isinstance(record.get("nccl"), dict) else {}
-    warnings = [*(record.get("nccl_warnings") or []), *((nccl or {}).get("p2p_warnings") or [])]
+def _warnings(record: CaseRecord) -> str:
+    nccl = record.nccl if isinstance(record.nccl, dict) else {}
+    warnings = [*(record.nccl_warnings or ()), *(nccl.get("p2p_warnings") or [])]
     if not warnings:
         return ""
     items = "".join(f"<li>{_e(w)}</li>" for w in dict.fromkeys(str(w) for w in warnings))
     return f'<div>NCCL warnings:</div><ul class="warn">{items}</ul>'
 
 
-def _failure(record: dict[str, Any], number: int) -> str:
-    verdict = str(record.get("verdict"))
-    border = {"hang": "#f08c00", "fail": "#b3261e", "crash": "#6f2dbd", "error": "#d6336c"}.get(verdict, "#f5d90a")
-    victims = ", ".join(str(v) for v in record.get("victims") or []) or "none"
-    node = record.get("node_rank")
+def _failure(record: CaseRecord, number: int) -> str:
+    verdict = record.verdict
+    border = BORDERS.get(verdict, "#f5d90a")
+    victims = ", ".join(str(v) for v in record.victims) or "none"
+    node = record.node_rank
     facts = (
         (f"node <strong>{_e(node)}</strong> · " if node is not None else "")
-        + f"rung <strong>{_e(record.get('env_name'))}</strong> · link {_e(record.get('link'))} · "
-        f"{_e(record.get('seconds'))} s · stopped: {_e(record.get('stop_reason'))} · victims: {_e(victims)}"
+        + f"rung <strong>{_e(record.env_name)}</strong> · link {_e(record.link)} · "
+        f"{_e(record.seconds)} s · stopped: {_e(record.stop_reason)} · victims: {_e(victims)}"
     )
-    expected = record.get("expected_verdict")
-    note = f" {_badge('skip', f'expected {expected}')}" if expected else ""
+    expected = record.expected_verdict
+    note = f" {_badge(Verdict.SKIP, f'expected {expected}')}" if expected else ""
     return (
         f'<article class="case" id="case-{number}" data-verdict="{_e(verdict)}" style="border-left-color:{border}">'
         f'<h3>{_badge(verdict, VERDICT_MEANING.get(verdict, verdict))}{note} <span class="mono">'
-        f"{_e(record.get('nodeid'))}</span></h3>"
-        f"<p>{_e(record.get('summary'))}</p>"
+        f"{_e(record.nodeid)}</span></h3>"
+        f"<p>{_e(record.summary)}</p>"
         f"<p><strong>root cause:</strong> {_e(_root_cause_text(record))}</p>"
         f'<p class="sub">{facts}</p>'
         f"{_rows(RANK_COLUMNS, _rank_rows(record))}{_stacks(record, number <= OPEN_STACKS)}{_warnings(record)}"
-        f'<p class="sub mono">{_e(record.get("case_dir"))}</p></article>'
+        f'<p class="sub mono">{_e(record.case_dir)}</p></article>'
     )
 
 
-def _glance(failing: Sequence[dict[str, Any]]) -> str:
+def _glance(failing: Sequence[CaseRecord]) -> str:
     """One line per failing case, each linking to its card below."""
     rows = []
     for number, r in enumerate(failing, start=1):
-        verdict = str(r.get("verdict"))
         rows.append(
-            f'<tr><td>{_badge(verdict)}</td><td class="mono"><a href="#case-{number}">{_e(r.get("nodeid"))}</a></td>'
-            f"<td>{_e(r.get('env_name'))}</td><td>{_e(_root_cause_text(r))}</td></tr>"
+            f'<tr><td>{_badge(r.verdict)}</td><td class="mono"><a href="#case-{number}">{_e(r.nodeid)}</a></td>'
+            f"<td>{_e(r.env_name)}</td><td>{_e(_root_cause_text(r))}</td></tr>"
         )
     return (
         '<table class="list glance"><colgroup><col style="width:96px"><col style="width:42%">'
@@ -615,15 +615,14 @@ def _glance(failing: Sequence[dict[str, Any]]) -> str:
 
 
 def _failures(facts: _Facts) -> str:
-    order = {v: i for i, v in enumerate(FAILING)}
     rungs = {rung.name: i for i, rung in enumerate(facts.ladder)}
-    failing = [r for r in facts.records if r.get("verdict") in order]
+    failing = [r for r in facts.records if r.outcome in FAILURES]
     failing.sort(
         key=lambda r: (
-            r.get("expected_verdict") == r["verdict"],  # negative controls that went as expected last
-            order[r["verdict"]],
-            rungs.get(str(r.get("env_name")), len(rungs)),
-            _natural_key(str(r.get("nodeid"))),
+            r.expected_verdict == r.verdict,  # negative controls that went as expected last
+            FAILURES.index(r.outcome),  # hangs first, then wrong data, ... (``READING_ORDER``)
+            rungs.get(str(r.env_name), len(rungs)),
+            _natural_key(r.nodeid),
         )
     )
     parts = ['<section id="failures"><h2>Hangs, wrong data, crashes and errors</h2>']
@@ -641,16 +640,16 @@ def _failures(facts: _Facts) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _ladder_cell(here: list[dict[str, Any]]) -> str:
+def _ladder_cell(here: list[CaseRecord]) -> str:
     if not here:
         return '<td class="sub">–</td>'
-    passed = sum(1 for r in here if r.get("verdict") == "pass")
+    passed = sum(1 for r in here if r.outcome is Verdict.PASS)
     css = "ok" if passed == len(here) else "bad" if passed == 0 else "partial"
     return f'<td class="{css}">{passed}/{len(here)}</td>'
 
 
 def _ladder_table(facts: _Facts) -> str:
-    ran = [r for r in facts.records if r.get("expected_verdict") is None and r.get("verdict") != "skip"]
+    ran = [r for r in facts.records if r.counts]
     parts = ['<section id="ladder"><h2>Link class x rung <span class="sub">(passed/run)</span></h2>']
     if not ran:
         parts.append('<p class="sub">No case ran.</p></section>')
@@ -662,7 +661,7 @@ def _ladder_table(facts: _Facts) -> str:
     rows = []
     for cls in classes:
         cells = "".join(
-            _ladder_cell([r for r in ran if link_class_of(r) == cls and r.get("env_name") == name]) for name in rungs
+            _ladder_cell([r for r in ran if link_class_of(r) == cls and r.env_name == name]) for name in rungs
         )
         rung = first.get(cls)
         verdict = f"{_e(rung.name)}: {_e(rung_env_text(rung))}" if rung else "no rung passed"
@@ -679,7 +678,7 @@ def _recommendation(lines: Sequence[str]) -> str:
     return f'<section id="recommendation" class="rec"><h2>Recommendation</h2>{body}</section>'
 
 
-def _regressions(regressions: Sequence[dict[str, Any]]) -> str:
+def _regressions(regressions: Sequence[Mapping[str, object]]) -> str:
     if not regressions:
         return ""
     columns: list[str] = []
@@ -698,7 +697,7 @@ def _regressions(regressions: Sequence[dict[str, Any]]) -> str:
 
 
 def render_report(
-    run: Run, recommendation_lines: Sequence[str] = (), regressions: Sequence[dict[str, Any]] = ()
+    run: Run, recommendation_lines: Sequence[str] = (), regressions: Sequence[Mapping[str, object]] = ()
 ) -> str:
     """The whole report as one HTML document (no script, no external reference)."""
     facts = _facts(run)
@@ -730,7 +729,7 @@ def report_path(run: Run) -> Path:
 
 
 def write_report(
-    run: Run, recommendation_lines: Sequence[str] = (), regressions: Sequence[dict[str, Any]] = ()
+    run: Run, recommendation_lines: Sequence[str] = (), regressions: Sequence[Mapping[str, object]] = ()
 ) -> Path:
     """Write ``report.html`` into the run folder; returns its path."""
     path = report_path(run)

@@ -1,65 +1,86 @@
-"""The terminal summary: worst cases first, probe x verdict counts, and the ladder per link class."""
+"""The terminal summary, and what every reader of a run shares: its ladder, a case, a link class.
+
+The terminal summary: worst cases first, probe x verdict counts, and the ladder per link class.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from conformance.plan.matrix import Rung
-from conformance.verdict.decision import VERDICTS
+from conformance.common.verdicts import READING_ORDER, Verdict
+from conformance.plan.matrix import BUILTIN_LADDER, Rung
+from conformance.record.records import CaseRecord
+from conformance.record.runs import Run
 
-SUMMARY_ORDER = ("hang", "fail", *(v for v in VERDICTS if v not in ("hang", "fail")))
+
+def case_of(record: CaseRecord) -> str:
+    """The case a record is of, whatever rung it ran on: its ladder key, else its node id."""
+    return record.ladder_key or record.nodeid
 
 
-def _verdict_cell(records: list[dict[str, Any]], verdict: str) -> str:
-    matching = [r for r in records if r["verdict"] == verdict]
-    expected = sum(1 for r in matching if r.get("expected_verdict") == verdict)
+def one_record_per_case(records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    """A cross-node case leaves one record on each of its nodes; count it once (its first node's)."""
+    return [r for r in records if not r.nodes or r.node_rank == min(r.nodes)]
+
+
+def link_class_of(record: CaseRecord) -> str:
+    """Pairs (of devices, of nodes: NET) by link class; other sets by their kind (all, single, ...)."""
+    kind = record.set_kind or "all"
+    return str(record.link or "?") if kind in ("pair", "node_pair") else kind
+
+
+def run_ladder(run: Run) -> tuple[Rung, ...]:
+    """The run's rungs (``run.json``: ``ladder``), else the built-in ladder; then rungs only records name."""
+    written = run.facts.ladder
+    ladder = list(BUILTIN_LADDER) if written is None else [Rung(r.name, dict(r.set), r.unset_families) for r in written]
+    known = {r.name for r in ladder}
+    for record in run.records:
+        name = record.env_name
+        if isinstance(name, str) and name not in known:
+            found = {k: v for k, v in record.env.items() if isinstance(v, str)}
+            ladder.append(Rung(name, found, description="only named by the records"))
+            known.add(name)
+    return tuple(ladder)
+
+
+def _verdict_cell(records: list[CaseRecord], verdict: Verdict) -> str:
+    matching = [r for r in records if r.outcome is verdict]
+    expected = sum(1 for r in matching if r.expected_verdict == verdict)
     return f"{len(matching)}{'e' if expected else ''}"
 
 
-def one_record_per_case(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A cross-node case leaves one record on each of its nodes; count it once (its first node's)."""
-    return [r for r in records if not r.get("nodes") or r.get("node_rank") == min(r["nodes"])]
-
-
-def summary_lines(records: list[dict[str, Any]], simulated: bool) -> list[str]:
+def summary_lines(records: list[CaseRecord], simulated: bool) -> list[str]:
     """Hangs and wrong data first, then probe x verdict counts."""
     title = "conformance summary" + (" (SIMULATED)" if simulated else "")
     lines = [f"{'=' * 20} {title} {'=' * 20}"]
-    worst = [r for r in records if r["verdict"] in ("hang", "fail") and r.get("expected_verdict") != r["verdict"]]
-    for r in sorted(worst, key=lambda r: (r["verdict"] != "hang", r["nodeid"])):
-        lines.append(f"{r['verdict'].upper():5} {r['nodeid']}: {r.get('summary', '')}")
-    by_probe: dict[str, list[dict[str, Any]]] = {}
+    worst = [r for r in records if r.outcome in (Verdict.HANG, Verdict.FAIL) and r.expected_verdict != r.verdict]
+    for r in sorted(worst, key=lambda r: (r.outcome is not Verdict.HANG, r.nodeid)):
+        lines.append(f"{r.verdict.upper():5} {r.nodeid}: {r.summary}")
+    by_probe: dict[str, list[CaseRecord]] = {}
     for r in records:
-        by_probe.setdefault(r["probe"], []).append(r)
+        by_probe.setdefault(r.probe, []).append(r)
     width = max(len("probe"), *(len(p) for p in by_probe))
-    lines.append("probe".ljust(width) + "".join(f"{v:>{len(v) + 2}}" for v in SUMMARY_ORDER))
+    lines.append("probe".ljust(width) + "".join(f"{v.value:>{len(v.value) + 2}}" for v in READING_ORDER))
     for probe in sorted(by_probe):
-        cells = (f"{_verdict_cell(by_probe[probe], v):>{len(v) + 2}}" for v in SUMMARY_ORDER)
+        cells = (f"{_verdict_cell(by_probe[probe], v):>{len(v.value) + 2}}" for v in READING_ORDER)
         lines.append(probe.ljust(width) + "".join(cells))
-    totals = Counter(r["verdict"] for r in records)
-    lines.append("total".ljust(width) + "".join(f"{totals.get(v, 0):>{len(v) + 2}}" for v in SUMMARY_ORDER))
-    if any(r.get("expected_verdict") for r in records):
+    totals = Counter(r.outcome for r in records)
+    lines.append("total".ljust(width) + "".join(f"{totals.get(v, 0):>{len(v.value) + 2}}" for v in READING_ORDER))
+    if any(r.expected_verdict for r in records):
         lines.append("(e: includes cases whose verdict a negative-control test expected)")
     return lines
 
 
-def link_class_of(record: dict[str, Any]) -> str:
-    """Pairs (of devices, of nodes: NET) by link class; other sets by their kind (all, single, ...)."""
-    kind = record.get("set_kind") or "all"
-    return str(record.get("link") or "?") if kind in ("pair", "node_pair") else kind
-
-
-def first_passing_rungs(records: list[dict[str, Any]], ladder: Sequence[Rung]) -> dict[str, Rung | None]:
+def first_passing_rungs(records: list[CaseRecord], ladder: Sequence[Rung]) -> dict[str, Rung | None]:
     """Per class: the earliest rung at which every case of the class had passed (None: never)."""
     order = {r.name: i for i, r in enumerate(ladder)}
     per_case: dict[tuple[str, str], int | None] = {}
     for r in records:
-        key = (link_class_of(r), r.get("ladder_key") or r["nodeid"])
+        key = (link_class_of(r), case_of(r))
         best = per_case.setdefault(key, None)
-        if r["verdict"] == "pass":
-            index = order.get(r["env_name"], 0)
+        if r.outcome is Verdict.PASS:
+            index = order.get(r.env_name or "", 0)
             per_case[key] = index if best is None else min(best, index)
     by_class: dict[str, list[int | None]] = {}
     for (cls, _), first in per_case.items():
@@ -78,11 +99,11 @@ def rung_env_text(rung: Rung) -> str:
     return " ".join(f"export {k}={v}" for k, v in sorted(rung.set.items()))
 
 
-def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], case_timeout: float) -> list[str]:
+def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], case_timeout: float) -> list[str]:
     """Link class x rung pass/total, the first passing rung per class, and the deadlines paid."""
-    ran = [r for r in records if r.get("expected_verdict") is None and r["verdict"] != "skip"]
+    ran = [r for r in records if r.counts]
     order = [r.name for r in ladder]
-    rungs = [name for name in order if any(r["env_name"] == name for r in ran)]
+    rungs = [name for name in order if any(r.env_name == name for r in ran)]
     classes = sorted({link_class_of(r) for r in ran})
     if not ran:
         return []
@@ -91,8 +112,8 @@ def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], 
     for cls in classes:
         cells = []
         for name in rungs:
-            here = [r for r in ran if link_class_of(r) == cls and r["env_name"] == name]
-            passed = sum(r["verdict"] == "pass" for r in here)
+            here = [r for r in ran if link_class_of(r) == cls and r.env_name == name]
+            passed = sum(r.outcome is Verdict.PASS for r in here)
             cells.append(f"{f'{passed}/{len(here)}' if here else '-':>{len(name) + 2}}")
         lines.append(cls.ljust(width) + "".join(cells))
     by_rung: dict[str, list[str]] = {}
@@ -106,6 +127,6 @@ def ladder_summary_lines(records: list[dict[str, Any]], ladder: Sequence[Rung], 
                 lines.append(f"{classes_here}: first passing rung {name}: {rung_env_text(rung)}")
             else:
                 lines.append(f"{classes_here}: no rung passed")
-    deadlines = sum(1 for r in records if r.get("stop_reason") == "deadline")
+    deadlines = sum(1 for r in records if r.stop_reason == "deadline")
     lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each)")
     return lines

@@ -1,7 +1,4 @@
-"""One verdict per case, decided here from every rank's report.
-
-Verdicts, worst first: ``fail`` (wrong data) · ``hang`` · ``crash`` · ``error`` · ``inconclusive``
-(the control arm failed, so the probe could not be judged) · ``skip`` · ``pass``.
+"""One verdict per case, decided here from every rank's report (``common/verdicts.py`` names them).
 
 The root cause is the earliest real failure.  A rank whose error only says that it timed out or
 lost its peer, or that the watchdog had to stop while it waited, is a victim of that root cause.
@@ -18,9 +15,8 @@ from typing import Any, Protocol
 
 from conformance.common import casefiles
 from conformance.common.casefiles import PhaseLine
+from conformance.common.verdicts import ROOT_CAUSE_PRECEDENCE, Verdict
 from conformance.rank import flight_recorder
-
-VERDICTS = ("fail", "hang", "crash", "error", "inconclusive", "skip", "pass")
 
 # Errors a rank gets because another rank failed or never arrived.
 VICTIM_PATTERN = re.compile(
@@ -210,29 +206,30 @@ def decide(reports: Sequence[RankReport]) -> Decision:
     stuck = [r for r in failed if r.victim]
     root: RankReport | None
     if wrong:
-        verdict, root = "fail", _earliest(wrong)
+        verdict, root = Verdict.FAIL, _earliest(wrong)
     elif real:
         root = _earliest(real)
-        verdict = "crash" if root.status == "crash" else "error"
+        verdict = Verdict.CRASH if root.status == "crash" else Verdict.ERROR
     elif stuck:
         stopped = [r for r in stuck if r.status == "stopped"]
         root = _hang_root(stopped) if stopped else _earliest(stuck)
-        verdict = "hang"
+        verdict = Verdict.HANG
     else:
         skipped = [r for r in reports if r.status == "skip"]
         if skipped:
-            return Decision("skip", None, [], skipped[0].message)
-        return Decision("pass", None, [], "")
+            return Decision(Verdict.SKIP, None, [], skipped[0].message)
+        return Decision(Verdict.PASS, None, [], "")
     anchor = root or stuck[0]
     if anchor.phase == "control":
-        verdict = "inconclusive"
+        verdict = Verdict.INCONCLUSIVE
     victims = [r for r in failed if r is not root]
     summary = _describe(verdict, root, stuck if root is None else [root])
     return Decision(verdict, root, victims, summary)
 
 
-# Across nodes: a node with wrong data, then one with a real failure, explains the others' hangs.
-NODE_PRECEDENCE = ("fail", "crash", "error", "hang", "inconclusive", "skip", "pass")
+def _precedence(verdict: str) -> int:
+    """Where a node's verdict stands in explaining the others (an unknown text counts as an error)."""
+    return ROOT_CAUSE_PRECEDENCE.index(Verdict.of(verdict) or Verdict.ERROR)
 
 
 def decide_across_nodes(
@@ -245,11 +242,11 @@ def decide_across_nodes(
     local_failed = local.victims + ([local.root] if local.root else [])
     if missing is not None:
         node, reason = missing
-        return Decision("hang", None, local_failed, f"hang across nodes: {reason}"), node
-    node = min(verdicts, key=lambda n: (NODE_PRECEDENCE.index(verdicts[n]["verdict"]), n))
+        return Decision(Verdict.HANG, None, local_failed, f"hang across nodes: {reason}"), node
+    node = min(verdicts, key=lambda n: (_precedence(verdicts[n]["verdict"]), n))
     verdict, summary = verdicts[node]["verdict"], verdicts[node]["summary"]
-    if verdict == "pass":
-        return Decision("pass", None, [], ""), None
+    if verdict == Verdict.PASS:
+        return Decision(Verdict.PASS, None, [], ""), None
     if node == me:
         return Decision(verdict, local.root, local.victims, f"node {node}: {summary}"), node
     return Decision(verdict, None, local_failed, f"node {node}: {summary}"), node

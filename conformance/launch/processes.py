@@ -1,0 +1,166 @@
+"""One owner for a case's rank processes: start, wait, the stop ladder, and the only ``killpg``.
+
+A case's ranks are forked by the forkserver into one new process group.  ``CaseProcesses`` holds
+their pids and group and is the only code that signals them:
+
+    stop ladder:  SIGUSR1 (each rank dumps its Python stacks to its stderr.log) and SIGUSR2 (each
+                  rank dumps torch's flight recorder) -> SIGTERM -> SIGKILL -> bounded wait; a rank
+                  still there is named unkillable (often a process stuck in a driver)
+    kill:         SIGKILL to the group (an interrupted case, the end-of-session sweep)
+
+Every signal sent is logged (logger ``conformance.launch``; ``--log-cli-level=INFO`` shows it).
+The waits are ``deadlines.StopLadder``'s, longer on GPUs, where a killed rank's CUDA context must
+be torn down.  The policy of *when* to stop a case is the watchdog's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.common import casefiles
+from conformance.common.deadlines import StopLadder
+from conformance.launch.forkserver import ForkServerClient
+from conformance.launch.signals import signal_group
+from conformance.rank import flight_recorder
+
+log = logging.getLogger("conformance.launch")  # the same logger signals.py writes to
+HEALTHY_EXITS = (casefiles.EXIT_OK, casefiles.EXIT_SKIP)
+POLL_SECONDS = 0.05
+DUMP_SETTLE = 0.02  # let a dump that has begun finish writing
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    pid: int
+    path: Path
+    exit_code: int | None = None
+    exit_time: float | None = None
+    stopped_by: str | None = None  # "deadline" or "grace" when the watchdog had to stop it
+    stack: str = ""
+    unkillable: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code is not None and self.exit_code not in HEALTHY_EXITS
+
+
+class CaseProcesses:
+    """The ranks of one case, from their start to their reaping."""
+
+    def __init__(self, server: ForkServerClient, case_dir: Path, world_size: int) -> None:
+        self.server = server
+        pids, self.pgid = server.spawn(case_dir, world_size)
+        self.ranks = [RankProcess(i, pid, casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
+        log.info("case %s: ranks %s in process group %d", case_dir.name, pids, self.pgid)
+
+    def alive(self) -> list[RankProcess]:
+        """The ranks not yet reaped (exits the forkserver reported are filled in)."""
+        still = []
+        for rank in self.ranks:
+            if rank.exit_code is None:
+                known = self.server.exit_of(rank.pid)
+                if known is None:
+                    still.append(rank)
+                else:
+                    rank.exit_code, rank.exit_time = known
+        return still
+
+    @property
+    def ended(self) -> bool:
+        return not self.alive()
+
+    def any_failed(self) -> bool:
+        self.alive()
+        return any(r.failed for r in self.ranks)
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for news (rank exits) from the forkserver."""
+        self.server.wait_events(seconds)
+
+    def wait_for_exits(self, seconds: float) -> list[RankProcess]:
+        deadline = time.monotonic() + seconds
+        alive = self.alive()
+        while alive and time.monotonic() < deadline:
+            self.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            alive = self.alive()
+        return alive
+
+    def stop(self, reason: str, ladder: StopLadder) -> float:
+        """Run the stop ladder on the live ranks; seconds from its start to the last reap."""
+        begun = time.monotonic()
+        alive = self.alive()
+        for rank in alive:
+            rank.stopped_by = reason
+        self._dump_stacks(alive, ladder.dump_wait)
+        signal_group(self.pgid, signal.SIGTERM, f"stop ladder ({reason})")
+        still = self.wait_for_exits(ladder.term_wait)
+        if still:
+            signal_group(self.pgid, signal.SIGKILL, f"stop ladder ({reason}): {len(still)} rank(s) ignored SIGTERM")
+            still = self.wait_for_exits(ladder.kill_wait)
+        for rank in still:
+            rank.unkillable = True
+            log.warning("rank %d (pid %d) survived SIGKILL for %.1fs", rank.rank, rank.pid, ladder.kill_wait)
+        return time.monotonic() - begun
+
+    def kill(self, why: str) -> bool:
+        """SIGKILL the whole case at once; False when nothing was left to kill."""
+        if self.ended:
+            return False
+        return signal_group(self.pgid, signal.SIGKILL, why)
+
+    def _dump_stacks(self, alive: Sequence[RankProcess], wait: float) -> None:
+        """Ask each live rank for its Python stacks and its flight recorder; keep the stacks it wrote."""
+        stderr = {r.rank: r.path / casefiles.STDERR for r in alive}
+        offsets = {r.rank: _size(stderr[r.rank]) for r in alive}
+        dumps = {r.rank: r.path / casefiles.FLIGHT_RECORDER for r in alive}
+        before = {r.rank: _mtime(dumps[r.rank]) for r in alive}
+        for rank in alive:
+            for sig in (flight_recorder.DUMP_SIGNAL, signal.SIGUSR1):
+                log.info("%s to rank %d (pid %d): dump %s", sig.name, rank.rank, rank.pid,
+                         "its flight recorder" if sig == flight_recorder.DUMP_SIGNAL else "its stacks")  # fmt: skip
+                try:
+                    os.kill(rank.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + wait
+        waiting = list(alive)
+        while waiting and time.monotonic() < deadline:
+            time.sleep(DUMP_SETTLE)
+            waiting = [
+                r
+                for r in waiting
+                if _size(stderr[r.rank]) == offsets[r.rank] or _mtime(dumps[r.rank]) == before[r.rank]
+            ]
+        time.sleep(DUMP_SETTLE)
+        for rank in alive:
+            rank.stack = _read_from(stderr[rank.rank], offsets[rank.rank])
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(20000).decode("utf-8", errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,245 @@
+"""What a run leaves behind, as types: one ``CaseRecord`` per case and the run's ``RunFacts``.
+
+A record is written once (``results.case_record``), as one JSON object per line of
+``results.jsonl`` and as ``conformance.<field>`` JUnit properties, and read back only through
+``CaseRecord.from_json`` (``runs.py`` reads folders, JSONL and JUnit files).  The JUnit properties
+are the record's fields, derived from the dataclass, so none can be left out.
+
+Fields hold JSON text where the suite does not interpret them itself: a probe's ``metrics``, the
+NCCL log parse (``nccl``), a rank's flight-recorder extract and barrier facts, NVML's P2P status
+and the topology in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from conformance.common.verdicts import Verdict
+
+SCHEMA = 1
+JUNIT_PREFIX = "conformance."
+
+JsonObject = Mapping[str, Any]  # a JSON object the suite stores as it came (a boundary, not a contract)
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int | None
+    kind: str
+    message: str
+    phase: str | None
+    step: str | None
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int = 0
+    device: str = ""
+    phase: str = ""
+    step: str = ""
+    exit: str | int | None = None  # the exit code, or the signal's name
+    status: str = ""
+    seconds: float = 0.0
+    stopped_by: str | None = None
+    unkillable: bool = False
+    stack: str | None = None  # innermost frames when the watchdog stopped it
+    collectives: JsonObject | None = None  # its flight recorder's last entries
+    barrier: JsonObject | None = None  # barrier probes: its GPU and the one its barrier ran on
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """One case, as results.jsonl and the JUnit properties hold it."""
+
+    nodeid: str = ""
+    probe: str = ""
+    verdict: str = ""
+    schema: int = SCHEMA
+    run_id: str | None = None
+    devices: tuple[str, ...] = ()
+    device_ids: tuple[str, ...] = ()
+    link: str | None = None
+    set_kind: str | None = None
+    ladder_key: str | None = None
+    backend: str | None = None
+    env_name: str | None = None
+    env: Mapping[str, str | None] = field(default_factory=dict)  # a rung's variables; None: removed
+    expected_verdict: str | None = None  # a negative control's expected verdict
+    summary: str = ""
+    root_cause: RootCause | None = None
+    victims: tuple[int, ...] = ()
+    ranks: tuple[RankRecord, ...] = ()
+    bandwidth_gbps: float | None = None
+    metrics: JsonObject = field(default_factory=dict)
+    p2p_status: Mapping[str, str] | None = None
+    transports: JsonObject = field(default_factory=dict)
+    nccl_warnings: tuple[Any, ...] = ()
+    nccl: JsonObject | None = None
+    seconds: float | None = None
+    lease_wait: float | None = None
+    stop_reason: str | None = None
+    stop_seconds: float | None = None
+    simulated: bool = False
+    node_rank: int | None = None
+    nodes: tuple[int, ...] | None = None
+    root_node: int | None = None
+    node_verdicts: Mapping[str, str] | None = None
+    case_dir: str | None = None
+    time: float | None = None
+
+    @property
+    def outcome(self) -> Verdict | None:
+        """The verdict, when the record names one this suite knows."""
+        return Verdict.of(self.verdict)
+
+    @property
+    def usable(self) -> bool:
+        """A record of a case this suite ran: it names the test, the probe and a known verdict."""
+        return bool(self.nodeid and self.probe) and self.outcome is not None
+
+    @property
+    def counts(self) -> bool:
+        """A case that says something about the machine: it ran on a rung (not skipped), no negative control."""
+        ran = self.env_name is not None and self.verdict != Verdict.SKIP
+        return self.usable and ran and self.expected_verdict is None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> CaseRecord:
+        """A record read back; fields it lacks take their defaults, fields it does not know are left out."""
+        values = _known(cls, data)
+        for name in ("devices", "device_ids", "victims", "nccl_warnings"):
+            if name in values:
+                values[name] = tuple(values[name] or ())
+        if values.get("nodes") is not None:
+            values["nodes"] = tuple(values["nodes"])
+        if isinstance(values.get("root_cause"), dict):
+            values["root_cause"] = RootCause(**_known(RootCause, values["root_cause"], required=True))
+        values["ranks"] = tuple(
+            RankRecord(**_known(RankRecord, r)) for r in values.get("ranks") or () if isinstance(r, dict)
+        )
+        for name in ("env", "metrics", "transports"):
+            if name in values and values[name] is None:
+                values[name] = {}
+        return cls(**values)
+
+
+def _known(kind: type, data: JsonObject, required: bool = False) -> dict[str, Any]:
+    names = [f.name for f in fields(kind)]
+    if required:
+        return {name: data.get(name) for name in names}
+    return {name: data[name] for name in names if name in data}
+
+
+# -- JUnit properties: the record's fields, text as it is and the rest as JSON ---------------
+
+TEXT_FIELDS = frozenset({"run_id", "nodeid", "probe", "link", "set_kind", "ladder_key", "backend", "env_name",
+                         "verdict", "summary"})  # fmt: skip
+RECORD_FIELDS = tuple(f.name for f in fields(CaseRecord))
+
+
+def junit_properties(record: CaseRecord) -> list[tuple[str, str]]:
+    data = record.to_json()
+    properties = []
+    for name in RECORD_FIELDS:
+        value = data[name]
+        text = str(value) if name in TEXT_FIELDS and isinstance(value, str) else json.dumps(value, sort_keys=True)
+        properties.append((f"{JUNIT_PREFIX}{name}", text))
+    return properties
+
+
+def record_from_junit_properties(properties: Mapping[str, str]) -> CaseRecord | None:
+    """The inverse of :func:`junit_properties`; None when no ``conformance.*`` property is there."""
+    data: dict[str, Any] = {}
+    for name, text in properties.items():
+        if not name.startswith(JUNIT_PREFIX):
+            continue
+        key = name[len(JUNIT_PREFIX) :]
+        if key in TEXT_FIELDS:
+            data[key] = text
+            continue
+        try:
+            data[key] = json.loads(text)
+        except ValueError:
+            data[key] = text
+    return CaseRecord.from_json(data) if data else None
+
+
+# -- run.json ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RungFacts:
+    """A rung as a run wrote it down."""
+
+    name: str
+    set: Mapping[str, str] = field(default_factory=dict)
+    unset_families: tuple[str, ...] = ()
+
+
+class FactsError(ValueError):
+    """run.json holds something unusable; the message says what."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """``run.json`` (and, read from a merged JUnit file, its ``conformance.run.*`` suite properties)."""
+
+    schema: int = SCHEMA
+    run_id: str | None = None
+    host: str | None = None
+    backend: str | None = None
+    topology: JsonObject | None = None  # as ``Topology.to_json`` wrote it
+    torch: str | None = None
+    nccl: str | None = None
+    inherited_env: Mapping[str, str] = field(default_factory=dict)
+    simulated: bool = False
+    scenario: str | None = None
+    matrix: str | None = None
+    ladder: tuple[RungFacts, ...] | None = None  # None: the run did not say (older runs, JUnit files)
+    case_timeout: float | None = None
+    node_rank: int | None = None
+    nnodes: int = 1
+    driver: str | None = None  # the next three only from merged JUnit suite properties
+    cuda: str | None = None
+    gpus: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("driver", "cuda", "gpus"):  # run.json leaves these to the topology
+            del data[name]
+        return data
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> RunFacts:
+        """Raises FactsError for a ladder that is not a list of rungs."""
+        values = _known(cls, data)
+        if values.get("ladder") is not None:
+            values["ladder"] = _ladder(values["ladder"])
+        if values.get("inherited_env") is None:
+            values.pop("inherited_env", None)
+        values["simulated"] = bool(values.get("simulated"))
+        return cls(**values)
+
+
+def _ladder(entries: Any) -> tuple[RungFacts, ...]:
+    if not isinstance(entries, list):
+        raise FactsError("run.json: ladder is not a list of rungs")
+    return tuple(_rung(number, entry) for number, entry in enumerate(entries, start=1))
+
+
+def _rung(number: int, entry: Any) -> RungFacts:
+    try:
+        name, env, unset = entry["name"], entry.get("set") or {}, entry.get("unset_families") or []
+        texts: Sequence[Any] = [name, *env, *env.values(), *unset]
+        valid = isinstance(unset, list) and all(isinstance(v, str) for v in texts)
+    except (TypeError, KeyError, AttributeError):
+        valid = False
+    if not valid:
+        raise FactsError(f"run.json: ladder entry {number} is not {{name, set, unset_families}}: {entry!r}")
+    return RungFacts(name, dict(env), tuple(unset))
