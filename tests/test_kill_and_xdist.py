@@ -227,7 +227,8 @@ def pytest_collection_modifyitems(items):
         group = "leader" if "gpu0-gpu1" in item.name else "followers"
         item.add_marker(pytest.mark.xdist_group(group))
 """
-FIXED_BY_CUMEM_OFF = 'effect = "hang"\nprobes = ["pair_exchange"]\nunless_env = { NCCL_CUMEM_ENABLE = "0" }'
+# Cross-socket P2P hangs (seed d): NCCL_P2P_LEVEL=NVL fixes it.
+P2P_HANG = 'effect = "hang"\nprobes = ["pair_exchange"]\np2p = true'
 
 
 def case_rank_pids(case_dir: Path) -> set[int]:
@@ -259,7 +260,7 @@ def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Pa
     pytester.makeconftest(GROUPS_CONFTEST)
     topology = pytester.path / "sys3.json"
     topology.write_text(json.dumps(SYS_BOX))
-    scenario = pytester.makefile(".toml", scen=scenario_text(FIXED_BY_CUMEM_OFF))
+    scenario = pytester.makefile(".toml", scen=scenario_text(P2P_HANG))
     output = pytester.path / "pytest-output.txt"
     command = [
         sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", "-rA",
@@ -295,8 +296,8 @@ def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Pa
     records = [r for r in read_records(reports_dir) if "gpu0-gpu1" not in r["nodeid"]]
     ran = sorted((r["nodeid"].split("[")[1].split("-SYS")[0], r["env_name"], r["verdict"]) for r in records)
     assert ran == [
-        ("gpu0-gpu2", "cumem_off", "pass"), ("gpu0-gpu2", "inherited", "hang"),
-        ("gpu1-gpu2", "cumem_off", "pass"), ("gpu1-gpu2", "inherited", "hang"),
+        ("gpu0-gpu2", "inherited", "hang"), ("gpu0-gpu2", "p2p_level_nvl", "pass"),
+        ("gpu1-gpu2", "inherited", "hang"), ("gpu1-gpu2", "p2p_level_nvl", "pass"),
     ], text  # fmt: skip
     decisions = [json.loads(line) for line in (reports_dir / "latest" / "ladder.jsonl").read_text().splitlines()]
     assert all(d["outcome"] in ("pass", "hang", "skipped") for d in decisions if d["key"] == "test_pair[gpu0-gpu2-SYS]")

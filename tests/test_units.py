@@ -542,6 +542,22 @@ def test_read_records_skips_cut_off_line(tmp_path: Path) -> None:
     assert jsonl.read_lines(tmp_path / "missing.jsonl").objects == []
 
 
+def test_jsonl_follower_reads_only_what_was_added(tmp_path: Path) -> None:
+    path = tmp_path / "ladder.jsonl"
+    follower = jsonl.JsonlFollower(path)
+    assert follower.new_objects() == []  # no file yet
+    jsonl.append_line(path, {"n": 1})
+    jsonl.append_line(path, {"n": 2}, durable=False)
+    assert follower.new_objects() == [{"n": 1}, {"n": 2}]
+    assert follower.new_objects() == []
+    with path.open("a") as f:
+        f.write('{"n": 3}\n{"n": ')  # a writer in the middle of its line
+    assert follower.new_objects() == [{"n": 3}]
+    with path.open("a") as f:
+        f.write("4}\n")
+    assert follower.new_objects() == [{"n": 4}]
+
+
 def test_point_latest_replaces_link(tmp_path: Path) -> None:
     results.point_latest(tmp_path, "run-a")
     results.point_latest(tmp_path, "run-b")

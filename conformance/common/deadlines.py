@@ -111,13 +111,13 @@ class Deadlines:
         """The longest one earlier rung of a ladder decision can take: its lease wait and its case."""
         return self.lease_wait + self.case_bound + DECISION_MARGIN
 
-    def rung_wait(self, rung_index: int) -> float:
-        """How long the decision on rung ``rung_index`` waits (0 on the first rung).
+    def rung_wait(self, earlier: int) -> float:
+        """How long a rung decision with ``earlier`` rungs before it waits (0 on the first rung).
 
         Its own earlier rungs, then its class leader's rungs up to this one, each at most a rung step
-        after the one before.
+        after the one before.  Rungs the relevance table rules out are not counted: nothing runs them.
         """
-        return (rung_index + 1) * self.rung_step if rung_index > 0 else 0.0
+        return (earlier + 1) * self.rung_step if earlier > 0 else 0.0
 
     @property
     def node_progress_limit(self) -> float:

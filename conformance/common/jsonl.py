@@ -26,15 +26,36 @@ class JsonLines:
     skipped: list[str] = field(default_factory=list)  # "line 3 is not whole JSON (cut off?)", ...
 
 
-def append_line(path: Path, record: dict[str, Any]) -> None:
+def append_line(path: Path, record: dict[str, Any], durable: bool = True) -> None:
+    """Append one line whole; ``durable``: fsync it (a line that may be lost in a crash passes False)."""
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, line)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+class JsonlFollower:
+    """Reads a file that others append to, each call only the whole lines added since the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new_objects(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self.offset += len(whole)
+        return _objects(whole.decode("utf-8", errors="replace").splitlines(), JsonLines()).objects
 
 
 def read_lines(path: Path, missing_ok: bool = True) -> JsonLines:
@@ -47,8 +68,11 @@ def read_lines(path: Path, missing_ok: bool = True) -> JsonLines:
         raise JsonlError(f"{path}: cannot be read: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise JsonlError(f"{path}: cannot be read: {exc}") from None
-    read = JsonLines()
-    for number, line in enumerate(text.splitlines(), start=1):
+    return _objects(text.splitlines(), JsonLines())
+
+
+def _objects(lines: list[str], read: JsonLines) -> JsonLines:
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -102,7 +102,8 @@ class Server:
                 if fd == 0:
                     if not self.handle_input():
                         self.kill_all()
-                        return
+                        # Nothing is left to flush or clean up; tearing down torch's modules takes ~0.5 s.
+                        os._exit(0)
                 else:
                     self.reap(fd)
 

@@ -21,9 +21,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.common.jsonl import append_line, read_lines
+from conformance.common.jsonl import JsonlFollower, append_line
 from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
+from conformance.plan.relevance import cannot_change
 
 LADDER_FILE = "ladder.jsonl"
 # The outcome a waiting case records for a rung nobody decided within its wait.
@@ -56,6 +57,8 @@ class Step:
     rung_index: int
     leader_key: str | None  # the class leader's key, for pairs that are not the leader
     link: str | None
+    devices: int = 0  # how many GPUs the case runs on (0: not known)
+    links: tuple[str, ...] = ()  # every path class between them
 
 
 @dataclass(frozen=True)
@@ -73,21 +76,25 @@ class LadderBook:
         self.ladder = tuple(ladder)
         self.mode = mode
         self.decision_wait = decision_wait
+        self._lines = JsonlFollower(path)
+        self._known: dict[tuple[str, str], str] = {}
 
     def record(self, step: Step, outcome: str, reason: str = "", final: bool = False) -> None:
         """Record a rung's outcome; ``final``: no NCCL rung can change it (``unchangeable``)."""
         self._append(step.key, self.ladder[step.rung_index].name, outcome, reason, final)
 
     def _append(self, key: str, rung: str, outcome: str, reason: str = "", final: bool = False) -> None:
-        append_line(self.path, {"key": key, "rung": rung, "outcome": outcome, "reason": reason, "final": final})
+        # A rung skipped is decided again the same way after a crash: only outcomes of cases are fsynced.
+        line = {"key": key, "rung": rung, "outcome": outcome, "reason": reason, "final": final}
+        append_line(self.path, line, durable=outcome != Verdict.SKIP)
 
     def _outcomes(self) -> dict[tuple[str, str], str]:
-        known: dict[tuple[str, str], str] = {}
-        for line in read_lines(self.path).objects:
+        """Every outcome recorded so far; each call reads only the lines added since the last."""
+        for line in self._lines.new_objects():
             where, outcome = (line["key"], line["rung"]), "final" if line.get("final") else line["outcome"]
-            if outcome != UNDECIDED or where not in known:  # a real outcome is never overwritten by a give-up
-                known[where] = outcome
-        return known
+            if outcome != UNDECIDED or where not in self._known:  # a give-up never overwrites a real outcome
+                self._known[where] = outcome
+        return dict(self._known)
 
     def wait_for(self, wanted: Sequence[tuple[str, str]], deadline: float) -> dict[tuple[str, str], str]:
         """Outcomes of ``wanted`` (key, rung) pairs, waiting until ``deadline`` while other items decide them.
@@ -119,16 +126,25 @@ class LadderBook:
         k = step.rung_index
         if k == 0 or self.mode == "full":
             return RungDecision(True)
-        deadline = time.monotonic() + self.decision_wait(k)
         names = [r.name for r in self.ladder]
-        earlier = [names[i] for i in range(k) if selected is None or (step.key, i) in selected]
+        known = self._outcomes()  # what is decided already settles it without a wait (one passed, ...)
+        in_run = [i for i in range(k) if selected is None or (step.key, i) in selected]
+        decided = {names[i]: known[(step.key, names[i])] for i in in_run if (step.key, names[i]) in known}
+        futile = cannot_change(names[k], step.devices, step.links)
+        early = self._by_own_outcomes(step, decided, environ) or (RungDecision(False, futile) if futile else None)
+        if early is not None:
+            return early
+        # Rungs the table rules out here are skipped without a case, so nothing waits for them.
+        tried = [i for i in range(k + 1) if cannot_change(names[i], step.devices, step.links) is None]
+        earlier = [names[i] for i in tried[:-1] if selected is None or (step.key, i) in selected]
+        deadline = time.monotonic() + self.decision_wait(len(tried) - 1)
         own = self.wait_for([(step.key, n) for n in earlier], deadline)
         outcomes = {n: own[(step.key, n)] for n in earlier}
         decision = self._by_own_outcomes(step, outcomes, environ)
         if decision is None:
             leader = step.leader_key
-            if leader is not None and (selected is None or all((leader, i) in selected for i in range(k + 1))):
-                decision = self._follow_leader(step, names[: k + 1], deadline)
+            if leader is not None and (selected is None or all((leader, i) in selected for i in tried)):
+                decision = self._follow_leader(step, [names[i] for i in tried], deadline)
             else:
                 decision = RungDecision(True, _alone(step.key, [n for n, o in outcomes.items() if o == UNDECIDED]))
         if decision.run and decision.reason:

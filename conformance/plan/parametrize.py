@@ -96,6 +96,8 @@ class Plan:
             rung_index=self.rung_index.get(device_set.rung.name, 0),
             leader_key=f"{name}[{ident.replace(device_set.id, leader or '')}]" if follows else None,
             link=device_set.link,
+            devices=len(device_set.devices),
+            links=device_set.links,
         )
 
     def item_step(self, item: pytest.Item) -> Step | None:
