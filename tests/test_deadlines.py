@@ -161,6 +161,5 @@ def test_a_rank_that_fails_dumps_its_recorder_itself(pytester: pytest.Pytester, 
     rank0 = record["ranks"][0]
     assert rank0["status"] == "error" and rank0["stopped_by"] is None
     assert [e["op"] for e in rank0["collectives"]["last"]] == ["gloo:all_reduce"]
-    assert rank0["collectives"]["last"][0]["retired"] is True
     dumped = json.loads(next(pytester.path.glob("reports/*/cases/*/rank0/flight_recorder.json")).read_text())
     assert dumped["entries"], "torch's own dump, kept beside the rank's logs"

@@ -422,9 +422,9 @@ def test_report_of_a_real_run(pytester: pytest.Pytester, run_suite: RunSuite, re
     )  # fmt: skip
     records = read_records(reports_dir)
     assert sorted((r["probe"], r["env_name"], r["verdict"]) for r in records if r["verdict"] != "pass") == [
-        ("pair_exchange", "cumem_off", "hang"), ("pair_exchange", "inherited", "hang"),
-        ("pair_exchange", "inherited", "hang"), ("pair_exchange", "nvls_off", "hang"),
-    ], result.stdout.str()  # fmt: skip
+        ("pair_exchange", "inherited", "hang"),
+        ("pair_exchange", "inherited", "hang"),
+    ], result.stdout.str()  # fmt: skip (cumem_off, nvls_off cannot change a case over SYS: not tried)
 
     run = load_run(reports_dir / "latest")
     html = render_report(run, RECOMMENDATION)
@@ -432,14 +432,14 @@ def test_report_of_a_real_run(pytester: pytest.Pytester, run_suite: RunSuite, re
     assert_self_contained(html)
     d, p, h, u = "diag", "v-pass", "v-hang", "v-untested"
     assert cell_classes(grid(root, "pair_exchange", "inherited")) == [[d, p, h], [p, d, h], [h, h, d]]
-    assert cell_classes(grid(root, "pair_exchange", "cumem_off")) == [[d, u, h], [u, d, u], [h, u, d]]
+    assert root.find_all("figure", "grid", data_probe="pair_exchange", data_rung="cumem_off") == []  # nothing ran
     assert cell_classes(grid(root, "pair_exchange", "p2p_level_nvl")) == [[d, u, p], [u, d, p], [p, p, d]]
     assert cell_classes(grid(root, "peer_copy", "inherited")) == [[d, p, p], [p, d, p], [p, p, d]]
     heat = root.find("figure", "heat", data_probe="peer_copy")
     values = [td.text for td in heat.find("tbody").find_all("td")]
     assert all(re.fullmatch(r"[\d.]+|·", v) for v in values), values
     failures = root.find("section", id="failures").find_all("article")
-    assert [a.attrs["data-verdict"] for a in failures] == ["hang"] * 4
+    assert [a.attrs["data-verdict"] for a in failures] == ["hang"] * 2
     stacks = [pre.text for pre in failures[0].find_all("pre", "stack")]
     assert stacks and all("File " in s for s in stacks)
     assert "3-GPU box whose <SYS> P2P hangs" not in html  # the name is not in the run facts; the path is
