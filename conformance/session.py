@@ -32,7 +32,7 @@ from conformance.record.runs import Run
 from conformance.settings import Settings, deadlines
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
-from conformance.verdict.decision import Decision, decide_across_nodes
+from conformance.verdict.decision import Decision, decide_across_nodes, stuck_place
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -228,16 +228,19 @@ class ConformanceSession:
         if not decision.run:
             self.book.record(step, "skipped", decision.reason)
             pytest.skip(decision.reason)
-        outcome, final_reason = Verdict.ERROR.value, ""
+        outcome, final_reason, stuck = Verdict.ERROR.value, "", ""
         try:
             spec = self.case_spec(item, probe, device_set, params)
-            result = self._run_across_nodes(spec, device_set) if device_set.nodes else self.runner.run(spec)
+            if device_set.nodes:
+                result = self._run_across_nodes(spec, device_set)
+            else:
+                result = self.runner.run(spec, confirm_at=decision.confirm_at)
             result.node_rank = self.node_rank
-            outcome = result.verdict
+            outcome, stuck = result.verdict, stuck_place(result.decision)
             if unchangeable(result.verdict, result.decision.summary):
                 final_reason = result.decision.summary
         finally:
-            self.book.record(step, outcome, final_reason, final=bool(final_reason))
+            self.book.record(step, outcome, final_reason, final=bool(final_reason), stuck=stuck)
         record = results.case_record(result, self.run_id, expect, step.key)
         results.append_case(self.results_path, record)
         item.user_properties.extend(junit_properties(record))

@@ -95,6 +95,11 @@ class CaseFile:
         return cls(**values)
 
 
+def place(phase: str, step: str) -> str:
+    """Where a rank is, as people read it: ``probe (send/recv 4B)``."""
+    return f"{phase} ({step})" if step else phase
+
+
 @dataclass(frozen=True)
 class PhaseLine:
     """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies."""
@@ -103,6 +108,10 @@ class PhaseLine:
     step: str = ""
     t: float | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return place(self.phase, self.step)
 
     def to_json(self) -> dict[str, Any]:
         line = {"phase": self.phase, "step": self.step, "t": self.t}

@@ -63,6 +63,10 @@ TORCH_HEARTBEAT_DEFAULT = 480.0
 LEASE_MARGIN = 10.0
 # Beyond the cases a rung decision waits for: recording their outcome.
 DECISION_MARGIN = 5.0
+# A case stuck where its class leader hung is confirmed after a quarter of the case deadline,
+# at least 2 s and at most 10 s (a healthy pair passes a step of 4 bytes in milliseconds; NCCL's
+# lazy connection set-up on the first send/recv takes about a second).
+CONFIRM_FLOOR, CONFIRM_CAP = 2.0, 10.0
 
 
 class DeadlineError(ValueError):
@@ -100,6 +104,11 @@ class Deadlines:
         if self.backend != "nccl" or self.process_group_timeout < TORCH_HEARTBEAT_DEFAULT:
             return None
         return self.process_group_timeout + NCCL_WATCHDOG_MARGIN
+
+    @property
+    def confirm_wait(self) -> float:
+        """How long a case stuck where its class leader hung waits before it is stopped (a hang like its class)."""
+        return min(self.case_timeout, max(CONFIRM_FLOOR, min(CONFIRM_CAP, self.case_timeout / 4)))
 
     @property
     def lease_wait(self) -> float:

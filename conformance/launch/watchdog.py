@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from conformance.common import casefiles
 from conformance.common.deadlines import StopLadder
 from conformance.launch.processes import CaseProcesses, RankProcess
 
@@ -36,10 +37,32 @@ class Peers(Protocol):
     def report_failure(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Confirm:
+    """Stop the case once every rank still running has been at ``where`` for ``seconds``: its class hung there."""
+
+    where: str
+    seconds: float
+
+    def stuck(self, alive: list[RankProcess]) -> bool:
+        last = [casefiles.read_phases(rank.path)[-1:] for rank in alive]
+        if not all(lines and lines[0].where == self.where and lines[0].t is not None for lines in last):
+            return False
+        return time.time() - max(lines[0].t or 0.0 for lines in last) >= self.seconds
+
+
 def supervise(
-    processes: CaseProcesses, case_timeout: float, grace: float, ladder: StopLadder, peers: Peers | None = None
+    processes: CaseProcesses,
+    case_timeout: float,
+    grace: float,
+    ladder: StopLadder,
+    peers: Peers | None = None,
+    confirm: Confirm | None = None,
 ) -> Supervision:
-    """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure."""
+    """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure.
+
+    With ``confirm``, also once every rank still running is stuck where its class hung.
+    """
     started = time.time()
     deadline = time.monotonic() + case_timeout
     grace_deadline: float | None = None
@@ -53,6 +76,10 @@ def supervise(
             if failed_here and peers is not None:
                 peers.report_failure()
         if not alive:
+            break
+        if confirm is not None and grace_deadline is None and confirm.stuck(alive):
+            supervision.stop_reason = "confirm"
+            supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         now = time.monotonic()
         limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)

@@ -65,6 +65,8 @@ class Step:
 class RungDecision:
     run: bool
     reason: str = ""
+    # The class leader hung on this rung stuck here: a case stuck at the same place is confirmed sooner.
+    confirm_at: str = ""
 
 
 class LadderBook:
@@ -78,15 +80,21 @@ class LadderBook:
         self.decision_wait = decision_wait
         self._lines = JsonlFollower(path)
         self._known: dict[tuple[str, str], str] = {}
+        self._stuck: dict[tuple[str, str], str] = {}  # where a hung case's ranks were stopped
 
-    def record(self, step: Step, outcome: str, reason: str = "", final: bool = False) -> None:
-        """Record a rung's outcome; ``final``: no NCCL rung can change it (``unchangeable``)."""
-        self._append(step.key, self.ladder[step.rung_index].name, outcome, reason, final)
+    def record(self, step: Step, outcome: str, reason: str = "", final: bool = False, stuck: str = "") -> None:
+        """Record a rung's outcome.
 
-    def _append(self, key: str, rung: str, outcome: str, reason: str = "", final: bool = False) -> None:
+        ``final``: no NCCL rung can change it (``unchangeable``); ``stuck``: where a hung case's ranks were.
+        """
+        self._append(step.key, self.ladder[step.rung_index].name, outcome, reason, final, stuck)
+
+    def _append(
+        self, key: str, rung: str, outcome: str, reason: str = "", final: bool = False, stuck: str = ""
+    ) -> None:
         # A rung skipped is decided again the same way after a crash: only outcomes of cases are fsynced.
         line = {"key": key, "rung": rung, "outcome": outcome, "reason": reason, "final": final}
-        append_line(self.path, line, durable=outcome != Verdict.SKIP)
+        append_line(self.path, {**line, "stuck": stuck} if stuck else line, durable=outcome != "skipped")
 
     def _outcomes(self) -> dict[tuple[str, str], str]:
         """Every outcome recorded so far; each call reads only the lines added since the last."""
@@ -94,6 +102,8 @@ class LadderBook:
             where, outcome = (line["key"], line["rung"]), "final" if line.get("final") else line["outcome"]
             if outcome != UNDECIDED or where not in self._known:  # a give-up never overwrites a real outcome
                 self._known[where] = outcome
+            if line.get("stuck"):
+                self._stuck[where] = line["stuck"]
         return dict(self._known)
 
     def wait_for(self, wanted: Sequence[tuple[str, str]], deadline: float) -> dict[tuple[str, str], str]:
@@ -124,8 +134,10 @@ class LadderBook:
         worker deciding it died) counts as not passed: the case decides for itself and says so.
         """
         k = step.rung_index
-        if k == 0 or self.mode == "full":
+        if self.mode == "full":
             return RungDecision(True)
+        if k == 0:
+            return self._first_rung(step)
         names = [r.name for r in self.ladder]
         known = self._outcomes()  # what is decided already settles it without a wait (one passed, ...)
         in_run = [i for i in range(k) if selected is None or (step.key, i) in selected]
@@ -150,6 +162,16 @@ class LadderBook:
         if decision.run and decision.reason:
             LOG.warning("%s, rung %s: %s", step.key, names[k], decision.reason)
         return decision
+
+    def _first_rung(self, step: Step) -> RungDecision:
+        """The first rung always runs; once the class leader is known to have hung on it, say where."""
+        if step.leader_key is None:
+            return RungDecision(True)
+        where = (step.leader_key, self.ladder[0].name)
+        known = self._outcomes()
+        if known.get(where) != Verdict.HANG or not self._stuck.get(where):
+            return RungDecision(True)
+        return RungDecision(True, confirm_at=self._stuck[where])
 
     def _by_own_outcomes(
         self, step: Step, outcomes: Mapping[str, str], environ: Mapping[str, str]

@@ -128,5 +128,7 @@ def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], case
             else:
                 lines.append(f"{classes_here}: no rung passed")
     deadlines = sum(1 for r in records if r.stop_reason == "deadline")
-    lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each)")
+    confirmed = sum(1 for r in records if r.stop_reason == "confirm")
+    also = f"; {confirmed} hang(s) confirmed sooner, stuck where their class hung" if confirmed else ""
+    lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each){also}")
     return lines

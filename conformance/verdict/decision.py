@@ -99,7 +99,7 @@ class RankReport:
 
     @property
     def where(self) -> str:
-        return f"{self.phase} ({self.step})" if self.step else self.phase
+        return casefiles.place(self.phase, self.step)
 
 
 class EndedRank(Protocol):
@@ -225,6 +225,14 @@ def decide(reports: Sequence[RankReport]) -> Decision:
     victims = [r for r in failed if r is not root]
     summary = _describe(verdict, root, stuck if root is None else [root])
     return Decision(verdict, root, victims, summary)
+
+
+def stuck_place(decision: Decision) -> str:
+    """Where a hung case's stopped ranks were, when they were all in one place ("" otherwise)."""
+    if decision.verdict != Verdict.HANG:
+        return ""
+    places = {r.where for r in [decision.root, *decision.victims] if r is not None and r.status == "stopped"}
+    return places.pop() if len(places) == 1 else ""
 
 
 def _precedence(verdict: str) -> int:
