@@ -25,6 +25,7 @@ from conformance.nodes.layout import NodeSetup, local_fingerprint
 from conformance.plan.ladder import LADDER_FILE, LadderBook, RungDecision, Step, unchangeable
 from conformance.plan.matrix import NODE_SET_FIXTURES, DeviceSet, Rung, RungError, build_ladder, node_rungs
 from conformance.plan.parametrize import Plan
+from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
 from conformance.record.records import CaseRecord, RunFacts, RungFacts, junit_properties
@@ -77,6 +78,7 @@ class ConformanceSession:
         self.backend = choose_backend(settings.backend, topology)
         self.deadlines = deadlines(settings, self.backend)
         self._runner: CaseRunner | None = None
+        self.progress = CaseProgress(config)
         self._plan_run(run_id, build_ladder(self.user_rungs))
 
     def _plan_run(self, run_id: str, ladder: Sequence[Rung]) -> None:
@@ -234,7 +236,11 @@ class ConformanceSession:
             if device_set.nodes:
                 result = self._run_across_nodes(spec, device_set)
             else:
-                result = self.runner.run(spec, confirm_at=decision.confirm_at)
+                watch = self.progress.watch(item.nodeid)
+                try:
+                    result = self.runner.run(spec, confirm_at=decision.confirm_at, on_wait=watch)
+                finally:
+                    self.progress.done()
             result.node_rank = self.node_rank
             outcome, stuck = result.verdict, stuck_place(result.decision)
             if unchangeable(result.verdict, result.decision.summary):

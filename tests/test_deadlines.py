@@ -9,6 +9,11 @@ synchronize inside the step, so the hang is placed there and not in ``verify``.
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +168,37 @@ def test_a_rank_that_fails_dumps_its_recorder_itself(pytester: pytest.Pytester, 
     assert [e["op"] for e in rank0["collectives"]["last"]] == ["gloo:all_reduce"]
     dumped = json.loads(next(pytester.path.glob("reports/*/cases/*/rank0/flight_recorder.json")).read_text())
     assert dumped["entries"], "torch's own dump, kept beside the rank's logs"
+
+
+def test_a_waiting_case_shows_where_it_is_on_the_terminal(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """On a terminal, one line rewritten in place while a case waits; pytest's own line put back after."""
+    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce"))
+    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nranks = [1]'))
+    command = [
+        sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", f"--scenario={scenario}",
+        "--case-timeout=6", "--op-timeout=5", "--init-timeout=5", "--grace=1", "--virtual-devices=2",
+        f"--reports-dir={tmp_path / 'reports'}", "test_x.py",
+    ]  # fmt: skip
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "200"}  # the line is cut at the terminal's width
+    with subprocess.Popen(
+        command, cwd=pytester.path, stdin=follower, stdout=follower, stderr=follower, env=env
+    ) as proc:
+        os.close(follower)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed with the run
+                break
+            if not chunk:
+                break
+            output += chunk
+        proc.wait(timeout=60)
+    os.close(leader)
+    text = output.decode(errors="replace")
+    shown = re.findall(r"\rconformance \[(\d+)s, stopped in (\d+)s\] test_x.py::test_case: ([^\r]*)", text)
+    assert shown, text
+    assert all(int(elapsed) >= 3 for elapsed, _, _ in shown)  # a case shorter than 3 s never shows a line
+    assert any(where.strip().endswith("in probe (all_reduce 4B)") for _, _, where in shown), shown
+    assert re.search(r"\r +\rtest_x.py F", text), text  # pytest's line is back, then its verdict letter

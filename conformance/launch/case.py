@@ -18,7 +18,7 @@ from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.processes import CaseProcesses, RankProcess
-from conformance.launch.watchdog import Confirm, Peers, Supervision, supervise
+from conformance.launch.watchdog import Confirm, OnWait, Peers, Supervision, supervise
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
 from conformance.verdict.decision import Decision, RankReport, decide, rank_report, stack_excerpt
@@ -209,7 +209,9 @@ class CaseRunner:
         self._write_spec(spec, case_dir)
         return CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
 
-    def run(self, spec: CaseSpec, peers: Peers | None = None, confirm_at: str = "") -> CaseResult:
+    def run(
+        self, spec: CaseSpec, peers: Peers | None = None, confirm_at: str = "", on_wait: OnWait | None = None
+    ) -> CaseResult:
         """Run one case; ``confirm_at``: where its class leader hung on this rung (stop sooner when stuck there)."""
         case_dir = self._fresh_case_dir(spec.nodeid)
         self._write_spec(spec, case_dir)
@@ -219,7 +221,7 @@ class CaseRunner:
             with leased(self.lease_dir, device_ids, self.deadlines.lease_wait) as waited:
                 begun = time.monotonic()
                 confirm = Confirm(confirm_at, self.deadlines.confirm_wait) if confirm_at else None
-                ranks, supervision = self._start_and_supervise(spec, case_dir, peers, confirm)
+                ranks, supervision = self._start_and_supervise(spec, case_dir, peers, confirm, on_wait)
         except LeaseTimeout as exc:  # decide for itself: the case could not be judged
             decision = Decision(Verdict.INCONCLUSIVE, None, [], f"not run: {exc} for {self.deadlines.lease_wait:g}s")
             result = CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
@@ -240,14 +242,19 @@ class CaseRunner:
         )
 
     def _start_and_supervise(
-        self, spec: CaseSpec, case_dir: Path, peers: Peers | None, confirm: Confirm | None = None
+        self,
+        spec: CaseSpec,
+        case_dir: Path,
+        peers: Peers | None,
+        confirm: Confirm | None = None,
+        on_wait: OnWait | None = None,
     ) -> tuple[list[RankProcess], Supervision]:
         processes = CaseProcesses(self.server, case_dir, spec.world_size)
         self.live[processes.pgid] = processes
         try:
             deadlines = self.deadlines
             supervision = supervise(
-                processes, deadlines.case_timeout, deadlines.grace, deadlines.stop_ladder, peers, confirm
+                processes, deadlines.case_timeout, deadlines.grace, deadlines.stop_ladder, peers, confirm, on_wait
             )
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             processes.kill("the case was interrupted")

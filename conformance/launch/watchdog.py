@@ -8,6 +8,7 @@ seconds, not the deadline (across nodes, a failure on another node counts too). 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +38,9 @@ class Peers(Protocol):
     def report_failure(self) -> None: ...
 
 
+OnWait = Callable[[list[RankProcess], float], None]
+
+
 @dataclass(frozen=True)
 class Confirm:
     """Stop the case once every rank still running has been at ``where`` for ``seconds``: its class hung there."""
@@ -58,10 +62,12 @@ def supervise(
     ladder: StopLadder,
     peers: Peers | None = None,
     confirm: Confirm | None = None,
+    on_wait: OnWait | None = None,
 ) -> Supervision:
     """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure.
 
-    With ``confirm``, also once every rank still running is stuck where its class hung.
+    With ``confirm``, also once every rank still running is stuck where its class hung.  ``on_wait`` is
+    told the ranks still running and the seconds left, at every look (progress for people).
     """
     started = time.time()
     deadline = time.monotonic() + case_timeout
@@ -83,6 +89,8 @@ def supervise(
             break
         now = time.monotonic()
         limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)
+        if on_wait is not None:
+            on_wait(alive, limit - now)
         if now >= limit:
             supervision.stop_reason = "deadline" if limit == deadline else "grace"
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)

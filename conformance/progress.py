@@ -1,0 +1,84 @@
+"""While a case waits, one line on the terminal: which case, where its ranks are, how long until its deadline.
+
+On a terminal the line is rewritten in place every second once a case has run a few seconds, and
+the line pytest was writing is put back when the case ends; in a log (no terminal) a line is
+written every 30 s while a case runs, so a hang is never a minute of silence.  xdist workers have
+no terminal: their controller shows only pytest's own progress.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from conformance.common import casefiles
+from conformance.launch.processes import RankProcess
+from conformance.launch.watchdog import OnWait
+
+SHOW_AFTER = 3.0  # a case shorter than this never shows a line
+EVERY_ON_TERMINAL = 1.0
+EVERY_IN_LOG = 30.0
+
+
+def where_ranks_are(ranks: Sequence[RankProcess]) -> str:
+    """``rank 0, 1 in probe (send/recv 4B)``: each place, with the ranks in it."""
+    places: dict[str, list[str]] = {}
+    for rank in ranks:
+        last = casefiles.read_phases(rank.path)[-1:]
+        places.setdefault(last[0].where if last else "start", []).append(str(rank.rank))
+    return "; ".join(f"rank {', '.join(r)} in {where}" for where, r in places.items())
+
+
+class CaseProgress:
+    """The status line of the case that is running (one at a time per pytest process)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.reporter: Any = None
+        self.capture: Any = None
+        self.on_terminal = False
+        self._saved: str | None = None  # the line pytest was writing, while ours stands in for it
+
+    def watch(self, nodeid: str) -> OnWait | None:
+        """A callback for the watchdog's loop while ``nodeid`` runs; None where nothing can be shown."""
+        plugins = self.config.pluginmanager
+        self.reporter, self.capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+        if self.reporter is None or self.capture is None or hasattr(self.config, "workerinput"):
+            return None
+        self.on_terminal = bool(self.reporter.isatty())
+        begun, shown = time.monotonic(), [0.0]
+
+        def on_wait(alive: Sequence[RankProcess], seconds_left: float) -> None:
+            now = time.monotonic()
+            every = EVERY_ON_TERMINAL if self.on_terminal else EVERY_IN_LOG
+            if now - begun < (SHOW_AFTER if self.on_terminal else EVERY_IN_LOG) or now - shown[0] < every:
+                return
+            shown[0] = now
+            where = where_ranks_are(alive)
+            self._show(f"conformance [{now - begun:.0f}s, stopped in {seconds_left:.0f}s] {nodeid}: {where}")
+
+        return on_wait
+
+    def _show(self, line: str) -> None:
+        with self.capture.global_and_fixture_disabled():
+            if not self.on_terminal:
+                self.reporter.write_line(line)
+                return
+            writer = self.reporter._tw  # pytest's TerminalWriter: the line it is writing is put back later
+            if self._saved is None:
+                self._saved = getattr(writer, "_current_line", "")
+            width = max(20, writer.fullwidth - 1)
+            self.reporter.rewrite(line[:width], erase=True)
+
+    def done(self) -> None:
+        """Put back the line pytest was writing, if ours replaced it."""
+        if self._saved is None:
+            return
+        saved, self._saved = self._saved, None
+        writer = self.reporter._tw
+        with self.capture.global_and_fixture_disabled():
+            writer.write("\r" + " " * max(0, writer.fullwidth - 1) + "\r" + saved)
+            writer._current_line = saved  # what pytest measures to place its [NN%]
