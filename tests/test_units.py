@@ -677,3 +677,15 @@ class UntouchableNVML(types.ModuleType):
 def test_discover_gloo_never_asks_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", UntouchableNVML("pynvml"))
     assert discover("gloo", 2, environ={}) == cpu_topology(2, note="backend gloo chosen")
+
+
+def test_deadlines_text_counts_confirmed_hangs_apart() -> None:
+    from conformance.summarise.summary import deadlines_text
+
+    def stopped(*reasons: str | None) -> list[Any]:
+        return [types.SimpleNamespace(stop_reason=r) for r in reasons]
+
+    assert deadlines_text(stopped("deadline", None, "grace"), 3) == "deadlines paid: 1 (up to 3s each)"
+    assert deadlines_text(stopped("deadline", "confirm", "confirm", "deadline")) == (
+        "deadlines paid: 2; 2 hang(s) confirmed sooner, stuck where their class hung"
+    )

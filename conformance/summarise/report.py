@@ -28,6 +28,7 @@ from conformance.plan.matrix import Rung
 from conformance.record.records import CaseRecord, RootCause, RunFacts
 from conformance.record.runs import Run
 from conformance.summarise.summary import (
+    deadlines_text,
     first_passing_rungs,
     link_class_of,
     one_record_per_case,
@@ -250,12 +251,11 @@ def _header(facts: _Facts) -> str:
         f"<span>{_badge(v, f'{counts[v]} {v}' + (f' ({expected[v]} expected)' if expected[v] else ''))}</span>"
         for v in shown
     )
-    deadlines = sum(1 for r in facts.records if r.stop_reason == "deadline")
     warnings = "".join(f"<li>{_e(w)}</li>" for w in run.warnings)
     return (
         f"<header><h1>GPU conformance report{simulated}</h1>"
         f'<div class="sub">run <span class="mono">{_e(run.run_id)}</span> · {len(facts.records)} cases · '
-        f'deadlines paid: {deadlines} · from <span class="mono">{_e(run.source)}</span></div>'
+        f'{_e(deadlines_text(facts.records))} · from <span class="mono">{_e(run.source)}</span></div>'
         f'<div class="counts">{badges}</div>' + (f'<ul class="warn">{warnings}</ul>' if warnings else "") + "</header>"
     )
 

@@ -127,8 +127,14 @@ def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], case
                 lines.append(f"{classes_here}: first passing rung {name}: {rung_env_text(rung)}")
             else:
                 lines.append(f"{classes_here}: no rung passed")
-    deadlines = sum(1 for r in records if r.stop_reason == "deadline")
-    confirmed = sum(1 for r in records if r.stop_reason == "confirm")
-    also = f"; {confirmed} hang(s) confirmed sooner, stuck where their class hung" if confirmed else ""
-    lines.append(f"deadlines paid: {deadlines} (up to {case_timeout:g}s each){also}")
+    lines.append(deadlines_text(records, case_timeout))
     return lines
+
+
+def deadlines_text(records: Iterable[CaseRecord], case_timeout: float | None = None) -> str:
+    """How many whole case deadlines the run paid, and how many hangs were confirmed sooner instead."""
+    stops = Counter(r.stop_reason for r in records)
+    each = f" (up to {case_timeout:g}s each)" if case_timeout is not None else ""
+    confirmed = stops["confirm"]
+    also = f"; {confirmed} hang(s) confirmed sooner, stuck where their class hung" if confirmed else ""
+    return f"deadlines paid: {stops['deadline']}{each}{also}"
