@@ -192,6 +192,7 @@ class ConformanceSession:
         rung = device_set.rung
         pair = device_set.devices if len(device_set.devices) == 2 else None
         single_process = bool(params.pop("single_process", False))
+        grace = params.pop("grace", None)
         return CaseSpec(
             nodeid=item.nodeid,
             probe=probe,
@@ -209,6 +210,7 @@ class ConformanceSession:
             p2p_status=self.topology.p2p_status(*pair) if pair else None,
             single_process=single_process,
             nodes=device_set.nodes,
+            grace=None if grace is None else float(grace),
         )
 
     def run(

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from conformance.common.deadlines import CPU_STOP_LADDER
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
+
+LOAD_SLACK = 2.0  # seconds for scheduling on a loaded machine
 
 TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 TWO_RANKS = "--virtual-devices=2"
@@ -254,3 +257,24 @@ def test_inconclusive_when_control_fails(pytester: pytest.Pytester, run_suite, r
         (1, 1, "error", "control", None),
     ]
     assert record["stop_seconds"] is not None and record["stop_seconds"] < 2.0
+
+
+SHORT_GRACE_TEST = """
+from conformance.plan.matrix import DeviceSet
+
+def test_case(conformance_case, conformance):
+    conformance_case("all_reduce", DeviceSet(conformance.topology.devices, "all"), sizes=[4], grace=0.3)
+"""
+
+
+def test_a_case_may_ask_for_a_shorter_grace(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:
+    """The negative controls' way to check the grace mechanism without waiting out --grace on every run."""
+    pytester.makepyfile(test_x=SHORT_GRACE_TEST)
+    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "error"\nphase = "control"\nranks = [1]'))
+    options = ("--case-timeout=20", "--op-timeout=15", "--init-timeout=15", "--grace=10")
+    run_suite(f"--scenario={scenario}", *options, TWO_RANKS).assert_outcomes(failed=1)
+    record = only_record(reports_dir)
+    waiting, failing = record["ranks"]
+    assert (waiting["status"], waiting["stopped_by"]) == ("stopped", "grace")
+    released = waiting["seconds"] - failing["seconds"]
+    assert released <= 0.3 + CPU_STOP_LADDER.total + LOAD_SLACK, released  # not the 10 s of --grace

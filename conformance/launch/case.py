@@ -57,6 +57,7 @@ class CaseSpec:
     single_process: bool = False  # one rank on the first device, the others as its peers
     cross_node: CrossNode | None = None
     nodes: tuple[int, ...] = ()  # the node ranks a cross-node case spans
+    grace: float | None = None  # this case's grace after a failure (negative controls); None: --grace
 
     @property
     def world_size(self) -> int:
@@ -253,8 +254,9 @@ class CaseRunner:
         self.live[processes.pgid] = processes
         try:
             deadlines = self.deadlines
+            grace = deadlines.grace if spec.grace is None else min(spec.grace, deadlines.grace)
             supervision = supervise(
-                processes, deadlines.case_timeout, deadlines.grace, deadlines.stop_ladder, peers, confirm, on_wait
+                processes, deadlines.case_timeout, grace, deadlines.stop_ladder, peers, confirm, on_wait
             )
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             processes.kill("the case was interrupted")
