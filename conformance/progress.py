@@ -27,8 +27,8 @@ def where_ranks_are(ranks: Sequence[RankProcess]) -> str:
     """``rank 0, 1 in probe (send/recv 4B)``: each place, with the ranks in it."""
     places: dict[str, list[str]] = {}
     for rank in ranks:
-        last = casefiles.read_phases(rank.path)[-1:]
-        places.setdefault(last[0].where if last else "start", []).append(str(rank.rank))
+        last = casefiles.last_phase(rank.path)
+        places.setdefault(last.where if last else "start", []).append(str(rank.rank))
     return "; ".join(f"rank {', '.join(r)} in {where}" for where, r in places.items())
 
 

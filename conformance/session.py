@@ -22,7 +22,7 @@ from conformance.discover.versions import nccl_wheel_version, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
 from conformance.nodes.layout import NodeSetup, local_fingerprint
-from conformance.plan.ladder import LADDER_FILE, LadderBook, RungDecision, Step, unchangeable
+from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step, unchangeable
 from conformance.plan.matrix import NODE_SET_FIXTURES, DeviceSet, Rung, RungError, build_ladder, node_rungs
 from conformance.plan.parametrize import Plan
 from conformance.progress import CaseProgress
@@ -221,16 +221,16 @@ class ConformanceSession:
         self.ensure_run_dir()
         if device_set.nodes and self.node_rank not in device_set.nodes:
             reason = f"node {self.node_rank} takes no part in {device_set.base_id}"
-            self.book.record(step, "skipped", reason)
+            self.book.record(step, SKIPPED, reason)
             pytest.skip(reason)
         gone = self.nodes.absent(device_set.nodes) if self.nodes and device_set.nodes else None
         if gone is not None and step.rung_index > 0:
             reason = f"no environment rung brings a node back: {gone.reason}"
-            self.book.record(step, "skipped", reason)
+            self.book.record(step, SKIPPED, reason)
             pytest.skip(reason)
         decision = self._rung_decision(step)
         if not decision.run:
-            self.book.record(step, "skipped", decision.reason)
+            self.book.record(step, SKIPPED, decision.reason)
             pytest.skip(decision.reason)
         outcome, final_reason, stuck = Verdict.ERROR.value, "", ""
         try:

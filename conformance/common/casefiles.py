@@ -179,6 +179,12 @@ def read_phases(rank_path: Path) -> list[PhaseLine]:
     return [PhaseLine(**{k: v for k, v in line.items() if k in keys}) for line in lines if "phase" in line]
 
 
+def last_phase(rank_path: Path) -> PhaseLine | None:
+    """Where a rank is now: the last whole line of its phase log, if it has written one."""
+    phases = read_phases(rank_path)
+    return phases[-1] if phases else None
+
+
 def tail(path: Path, max_lines: int = 30, max_chars: int = 4000) -> str:
     try:
         with path.open("rb") as f:

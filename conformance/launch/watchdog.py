@@ -49,10 +49,9 @@ class Confirm:
     seconds: float
 
     def stuck(self, alive: list[RankProcess]) -> bool:
-        last = [casefiles.read_phases(rank.path)[-1:] for rank in alive]
-        if not all(lines and lines[0].where == self.where and lines[0].t is not None for lines in last):
-            return False
-        return time.time() - max(lines[0].t or 0.0 for lines in last) >= self.seconds
+        lasts = [casefiles.last_phase(rank.path) for rank in alive]
+        arrived = [p.t for p in lasts if p is not None and p.where == self.where and p.t is not None]
+        return bool(arrived) and len(arrived) == len(alive) and time.time() - max(arrived) >= self.seconds
 
 
 def supervise(

@@ -29,6 +29,8 @@ from conformance.plan.relevance import cannot_change
 LADDER_FILE = "ladder.jsonl"
 # The outcome a waiting case records for a rung nobody decided within its wait.
 UNDECIDED = "undecided"
+# The outcome of a rung the ladder skipped (no case ran); ``Verdict.SKIP`` is a case that does not apply.
+SKIPPED = "skipped"
 Selected = AbstractSet[tuple[str, int]] | None
 LOG = logging.getLogger("conformance.plan")
 POLL_SECONDS = 0.1
@@ -94,7 +96,7 @@ class LadderBook:
     ) -> None:
         # A rung skipped is decided again the same way after a crash: only outcomes of cases are fsynced.
         line = {"key": key, "rung": rung, "outcome": outcome, "reason": reason, "final": final}
-        append_line(self.path, {**line, "stuck": stuck} if stuck else line, durable=outcome != "skipped")
+        append_line(self.path, {**line, "stuck": stuck} if stuck else line, durable=outcome != SKIPPED)
 
     def _outcomes(self) -> dict[tuple[str, str], str]:
         """Every outcome recorded so far; each call reads only the lines added since the last."""
