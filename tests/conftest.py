@@ -26,17 +26,27 @@ TAG_VARIABLE = "CONFORMANCE_TEST_TAG"
 REPO = Path(__file__).resolve().parent.parent
 
 
+def process_dirs() -> Iterator[Path]:
+    """``/proc/<pid>`` of every process."""
+    return (entry for entry in Path("/proc").iterdir() if entry.name.isdigit())
+
+
+def stat_fields(process_dir: Path) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: state, parent pid, ..."""
+    return (process_dir / "stat").read_text().rsplit(")", 1)[1].split()
+
+
 def tagged_processes(tag: str) -> list[int]:
     """PIDs of live processes (not zombies) whose environment carries ``tag``."""
     needle = f"{TAG_VARIABLE}={tag}".encode()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for entry in process_dirs():
+        if int(entry.name) == os.getpid():
             continue
         try:
             if needle not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = stat_fields(entry)[0]
         except OSError:
             continue
         if state != "Z":

@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from conftest import COLLECTIVE_TEST, read_records, scenario_text, tagged_processes, wait_until_gone
+from conftest import (
+    COLLECTIVE_TEST,
+    process_dirs,
+    read_records,
+    scenario_text,
+    stat_fields,
+    tagged_processes,
+    wait_until_gone,
+)
 
 TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 TWO_RANKS = "--virtual-devices=2"
@@ -41,11 +49,9 @@ def test_4_barrier_hangs(conformance_case, conformance):
 def children(pid: int) -> set[int]:
     """Live child processes of ``pid``."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in process_dirs():
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(entry)
         except OSError:
             continue
         if fields[0] != "Z" and int(fields[1]) == pid:
@@ -234,9 +240,7 @@ P2P_HANG = 'effect = "hang"\nprobes = ["pair_exchange"]\np2p = true'
 def case_rank_pids(case_dir: Path) -> set[int]:
     """Live processes holding a file of ``case_dir`` open: that case's ranks."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in process_dirs():
         try:
             targets = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
         except OSError:
@@ -247,7 +251,7 @@ def case_rank_pids(case_dir: Path) -> set[int]:
 
 
 def parent_of(pid: int) -> int:
-    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return int(stat_fields(Path("/proc") / str(pid))[1])
 
 
 def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
