@@ -42,9 +42,10 @@ if TYPE_CHECKING:
 MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
-# How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py).
+# How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py);
+# on CPU, collectives larger than chunk_bytes move in parts, each reported as progress.
 MEASUREMENT = {
-    "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5},
+    "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5, "chunk_bytes": 4 << 20},
     "gpu": {"bandwidth_bytes": 64 << 20, "bandwidth_warmup": 5, "bandwidth_iterations": 20},
 }
 
@@ -150,6 +151,7 @@ class ConformanceSession:
             matrix=self.plan.mode,
             ladder=tuple(RungFacts(r.name, dict(r.set), r.unset_families) for r in self.plan.ladder),
             case_timeout=self.settings.case_timeout,
+            step_deadline=self.deadlines.step_deadline,
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
         )
@@ -417,7 +419,7 @@ class ConformanceSession:
         if records:
             for line in summary_lines(records, self.simulated):
                 terminalreporter.write_line(line)
-            for line in ladder_summary_lines(records, self.plan.ladder, self.settings.case_timeout):
+            for line in ladder_summary_lines(records, self.plan.ladder, self.deadlines.step_deadline):
                 terminalreporter.write_line(line)
         for line in self.conclusion.lines:
             terminalreporter.write_line(line)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -102,19 +102,26 @@ def place(phase: str, step: str) -> str:
 
 @dataclass(frozen=True)
 class PhaseLine:
-    """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies."""
+    """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies.
+
+    A long step also writes a line for each part it finishes (``part`` "3/16"): progress the
+    watchdog sees, so a large collective that advances is not taken for a hang.
+    """
 
     phase: str
     step: str = ""
     t: float | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
+    part: str = ""
 
     @property
     def where(self) -> str:
         return place(self.phase, self.step)
 
     def to_json(self) -> dict[str, Any]:
-        line = {"phase": self.phase, "step": self.step, "t": self.t}
+        line: dict[str, Any] = {"phase": self.phase, "step": self.step, "t": self.t}
+        if self.part:
+            line["part"] = self.part
         return {**line, "facts": dict(self.facts)} if self.facts else line
 
 
@@ -183,6 +190,17 @@ def last_phase(rank_path: Path) -> PhaseLine | None:
     """Where a rank is now: the last whole line of its phase log, if it has written one."""
     phases = read_phases(rank_path)
     return phases[-1] if phases else None
+
+
+def last_progress(rank_paths: Iterable[Path]) -> float | None:
+    """When any of these ranks last reported progress (its phase log's mtime), if one has yet."""
+    times = []
+    for path in rank_paths:
+        try:
+            times.append((path / PHASES).stat().st_mtime)
+        except OSError:
+            continue
+    return max(times) if times else None
 
 
 def tail(path: Path, max_lines: int = 30, max_chars: int = 4000) -> str:

@@ -18,7 +18,7 @@ from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.processes import CaseProcesses, RankProcess
-from conformance.launch.watchdog import Confirm, OnWait, Peers, Supervision, supervise
+from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, supervise
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
 from conformance.verdict.decision import Decision, RankReport, decide, rank_report, stack_excerpt
@@ -255,9 +255,8 @@ class CaseRunner:
         try:
             deadlines = self.deadlines
             grace = deadlines.grace if spec.grace is None else min(spec.grace, deadlines.grace)
-            supervision = supervise(
-                processes, deadlines.case_timeout, grace, deadlines.stop_ladder, peers, confirm, on_wait
-            )
+            limits = Limits(step=deadlines.step_deadline, case=deadlines.case_timeout, grace=grace)
+            supervision = supervise(processes, limits, deadlines.stop_ladder, peers, confirm, on_wait)
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             processes.kill("the case was interrupted")
             raise
@@ -291,7 +290,11 @@ def failure_text(result: CaseResult) -> str:
         victims = ", ".join(f"rank {v.rank} ({v.status} in {v.where})" for v in decision.victims)
         lines.append(f"victims: {victims}")
     if result.stop_reason:
-        why = ", stuck where the first pair of its link class hung" if result.stop_reason == "confirm" else ""
+        why = {
+            "confirm": ", stuck where the first pair of its link class hung",
+            "stalled": ": no rank reported progress for the step deadline",
+            "deadline": ": the whole-case limit",
+        }.get(result.stop_reason, "")
         lines.append(
             f"stopped by the watchdog ({result.stop_reason}{why}); last rank reaped {result.stop_seconds:.2f}s later"
         )

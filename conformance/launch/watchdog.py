@@ -1,8 +1,9 @@
 """The parent's watchdog: the policy of when a case's ranks are stopped.
 
-It waits for every rank against the case deadline; when one rank fails, the others get ``grace``
-seconds, not the deadline (across nodes, a failure on another node counts too).  Stopping is
-``CaseProcesses.stop``: the stop ladder, where ranks are killed.
+A case is a hang when no rank has reported progress (a line in its ``phase.jsonl``) for the step
+deadline ("stalled"); the whole-case limit is the last net for one that progresses forever
+("deadline").  When one rank fails, the others get ``grace`` seconds (across nodes, a failure on
+another node counts too).  Stopping is ``CaseProcesses.stop``: the stop ladder, where ranks are killed.
 """
 
 from __future__ import annotations
@@ -54,23 +55,37 @@ class Confirm:
         return bool(arrived) and len(arrived) == len(alive) and time.time() - max(arrived) >= self.seconds
 
 
+@dataclass(frozen=True)
+class Limits:
+    """When the watchdog stops a case: no progress for ``step``, past ``case`` in all, ``grace`` after a failure."""
+
+    step: float
+    case: float
+    grace: float
+
+
+def stalled_for(ranks: list[RankProcess], started: float) -> float:
+    """Seconds since any rank of the case last reported progress (since the start, before any did)."""
+    last = casefiles.last_progress(rank.path for rank in ranks)
+    return time.time() - max(started, last or 0.0)
+
+
 def supervise(
     processes: CaseProcesses,
-    case_timeout: float,
-    grace: float,
+    limits: Limits,
     ladder: StopLadder,
     peers: Peers | None = None,
     confirm: Confirm | None = None,
     on_wait: OnWait | None = None,
 ) -> Supervision:
-    """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure.
+    """Wait for every rank; stop them when they stall, at the case limit, or ``grace`` seconds after a failure.
 
     With ``confirm``, also once every rank still running is stuck where its class hung.  ``on_wait`` is
     told the ranks still running and the seconds left, at every look (progress for people).
     """
     started = time.time()
-    deadline = time.monotonic() + case_timeout
-    grace_deadline: float | None = None
+    deadline = time.monotonic() + limits.case
+    grace, grace_deadline = limits.grace, None
     supervision = Supervision(ranks=processes.ranks, started=started, ended=started)
     while True:
         alive = processes.alive()
@@ -87,11 +102,13 @@ def supervise(
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         now = time.monotonic()
-        limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)
+        stalled = now + limits.step - stalled_for(processes.ranks, started)
+        limit = min(deadline, stalled, grace_deadline if grace_deadline is not None else deadline)
         if on_wait is not None:
             on_wait(alive, limit - now)
         if now >= limit:
-            supervision.stop_reason = "deadline" if limit == deadline else "grace"
+            reasons = {grace_deadline: "grace", stalled: "stalled", deadline: "deadline"}
+            supervision.stop_reason = reasons[limit]
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         processes.wait(min(limit - now, EVENT_WAIT))

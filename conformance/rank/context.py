@@ -120,6 +120,11 @@ class RankContext:
         self._phase_log.write(json.dumps(line.to_json()) + "\n")
         self._apply_faults(name)
 
+    def advance(self, part: str) -> None:
+        """Report a finished part of the current step (progress inside a long one; no faults applied)."""
+        line = PhaseLine(self.phase_name, self.step, time.time(), part=part)
+        self._phase_log.write(json.dumps(line.to_json()) + "\n")
+
     def _matching_rules(self, phase: str, effect: str | None = None) -> list[tuple[int, Rule]]:
         return [
             (i, rule)
@@ -133,7 +138,8 @@ class RankContext:
         for i, rule in self._matching_rules(phase):
             if rule.effect == "wrong_data":
                 continue  # applied to received data in verify()
-            self.fired.add(i)
+            if rule.effect != "slow":  # a slow machine is slow at every step; other faults happen once
+                self.fired.add(i)
             if rule.effect == "device_hang":
                 self.device_stuck = True  # the host call returns; the kernel never finishes
                 continue
