@@ -89,7 +89,7 @@ def test_one_rank_errors_while_the_others_wait(pytester: pytest.Pytester, run_su
 
 def test_hang_on_one_rank_names_it(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:
     result = run_scenario(pytester, run_suite, 'effect = "hang"\nranks = [1]')
-    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (deadline)"
+    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled)"
     assert failure_line(result) == f"[simulated] hang: {summary}"
     result.stdout.fnmatch_lines(
         [

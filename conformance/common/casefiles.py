@@ -7,6 +7,8 @@
     <case dir>/rank<k>/result.json              the rank's structured result (authoritative)
     <case dir>/rank<k>/nccl.log                 NCCL_DEBUG=INFO output (NCCL cases)
     <case dir>/rank<k>/flight_recorder.json     torch's flight recorder, dumped at the deadline or on failure
+    <case dir>/turn               written by the parent when the ranks may time a transfer: "alone", or
+                                  "beside" when no turn came within the wait (the figure says so)
 
 ``case.json``, ``result.json`` and the phase lines are the dataclasses below, written and read
 only through this module on both sides of the fork.  Exit codes are only a fallback for a rank
@@ -32,6 +34,8 @@ PHASES = "phase.jsonl"
 RESULT = "result.json"
 NCCL_LOG = "nccl.log"
 FLIGHT_RECORDER = "flight_recorder.json"
+TURN = "turn"
+TURN_STEP = "waiting for the measurement turn"  # the step ranks report while they wait for it
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -157,6 +161,16 @@ def read_result(rank_path: Path) -> RankResult | None:
     if not isinstance(data, dict) or "status" not in data:
         return None
     return RankResult(**{f.name: data[f.name] for f in fields(RankResult) if f.name in data})
+
+
+def grant_turn(case_dir: Path, alone: bool) -> None:
+    write_json_atomic(case_dir / TURN, "alone" if alone else "beside")
+
+
+def read_turn(case_dir: Path) -> str | None:
+    """The parent's grant of the measurement turn, once it has written one."""
+    turn = read_json(case_dir / TURN)
+    return turn if isinstance(turn, str) else None
 
 
 def rank_dir(case_dir: Path, rank: int) -> Path:

@@ -125,6 +125,15 @@ class Deadlines:
         return min(step, max(CONFIRM_FLOOR, min(CONFIRM_CAP, step / 4)))
 
     @property
+    def turn_wait(self) -> float:
+        """How long a case waits for its measurement turn (and to enter the gate) before it goes on anyway.
+
+        Other cases' measurements take seconds; a step deadline is plenty, and it keeps the wait inside
+        the case limit.  A figure timed without its turn says so (``measured_alone`` false).
+        """
+        return self.step_deadline
+
+    @property
     def lease_wait(self) -> float:
         """How long a case waits for its devices: the case holding them has ended by then."""
         return self.case_bound + LEASE_MARGIN

@@ -141,7 +141,8 @@ def bus_factor(collective: str, world_size: int) -> float:
 
 
 def timed(ctx: RankContext, label: str, operation: Callable[[], object], *devices: torch.device) -> float:
-    """Seconds per iteration of ``operation``, as its own probe step."""
+    """Seconds per iteration of ``operation``, as its own probe step, once no other case runs."""
+    ctx.wait_for_turn()
     iterations = int(ctx.params.get("bandwidth_iterations", 5))
     warmup = int(ctx.params.get("bandwidth_warmup", 1))
     ctx.phase("probe", f"{label} x{iterations}")
