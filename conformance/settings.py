@@ -135,7 +135,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number),
     Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number),
     Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number),
-    Setting("case_timeout", CASE_TIMEOUT_HELP, "300", _positive_number),
+    Setting("case_timeout", CASE_TIMEOUT_HELP, "120", _positive_number),
     Setting("grace", GRACE_HELP, "3", _positive_number),
     Setting("matrix", MATRIX_HELP, "adaptive", _choice("matrix", MATRIX_MODES)),
     Setting("env_rung", ENV_RUNG_HELP, None, _text, multiple=True),  # parsed into rungs by the plan

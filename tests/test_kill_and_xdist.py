@@ -265,7 +265,7 @@ def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Pa
     command = [
         sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", "-rA",
         f"--reports-dir={reports_dir}", f"--scenario={scenario}", f"--topology-file={topology}",
-        "--step-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1",
+        "--step-timeout=3", "--case-timeout=10", "--op-timeout=2", "--init-timeout=2", "--grace=1",
         "-n", "2", "--dist", "loadgroup", "test_p.py",
     ]  # fmt: skip
     begun = time.monotonic()

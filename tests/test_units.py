@@ -66,7 +66,7 @@ def resolve_with(root: Path, cli: Mapping[str, str] | None = None, env: Mapping[
 def test_settings_defaults(tmp_path: Path) -> None:
     s = resolve_with(tmp_path)
     timeouts = (s.init_timeout, s.op_timeout, s.step_timeout, s.case_timeout, s.grace)
-    assert (s.backend, s.virtual_devices, timeouts) == ("auto", 4, (20.0, 20.0, 30.0, 300.0, 3.0))
+    assert (s.backend, s.virtual_devices, timeouts) == ("auto", 4, (20.0, 20.0, 30.0, 120.0, 3.0))
     assert s.scenario is None
     assert s.reports_dir == (tmp_path / "reports").resolve()
     assert s.reports_dir.is_dir()
@@ -80,7 +80,7 @@ def test_settings_priority_and_sources(tmp_path: Path) -> None:
     env = {"CONFORMANCE_VIRTUAL_DEVICES": "3", "CONFORMANCE_GRACE": "6"}
     cli = {"virtual_devices": "4"}
     s = resolve_with(tmp_path, cli=cli, env=env, ini=ini, inipath=ini_file)
-    assert (s.virtual_devices, s.grace, s.backend, s.case_timeout) == (4, 6.0, "gloo", 300.0)
+    assert (s.virtual_devices, s.grace, s.backend, s.case_timeout) == (4, 6.0, "gloo", 120.0)
     assert s.source("virtual_devices") == "command-line option --virtual-devices"
     assert s.source("grace") == "environment variable CONFORMANCE_GRACE"
     assert s.source("backend") == f"ini key conformance_backend in {ini_file}"
