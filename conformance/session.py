@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from conformance.ahead import CaseCall, CasesAhead, Pending, case_call
 from conformance.common import casefiles
 from conformance.common.deadlines import DeadlineError
 from conformance.common.families import inherited_variables
@@ -42,9 +43,10 @@ if TYPE_CHECKING:
 MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
-# How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py).
+# How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py);
+# on CPU, collectives larger than chunk_bytes move in parts, each reported as progress.
 MEASUREMENT = {
-    "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5},
+    "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5, "chunk_bytes": 4 << 20},
     "gpu": {"bandwidth_bytes": 64 << 20, "bandwidth_warmup": 5, "bandwidth_iterations": 20},
 }
 
@@ -79,6 +81,7 @@ class ConformanceSession:
         self.deadlines = deadlines(settings, self.backend)
         self._runner: CaseRunner | None = None
         self.progress = CaseProgress(config)
+        self.ahead = CasesAhead()
         self._plan_run(run_id, build_ladder(self.user_rungs))
 
     def _plan_run(self, run_id: str, ladder: Sequence[Rung]) -> None:
@@ -150,6 +153,7 @@ class ConformanceSession:
             matrix=self.plan.mode,
             ladder=tuple(RungFacts(r.name, dict(r.set), r.unset_families) for r in self.plan.ladder),
             case_timeout=self.settings.case_timeout,
+            step_deadline=self.deadlines.step_deadline,
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
         )
@@ -183,6 +187,7 @@ class ConformanceSession:
                 simulated=self.simulated,
                 lease_dir=self.lease_dir,
             )
+            self._runner.server.ensure_started()  # here, on the main thread: cases run in threads of their own
         return self._runner
 
     def _rung_decision(self, step: Step) -> RungDecision:
@@ -234,15 +239,10 @@ class ConformanceSession:
             pytest.skip(decision.reason)
         outcome, final_reason, stuck = Verdict.ERROR.value, "", ""
         try:
-            spec = self.case_spec(item, probe, device_set, params)
             if device_set.nodes:
-                result = self._run_across_nodes(spec, device_set)
+                result = self._run_across_nodes(self.case_spec(item, probe, device_set, params), device_set)
             else:
-                watch = self.progress.watch(item.nodeid)
-                try:
-                    result = self.runner.run(spec, confirm_at=decision.confirm_at, on_wait=watch)
-                finally:
-                    self.progress.done()
+                result = self._run_here(item, probe, device_set, expect, params, decision.confirm_at)
             result.node_rank = self.node_rank
             outcome, stuck = result.verdict, stuck_place(result.decision)
             if unchangeable(result.verdict, result.decision.summary):
@@ -255,6 +255,51 @@ class ConformanceSession:
         if result.verdict not in (Verdict.PASS, Verdict.SKIP):
             self._attach_logs(item, result)
         return result
+
+    def _run_here(
+        self,
+        item: pytest.Item,
+        probe: str,
+        device_set: DeviceSet,
+        expect: str | None,
+        params: dict[str, Any],
+        confirm_at: str,
+    ) -> CaseResult:
+        """The item's case (already running if it was started ahead), and later items' cases beside it."""
+        call = case_call(probe, expect, params)
+        pending = self.ahead.take(item.nodeid, call)
+        if pending is None:
+            pending = self._start(item, probe, device_set, params, confirm_at, call)
+        if expect is None:  # negative controls run alone
+            for later, later_set in self.ahead.candidates(item, pending.devices, self._runs_at_once):
+                later_confirm = self._rung_decision(self.plan.step(later, later_set)).confirm_at
+                self.ahead.pending[later.nodeid] = self._start(later, probe, later_set, params, later_confirm, call)
+        try:
+            return pending.wait(self.progress.watch(item.nodeid))
+        except BaseException:  # interrupted: no case of this process outlives the wait
+            self.runner.sweep()
+            raise
+        finally:
+            self.progress.done()
+
+    def _start(
+        self,
+        item: pytest.Item,
+        probe: str,
+        device_set: DeviceSet,
+        params: dict[str, Any],
+        confirm_at: str,
+        call: CaseCall,
+    ) -> Pending:
+        spec = self.case_spec(item, probe, device_set, dict(params))
+        runner = self.runner
+        pending = Pending(item.nodeid, call, frozenset(d.name for d in device_set.devices))
+        pending.run(lambda on_wait: runner.run(spec, confirm_at=confirm_at, on_wait=on_wait))
+        return pending
+
+    def _runs_at_once(self, item: pytest.Item, device_set: DeviceSet) -> bool:
+        """An item whose rung waits for no other case: the first rung, or any rung of a full matrix."""
+        return self.plan.mode == "full" or self.plan.step(item, device_set).rung_index == 0
 
     def _run_across_nodes(self, spec: CaseSpec, device_set: DeviceSet) -> CaseResult:
         """Meet the other nodes at this case, run this node's ranks, then agree on one verdict."""
@@ -417,7 +462,7 @@ class ConformanceSession:
         if records:
             for line in summary_lines(records, self.simulated):
                 terminalreporter.write_line(line)
-            for line in ladder_summary_lines(records, self.plan.ladder, self.settings.case_timeout):
+            for line in ladder_summary_lines(records, self.plan.ladder, self.deadlines.step_deadline):
                 terminalreporter.write_line(line)
         for line in self.conclusion.lines:
             terminalreporter.write_line(line)

@@ -108,7 +108,11 @@ BACKEND_HELP = "torch.distributed backend for the cases: auto (nccl when GPUs ar
 VIRTUAL_DEVICES_HELP = "Number of virtual CPU devices (gloo ranks) when no GPU is used."
 INIT_TIMEOUT_HELP = "Seconds a rank waits for rendezvous and process-group set-up (in-rank)."
 OP_TIMEOUT_HELP = "gloo: seconds a collective may take in a rank (init_process_group timeout); unused on NCCL."
-CASE_TIMEOUT_HELP = "Seconds the parent's watchdog gives a whole case before it is a hang."
+STEP_TIMEOUT_HELP = (
+    "Seconds a case may go without any rank reporting progress (a new step, or a part of a long one) "
+    "before the watchdog calls it a hang."
+)
+CASE_TIMEOUT_HELP = "Seconds the watchdog gives a whole case, progressing or not: the last net."
 GRACE_HELP = "Seconds the other ranks get after one rank fails, before they are stopped."
 MATRIX_HELP = "Environment rungs to run: adaptive (fallback rungs only where inherited fails), full, inherited."
 ENV_RUNG_HELP = "An extra environment rung NAME:VAR=VALUE[,VAR=VALUE] (repeatable; env var: ';'-separated)."
@@ -128,9 +132,10 @@ REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'late
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", BACKEND_HELP, "auto", _choice("backend", BACKENDS)),
     Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _positive_int),
-    Setting("init_timeout", INIT_TIMEOUT_HELP, "30", _positive_number),
-    Setting("op_timeout", OP_TIMEOUT_HELP, "30", _positive_number),
-    Setting("case_timeout", CASE_TIMEOUT_HELP, "60", _positive_number),
+    Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number),
+    Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number),
+    Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number),
+    Setting("case_timeout", CASE_TIMEOUT_HELP, "120", _positive_number),
     Setting("grace", GRACE_HELP, "3", _positive_number),
     Setting("matrix", MATRIX_HELP, "adaptive", _choice("matrix", MATRIX_MODES)),
     Setting("env_rung", ENV_RUNG_HELP, None, _text, multiple=True),  # parsed into rungs by the plan
@@ -158,6 +163,7 @@ class Settings:
     virtual_devices: int
     init_timeout: float
     op_timeout: float
+    step_timeout: float
     case_timeout: float
     grace: float
     matrix: str
@@ -288,18 +294,25 @@ def deadlines(settings: Settings, backend: str) -> Deadlines:
         case_timeout=settings.case_timeout,
         grace=settings.grace,
         backend=backend,
+        step_timeout=settings.step_timeout,
         rendezvous_timeout=settings.rendezvous_timeout,
     )
 
 
 def check_deadline_layers(settings: Settings) -> None:
-    """In-rank timeouts must fire before the parent's watchdog, or hangs lose their phase."""
+    """In-rank timeouts must fire before the parent's step deadline, or hangs lose their phase.
+
+    The step deadline is --step-timeout, or --case-timeout where that is shorter (no step outlasts
+    its case); the message names whichever of the two it is.
+    """
+    outer = "step_timeout" if settings.step_timeout <= settings.case_timeout else "case_timeout"
+    limit = getattr(settings, outer)
     for inner in ("init_timeout", "op_timeout"):
         value = getattr(settings, inner)
-        if value >= settings.case_timeout:
+        if value >= limit:
             raise SettingError(
                 f"{settings.source(inner)}: {inner.replace('_', '-')} {value:g}s must be shorter "
-                f"than case-timeout {settings.case_timeout:g}s ({settings.source('case_timeout')}), "
+                f"than {outer.replace('_', '-')} {limit:g}s ({settings.source(outer)}), "
                 "so the in-rank timeout fires before the watchdog"
             )
 

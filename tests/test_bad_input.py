@@ -136,10 +136,15 @@ BAD_INPUTS = {
         pattern="ERROR: conformance: environment variable CONFORMANCE_VIRTUAL_DEVICES: '2.5' is not a whole number",
     ),
     # deadline layers: in-rank timeouts must be shorter than the watchdog's
-    "init-timeout-equals-case-timeout": Case(
-        ("--init-timeout=60",),
-        "ERROR: conformance: command-line option --init-timeout: init-timeout 60s must be shorter than "
-        "case-timeout 60s (default), so the in-rank timeout fires before the watchdog",
+    "init-timeout-equals-step-timeout": Case(
+        ("--init-timeout=30",),
+        "ERROR: conformance: command-line option --init-timeout: init-timeout 30s must be shorter than "
+        "step-timeout 30s (default), so the in-rank timeout fires before the watchdog",
+    ),
+    "init-timeout-above-step-timeout-ini": Case(
+        ini="conformance_step_timeout = 10",
+        pattern="ERROR: conformance: default: init-timeout 20s must be shorter than "
+        "step-timeout 10s (ini key conformance_step_timeout in {ini})*",
     ),
     "op-timeout-above-case-timeout": Case(
         ("--case-timeout=10", "--init-timeout=5", "--op-timeout=20"),
@@ -147,9 +152,9 @@ BAD_INPUTS = {
         "case-timeout 10s (command-line option --case-timeout)*",
     ),
     "case-timeout-env-below-default-init": Case(
-        env={"CONFORMANCE_CASE_TIMEOUT": "20"},
-        pattern="ERROR: conformance: default: init-timeout 30s must be shorter than "
-        "case-timeout 20s (environment variable CONFORMANCE_CASE_TIMEOUT)*",
+        env={"CONFORMANCE_CASE_TIMEOUT": "15"},
+        pattern="ERROR: conformance: default: init-timeout 20s must be shorter than "
+        "case-timeout 15s (environment variable CONFORMANCE_CASE_TIMEOUT)*",
     ),
     # scenario files
     "scenario-missing": Case(

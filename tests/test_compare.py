@@ -41,7 +41,7 @@ probes = ["pair_exchange"]
 links = ["SYS"]
 p2p = true
 """
-TIMEOUTS = ("--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
+TIMEOUTS = ("--step-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
 CASE = "test_tiny.py::test_pair[{}]"
 
 

@@ -30,18 +30,20 @@ from conformance.common.deadlines import (
 )
 from conformance.discover.topology import Device
 from conformance.launch.case import CaseRunner, CaseSpec
+from conformance.launch.watchdog import EVENT_WAIT
 from conformance.rank import flight_recorder
 from conformance.verdict.decision import Decision
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
-TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
-@pytest.mark.parametrize(("init", "op", "case"), [(30, 30, 60), (2, 2, 3), (100, 500, 600), (0.5, 0.5, 1)])
+@pytest.mark.parametrize(("init", "op", "case"), [(20, 20, 60), (2, 2, 3), (10, 25, 600), (0.5, 0.5, 1)])
 def test_every_layer_acts_before_the_one_around_it(backend: str, init: float, op: float, case: float) -> None:
     deadlines = Deadlines(init, op, case, 3, backend)
+    assert deadlines.step_deadline == min(30.0, case)
     deadlines.check()
     ladder = deadlines.stop_ladder
     assert deadlines.case_bound == case + ladder.total
@@ -51,7 +53,7 @@ def test_every_layer_acts_before_the_one_around_it(backend: str, init: float, op
         assert deadlines.process_group_timeout == deadlines.case_bound + NCCL_WATCHDOG_MARGIN > deadlines.case_bound
     else:
         assert ladder == CPU_STOP_LADDER
-        assert deadlines.process_group_timeout == op < case
+        assert deadlines.process_group_timeout == op < deadlines.step_deadline <= case
 
 
 def test_cpu_keeps_its_fast_stop_ladder_and_gpu_allows_cuda_teardown() -> None:
@@ -62,8 +64,8 @@ def test_cpu_keeps_its_fast_stop_ladder_and_gpu_allows_cuda_teardown() -> None:
 @pytest.mark.parametrize(
     ("deadlines", "message"),
     [
-        (Deadlines(30, 60, 60, 3, "gloo"), "op timeout 60s is not shorter than case 60s"),
-        (Deadlines(60, 30, 60, 3, "nccl"), "init timeout 60s is not shorter than case 60s"),
+        (Deadlines(10, 60, 60, 3, "gloo"), "op timeout 60s is not shorter than the step deadline 30s"),
+        (Deadlines(60, 30, 60, 3, "nccl", step_timeout=90), "init timeout 60s is not shorter than the step deadline"),
     ],
 )
 def test_wrong_order_is_refused(deadlines: Deadlines, message: str) -> None:
@@ -117,7 +119,7 @@ def test_device_hang_is_placed_at_the_step_that_hung(pytester: pytest.Pytester, 
     assert record["root_cause"]["rank"] == 1
     assert (record["root_cause"]["phase"], record["root_cause"]["step"]) == ("probe", step)
     rank1 = record["ranks"][1]
-    assert (rank1["phase"], rank1["stopped_by"]) == ("probe", "deadline")
+    assert (rank1["phase"], rank1["stopped_by"]) == ("probe", "stalled")
     assert "_wait_for_device" in (rank1["stack"] or ""), rank1["stack"]
 
 
@@ -176,7 +178,7 @@ def test_a_waiting_case_shows_where_it_is_on_the_terminal(pytester: pytest.Pytes
     scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nranks = [1]'))
     command = [
         sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", f"--scenario={scenario}",
-        "--case-timeout=6", "--op-timeout=5", "--init-timeout=5", "--grace=1", "--virtual-devices=2",
+        "--step-timeout=6", "--op-timeout=5", "--init-timeout=5", "--grace=1", "--virtual-devices=2",
         f"--reports-dir={tmp_path / 'reports'}", "test_x.py",
     ]  # fmt: skip
     leader, follower = pty.openpty()
@@ -202,3 +204,54 @@ def test_a_waiting_case_shows_where_it_is_on_the_terminal(pytester: pytest.Pytes
     assert all(int(elapsed) >= 3 for elapsed, _, _ in shown)  # a case shorter than 3 s never shows a line
     assert any(where.strip().endswith("in probe (all_reduce 4B)") for _, _, where in shown), shown
     assert re.search(r"\r +\rtest_x.py F", text), text  # pytest's line is back, then its verdict letter
+
+
+# -- hangs decided from progress ---------------------------------------------------------------
+
+PROGRESS_TIMEOUTS = ("--step-timeout=6", "--op-timeout=5", "--init-timeout=5", "--grace=1")
+LOOK_SLACK = 2.0  # the margin for load: the watchdog's next look at the ranks on a busy machine
+BIG_CASE = """
+from conformance.plan.matrix import DeviceSet
+
+def test_case(conformance_case, conformance):
+    conformance_case("{probe}", DeviceSet(conformance.topology.devices, "all"), sizes=[4, 64 << 20])
+"""
+
+
+def phase_lines(record: dict) -> dict[int, list[casefiles.PhaseLine]]:
+    case_dir = Path(record["case_dir"])
+    return {r["rank"]: casefiles.read_phases(casefiles.rank_dir(case_dir, r["rank"])) for r in record["ranks"]}
+
+
+@pytest.mark.parametrize("probe", ["all_reduce", "broadcast"])
+def test_slow_but_progressing_eight_rank_case_is_not_a_hang(pytester: pytest.Pytester, run_suite, probe: str) -> None:
+    """8 ranks, 64 MiB, each check slowed by 4 s (a loaded CPU): longer than the step deadline in all, never stalled."""
+    pytester.makepyfile(test_x=BIG_CASE.format(probe=probe))
+    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "slow"\nphase = "verify"\nseconds = 4'))
+    result = run_suite(f"--scenario={scenario}", *PROGRESS_TIMEOUTS, "--virtual-devices=8")
+    (record,) = read_records(pytester.path / "reports")
+    assert record["verdict"] == "pass", record["summary"]
+    result.assert_outcomes(passed=1)
+    assert record["stop_reason"] is None
+    assert record["seconds"] > 6, record["seconds"]  # a whole-case deadline of 6 s would have called it a hang
+    parts = [line.part for line in phase_lines(record)[0] if line.part]
+    assert parts[:16] == [f"{i}/16" for i in range(1, 17)], parts  # 64 MiB in 4 MiB parts, each reported
+
+
+def test_stalled_step_is_a_hang_within_the_step_deadline(pytester: pytest.Pytester, run_suite) -> None:
+    """Steps progress for longer than the step deadline, then rank 1 stops in teardown: a hang a step deadline later."""
+    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce").replace("sizes=[4]", "sizes=[4, 64, 1024]"))
+    slow, hang = 'effect = "slow"\nphase = "verify"\nseconds = 3', 'effect = "hang"\nphase = "teardown"\nranks = [1]'
+    scenario = pytester.makefile(".toml", scen=scenario_text(slow, hang))
+    result = run_suite(f"--scenario={scenario}", *PROGRESS_TIMEOUTS, "--virtual-devices=2")
+    result.assert_outcomes(failed=1)
+    (record,) = read_records(pytester.path / "reports")
+    assert (record["verdict"], record["stop_reason"]) == ("hang", "stalled"), record["summary"]
+    assert (record["root_cause"]["rank"], record["root_cause"]["phase"]) == (1, "teardown")
+    lines = phase_lines(record)
+    started = min(line.t for ranks in lines.values() for line in ranks if line.t)
+    last_progress = max(line.t for ranks in lines.values() for line in ranks if line.t)
+    stopped = started + record["seconds"] - record["stop_seconds"]
+    assert last_progress - started > 6, "the case progressed for longer than the step deadline before it stalled"
+    assert 6 <= stopped - last_progress <= 6 + EVENT_WAIT + LOOK_SLACK, (started, last_progress, stopped)
+    result.stdout.fnmatch_lines(["*stopped by the watchdog (stalled: no rank reported progress for the step*"])

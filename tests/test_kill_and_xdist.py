@@ -23,7 +23,7 @@ from conftest import (
     wait_until_gone,
 )
 
-TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 TWO_RANKS = "--virtual-devices=2"
 
 KILL_SUITE = """
@@ -73,7 +73,7 @@ def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, report
             [
                 sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
                 f"--reports-dir={reports_dir}", f"--scenario={scenario}", TWO_RANKS,
-                "--case-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1", "test_k.py",
+                "--step-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1", "test_k.py",
             ],
             cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
@@ -269,7 +269,7 @@ def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Pa
     command = [
         sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", "-rA",
         f"--reports-dir={reports_dir}", f"--scenario={scenario}", f"--topology-file={topology}",
-        "--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1",
+        "--step-timeout=3", "--case-timeout=10", "--op-timeout=2", "--init-timeout=2", "--grace=1",
         "-n", "2", "--dist", "loadgroup", "test_p.py",
     ]  # fmt: skip
     begun = time.monotonic()

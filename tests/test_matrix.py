@@ -46,7 +46,7 @@ BUILTIN_NAMES = [
     "p2p_off", "shm_off", "p2p_shm_off", "ib_off", "net_socket",
 ]  # fmt: skip
 FAMILIES = "NCCL_, TORCH_NCCL_, TORCH_, GLOO_, CUDA_"
-TIMEOUTS = ("--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
+TIMEOUTS = ("--step-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
 NVSWITCH = REPO / "scenarios" / "topologies" / "nvswitch-8gpu.json"
 ALREADY_PASSED = "adaptive matrix: rung {} already passed"
 SAME_ENV = "same environment as rung inherited here"
@@ -741,7 +741,7 @@ def test_full_runs_every_rung_for_every_pair(run_suite: RunSuite, reports_dir: P
             table_row("PIX", 5, {n: "1/1" for n in BUILTIN_NAMES}),
             table_row("SYS", 5, {n: "2/2" for n in BUILTIN_NAMES}),
             "PIX, SYS: first passing rung inherited: nothing to set: the environment as it is",
-            "deadlines paid: 0 (up to 3s each)",
+            "deadlines paid: 0 (step deadline 3s)",
         ]
     )
 
@@ -847,11 +847,11 @@ def test_class_leader_searches_and_followers_jump(
     hangs = [r for r in records if r["verdict"] == "hang"]
     assert len(hangs) == 3
     stops = {r["ladder_key"]: r["stop_reason"] for r in hangs}
-    assert stops[LEADER] == "deadline"
+    assert stops[LEADER] == "stalled"
     # followers stuck where the leader hung are confirmed sooner; under xdist one may start before
     # the leader's hang is recorded, and then pays its own deadline
     assert all(stops[f] == "confirm" for f in FOLLOWERS) if not workers else set(stops.values()) <= {
-        "deadline", "confirm"}  # fmt: skip
+        "stalled", "confirm"}  # fmt: skip
     for r in hangs:
         assert r["root_cause"] == {
             "rank": None, "kind": "hang", "message": "ranks 0,1 all stuck in probe (send/recv 4B)",
@@ -859,7 +859,7 @@ def test_class_leader_searches_and_followers_jump(
         }  # fmt: skip
         assert r["link"] == "SYS" and r["simulated"] is True
     assert [r["env"] for r in records if r["env_name"] == "p2p_level_nvl"] == [{"NCCL_P2P_LEVEL": "NVL"}] * 3
-    paid = sum(r["stop_reason"] == "deadline" for r in records)
+    paid = sum(r["stop_reason"] == "stalled" for r in records)
     confirmed = f"; {3 - paid} hang(s) confirmed sooner, stuck where their class hung" if paid < 3 else ""
     result.stdout.fnmatch_lines(
         [
@@ -870,7 +870,7 @@ def test_class_leader_searches_and_followers_jump(
             table_row("SYS", 5, dict(zip(LADDER_COLUMNS, ["0/3", "3/3"], strict=True))),
             "NODE, PIX: first passing rung inherited: nothing to set: the environment as it is",
             "SYS: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
-            f"deadlines paid: {paid} (up to 3s each){confirmed}",
+            f"deadlines paid: {paid} (step deadline 3s){confirmed}",
         ]
     )
     assert paid == 1 or workers
@@ -940,7 +940,7 @@ def test_ladder_book_skips_futile_rungs_without_waiting_for_them(tmp_path: Path)
 # Three SYS pairs; only the rank on gpu0 hangs (where NCCL would use P2P): gpu0-gpu1 leads and
 # hangs, gpu0-gpu2 hangs like it, gpu1-gpu2 is healthy: a pair that differs from its class.
 GPU0_HANGS = 'effect = "hang"\nphase = "probe"\nprobes = ["pair_exchange"]\ndevices = ["gpu0"]\np2p = true'
-SLOW_TIMEOUTS = ("--case-timeout=8", "--op-timeout=7", "--init-timeout=7", "--grace=1")  # confirm after 2 s
+SLOW_TIMEOUTS = ("--step-timeout=8", "--op-timeout=7", "--init-timeout=7", "--grace=1")  # confirm after 2 s
 
 
 def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
@@ -957,7 +957,7 @@ def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
         (same, "inherited"): "hang", (same, "p2p_level_nvl"): "pass",
         (differs, "inherited"): "pass",  # found, though its class hangs
     }  # fmt: skip
-    assert records[(leader, "inherited")]["stop_reason"] in ("deadline", "grace")
+    assert records[(leader, "inherited")]["stop_reason"] in ("stalled", "grace")
     confirmed = records[(same, "inherited")]
     assert confirmed["stop_reason"] == "confirm", confirmed["summary"]
     assert confirmed["summary"] == "ranks 0,1 all stuck in probe (send/recv 4B)"
@@ -966,7 +966,7 @@ def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
     result.stdout.fnmatch_lines(
         [
             "*stopped by the watchdog (confirm, stuck where the first pair of its link class hung)*",
-            "deadlines paid: * (up to 8s each); 1 hang(s) confirmed sooner, stuck where their class hung",
+            "deadlines paid: * (step deadline 8s); 1 hang(s) confirmed sooner, stuck where their class hung",
         ]
     )
 
@@ -987,6 +987,6 @@ def test_ladder_book_first_rung_confirms_only_after_the_leader_hung(tmp_path: Pa
     assert book.decide(step(other, "inherited"), {}) == RungDecision(True)  # the leader itself: its own deadline
 
 
-@pytest.mark.parametrize(("case_timeout", "confirm"), [(60, 10.0), (20, 5.0), (4, 2.0), (1.5, 1.5)])
-def test_confirm_wait_is_short_and_never_beyond_the_case(case_timeout: float, confirm: float) -> None:
-    assert Deadlines(1.0, 1.0, case_timeout, 1.0).confirm_wait == confirm
+@pytest.mark.parametrize(("step_timeout", "confirm"), [(60, 10.0), (20, 5.0), (4, 2.0), (1.5, 1.5)])
+def test_confirm_wait_is_short_and_never_beyond_the_step_deadline(step_timeout: float, confirm: float) -> None:
+    assert Deadlines(1.0, 1.0, 600.0, 1.0, step_timeout=step_timeout).confirm_wait == confirm

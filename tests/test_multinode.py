@@ -20,7 +20,7 @@ from conformance.verdict.decision import Decision, decide_across_nodes
 from conftest import copy_suites, free_port, scenario_text, start_node
 
 pytestmark = pytest.mark.usefixtures("isolated_env", "run_tag")
-FAST = ("--init-timeout=5", "--op-timeout=5", "--case-timeout=10", "--rendezvous-timeout=20")
+FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=20")
 
 
 def gathered(node0_reports: Path) -> list[dict[str, Any]]:
@@ -139,7 +139,7 @@ def test_an_error_on_one_node_is_the_root_cause_on_every_node_and_ends_the_wait(
     error = scenario_text('effect = "error"\nphase = "init"\nsets = ["across_nodes"]\nranks = [1]\nmessage = "boom"')
     pytester.makefile(".toml", error=error)
     port = free_port()
-    args = (*files, "--init-timeout=9", "--op-timeout=9", "--case-timeout=10", "--grace=1", "--virtual-devices=1")
+    args = (*files, "--init-timeout=9", "--op-timeout=9", "--step-timeout=10", "--grace=1", "--virtual-devices=1")
     args = (*args, "--scenario=error.toml", "--matrix=inherited", "-k", "all_reduce")
     nodes = [start_node(pytester.path, rank, 2, port, *args) for rank in (0, 1)]
     for node in nodes:

@@ -32,7 +32,7 @@ INHERITED = "inherited"
 FALLBACK = f"socket_ifname_{IFNAME}"
 CROSS_NODE_KINDS = ("node_pair", "across_nodes")
 SUITE = "test_multinode.py"
-DEADLINES = ("--init-timeout=4", "--op-timeout=4", "--case-timeout=8", "--rendezvous-timeout=30")
+DEADLINES = ("--init-timeout=4", "--op-timeout=4", "--step-timeout=8", "--rendezvous-timeout=30")
 NODE_ARGS = ("--virtual-devices=1", *DEADLINES, f"suites/{SUITE}")
 # How long both nodes may take, start to exit.  Measured: about 20 s per node on this 2-core machine
 # (four inherited cases, each ended by the grace, 3 s, after the other node's rank failed; four

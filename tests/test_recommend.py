@@ -562,7 +562,7 @@ def test_command_refuses_runs_it_cannot_use(
 # ---------------------------------------------------------------------------------------------
 
 SCENARIOS = REPO / "scenarios"
-TIMEOUTS = ("--case-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
+TIMEOUTS = ("--step-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
 WRONG_DATA = "send/recv 4B: 1 of 1 elements wrong; first at index 0: got 2.0, expected 1.0"
 
 

@@ -417,7 +417,7 @@ def test_report_of_a_real_run(pytester: pytest.Pytester, run_suite: RunSuite, re
     (pytester.path / "suites").mkdir()
     shutil.copy(REPO / "suites" / "test_pairs.py", pytester.path / "suites" / "test_pairs.py")
     result = run_suite(
-        "--scenario=sys-hang.toml", "--case-timeout=2", "--op-timeout=1", "--init-timeout=1", "--grace=1",
+        "--scenario=sys-hang.toml", "--step-timeout=2", "--op-timeout=1", "--init-timeout=1", "--grace=1",
         "-k", "test_pair_exchange or test_peer_copy", "suites/test_pairs.py",
     )  # fmt: skip
     records = read_records(reports_dir)

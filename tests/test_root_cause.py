@@ -10,7 +10,7 @@ import pytest
 from conformance.common.deadlines import CPU_STOP_LADDER
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
-TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 FOUR_RANKS = "--virtual-devices=4"
 SLACK = 1.0  # seconds for scheduling noise on a loaded 2-core machine
 
@@ -49,7 +49,7 @@ def test_one_rank_errors_while_the_others_wait(pytester: pytest.Pytester, run_su
         run_suite,
         'effect = "slow"\nranks = [2]\nseconds = 0.5',  # the others are in the all-reduce by then
         'effect = "error"\nranks = [2]\nmessage = "simulated NIC failure on rank 2"',
-        options=(f"--case-timeout={case_timeout:g}", "--op-timeout=15", "--init-timeout=15", f"--grace={grace:g}"),
+        options=(f"--step-timeout={case_timeout:g}", "--op-timeout=15", "--init-timeout=15", f"--grace={grace:g}"),
     )
     assert failure_line(result) == (
         "[simulated] error: rank 2 (cpu2) in probe (all_reduce 4B): SimulatedError: simulated NIC failure on rank 2"
@@ -89,7 +89,7 @@ def test_one_rank_errors_while_the_others_wait(pytester: pytest.Pytester, run_su
 
 def test_hang_on_one_rank_names_it(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:
     result = run_scenario(pytester, run_suite, 'effect = "hang"\nranks = [1]')
-    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (deadline)"
+    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled)"
     assert failure_line(result) == f"[simulated] hang: {summary}"
     result.stdout.fnmatch_lines(
         [
@@ -109,7 +109,7 @@ def test_hang_on_one_rank_names_it(pytester: pytest.Pytester, run_suite, reports
     # the others time out in the all-reduce (op-timeout 3 s); rank 1 is stopped at the deadline (4 s)
     assert [(r["rank"], r["exit"], r["status"], r["phase"], r["stopped_by"]) for r in record["ranks"]] == [
         (0, 1, "error", "probe", None),
-        (1, "SIGTERM", "stopped", "probe", "deadline"),
+        (1, "SIGTERM", "stopped", "probe", "stalled"),
         (2, 1, "error", "probe", None),
         (3, 1, "error", "probe", None),
     ]
@@ -127,6 +127,6 @@ def test_hang_on_every_rank_has_no_single_root(pytester: pytest.Pytester, run_su
     root = record["root_cause"]
     assert (root["rank"], root["kind"], root["message"], root["phase"]) == (None, "hang", summary, None)
     assert [(r["rank"], r["exit"], r["status"], r["phase"], r["stopped_by"]) for r in record["ranks"]] == [
-        (rank, "SIGTERM", "stopped", "probe", "deadline") for rank in range(4)
+        (rank, "SIGTERM", "stopped", "probe", "stalled") for rank in range(4)
     ]
     assert record["stop_seconds"] is not None and record["stop_seconds"] < 2.0

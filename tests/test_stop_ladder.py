@@ -13,9 +13,10 @@ import pytest
 
 from conftest import COLLECTIVE_TEST, read_records, scenario_text, tagged_processes, wait_until_gone
 
-CASE_TIMEOUT = 4.0
-TIMEOUTS = (f"--case-timeout={CASE_TIMEOUT:g}", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+STEP_TIMEOUT = 4.0
+TIMEOUTS = (f"--step-timeout={STEP_TIMEOUT:g}", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 STOP_BOUND = 2.0
+REACH_SLACK = 3.0  # the margin for load: how long the ranks may take to reach the step that hangs
 FRAME = re.compile(r'^  File ".*/conformance/rank/context\.py", line \d+ in apply_effect$')
 
 
@@ -52,13 +53,14 @@ def test_sigterm_ignored_hang_is_reaped_within_bound(
     assert record["simulated"] is True
     stop_seconds = record["stop_seconds"]
     assert stop_seconds is not None and 0 < stop_seconds < STOP_BOUND, stop_seconds
-    result.stdout.fnmatch_lines([f"stopped by the watchdog (deadline); last rank reaped {stop_seconds:.2f}s later"])
+    stopped = "stopped by the watchdog (stalled: no rank reported progress for the step deadline)"
+    result.stdout.fnmatch_lines([f"{stopped}; last rank reaped {stop_seconds:.2f}s later"])
     for r in record["ranks"]:
         assert r["unkillable"] is False, r
         if r["rank"] in stuck:
             # SIGTERM was ignored: only the ladder's SIGKILL could end it
-            assert (r["exit"], r["status"], r["stopped_by"], r["phase"]) == ("SIGKILL", "stopped", "deadline", "probe")
-            assert CASE_TIMEOUT <= r["seconds"] < CASE_TIMEOUT + STOP_BOUND + 0.5, r
+            assert (r["exit"], r["status"], r["stopped_by"], r["phase"]) == ("SIGKILL", "stopped", "stalled", "probe")
+            assert STEP_TIMEOUT <= r["seconds"] < STEP_TIMEOUT + STOP_BOUND + REACH_SLACK, r
             assert FRAME.match(r["stack"].splitlines()[0]), r["stack"]  # the record keeps the stack too
         else:
             assert (r["exit"], r["status"], r["stopped_by"], r["stack"]) == (1, "error", None, None), r

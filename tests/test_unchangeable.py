@@ -55,7 +55,7 @@ def test_an_unchangeable_failure_stops_the_climb(
     rule = f'effect = "error"\nphase = "init"\nmessage = "{message}"'
     scenario = pytester.makefile(".toml", scen=scenario_text(rule))
     topology = REPO / "scenarios" / "topologies" / "single-gpu.json"
-    result = run_suite(f"--scenario={scenario}", f"--topology-file={topology}", "--case-timeout=5", "--op-timeout=3",
+    result = run_suite(f"--scenario={scenario}", f"--topology-file={topology}", "--step-timeout=5", "--op-timeout=3",
                        "--init-timeout=3", "-rs")  # fmt: skip
     ran = [(r["env_name"], r["verdict"]) for r in read_records(reports_dir)]
     if climbs:

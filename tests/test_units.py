@@ -65,9 +65,8 @@ def resolve_with(root: Path, cli: Mapping[str, str] | None = None, env: Mapping[
 
 def test_settings_defaults(tmp_path: Path) -> None:
     s = resolve_with(tmp_path)
-    assert (s.backend, s.virtual_devices, s.init_timeout, s.op_timeout, s.case_timeout, s.grace) == (
-        "auto", 4, 30.0, 30.0, 60.0, 3.0,
-    )  # fmt: skip
+    timeouts = (s.init_timeout, s.op_timeout, s.step_timeout, s.case_timeout, s.grace)
+    assert (s.backend, s.virtual_devices, timeouts) == ("auto", 4, (20.0, 20.0, 30.0, 120.0, 3.0))
     assert s.scenario is None
     assert s.reports_dir == (tmp_path / "reports").resolve()
     assert s.reports_dir.is_dir()
@@ -81,7 +80,7 @@ def test_settings_priority_and_sources(tmp_path: Path) -> None:
     env = {"CONFORMANCE_VIRTUAL_DEVICES": "3", "CONFORMANCE_GRACE": "6"}
     cli = {"virtual_devices": "4"}
     s = resolve_with(tmp_path, cli=cli, env=env, ini=ini, inipath=ini_file)
-    assert (s.virtual_devices, s.grace, s.backend, s.case_timeout) == (4, 6.0, "gloo", 60.0)
+    assert (s.virtual_devices, s.grace, s.backend, s.case_timeout) == (4, 6.0, "gloo", 120.0)
     assert s.source("virtual_devices") == "command-line option --virtual-devices"
     assert s.source("grace") == "environment variable CONFORMANCE_GRACE"
     assert s.source("backend") == f"ini key conformance_backend in {ini_file}"
@@ -128,8 +127,8 @@ def test_settings_backend_is_normalised(tmp_path: Path) -> None:
         ({"virtual_devices": "two"}, {}, {}, "command-line option --virtual-devices: 'two' is not a whole number"),
         ({}, {}, {"virtual_devices": "2.5"},
          "ini key conformance_virtual_devices in {ini}: '2.5' is not a whole number"),
-        ({"init_timeout": "60"}, {}, {},
-         "command-line option --init-timeout: init-timeout 60s must be shorter than case-timeout 60s (default), "
+        ({"init_timeout": "30"}, {}, {},
+         "command-line option --init-timeout: init-timeout 30s must be shorter than step-timeout 30s (default), "
          "so the in-rank timeout fires before the watchdog"),
         ({"case_timeout": "10", "init_timeout": "5"}, {"CONFORMANCE_OP_TIMEOUT": "12.5"}, {},
          "environment variable CONFORMANCE_OP_TIMEOUT: op-timeout 12.5s must be shorter than case-timeout 10s "
@@ -685,7 +684,7 @@ def test_deadlines_text_counts_confirmed_hangs_apart() -> None:
     def stopped(*reasons: str | None) -> list[Any]:
         return [types.SimpleNamespace(stop_reason=r) for r in reasons]
 
-    assert deadlines_text(stopped("deadline", None, "grace"), 3) == "deadlines paid: 1 (up to 3s each)"
-    assert deadlines_text(stopped("deadline", "confirm", "confirm", "deadline")) == (
-        "deadlines paid: 2; 2 hang(s) confirmed sooner, stuck where their class hung"
+    assert deadlines_text(stopped("stalled", None, "grace"), 3) == "deadlines paid: 1 (step deadline 3s)"
+    assert deadlines_text(stopped("stalled", "confirm", "confirm", "deadline")) == (
+        "deadlines paid: 2 (1 at the whole-case limit); 2 hang(s) confirmed sooner, stuck where their class hung"
     )

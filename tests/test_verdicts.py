@@ -16,7 +16,7 @@ from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 LOAD_SLACK = 2.0  # seconds for scheduling on a loaded machine
 
-TIMEOUTS = ("--case-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 TWO_RANKS = "--virtual-devices=2"
 NODEID = "test_x.py::test_case"
 # Where rank 0 is when rank 1 fails at its probe: every rank has left init (the store barrier
@@ -159,13 +159,13 @@ def test_hang(pytester: pytest.Pytester, run_suite, reports_dir: Path, ignore_si
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, TWO_RANKS)
     result.assert_outcomes(failed=1)
     assert_simulated_header(result, scenario)
-    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (deadline)"
+    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled)"
     assert failure_line(result) == f"[simulated] hang: {summary}"
     result.stdout.fnmatch_lines(
         [
             f"root cause: rank 1 on cpu1, phase probe (all_reduce 4B), exit {exit_label}",
             "victims: rank 0 (error in probe (all_reduce 4B))",
-            "stopped by the watchdog (deadline); last rank reaped *s later",
+            "stopped by the watchdog (stalled: no rank reported progress for the step*); last rank reaped *s later",
         ]
     )
     result.stdout.fnmatch_lines(["HANG  test_x.py::test_case: " + summary])
@@ -175,7 +175,7 @@ def test_hang(pytester: pytest.Pytester, run_suite, reports_dir: Path, ignore_si
     assert record["root_cause"] == {
         "rank": 1,
         "kind": "stopped",
-        "message": "stopped by the watchdog (deadline) in its current phase",
+        "message": "stopped by the watchdog (stalled) in its current phase",
         "phase": "probe",
         "step": "all_reduce 4B",
     }
@@ -184,7 +184,7 @@ def test_hang(pytester: pytest.Pytester, run_suite, reports_dir: Path, ignore_si
     # rank 0 gives up in the all-reduce at op-timeout (3 s), before the case deadline (4 s)
     assert rank_facts(record, "rank", "exit", "status", "phase", "stopped_by") == [
         (0, 1, "error", "probe", None),
-        (1, exit_label, "stopped", "probe", "deadline"),
+        (1, exit_label, "stopped", "probe", "stalled"),
     ]
     assert record["stop_seconds"] is not None and 0 < record["stop_seconds"] < 2.0
     assert 4.0 <= record["ranks"][1]["seconds"] < 4.0 + 2.5
@@ -271,7 +271,7 @@ def test_a_case_may_ask_for_a_shorter_grace(pytester: pytest.Pytester, run_suite
     """The negative controls' way to check the grace mechanism without waiting out --grace on every run."""
     pytester.makepyfile(test_x=SHORT_GRACE_TEST)
     scenario = pytester.makefile(".toml", scen=scenario_text('effect = "error"\nphase = "control"\nranks = [1]'))
-    options = ("--case-timeout=20", "--op-timeout=15", "--init-timeout=15", "--grace=10")
+    options = ("--step-timeout=20", "--op-timeout=15", "--init-timeout=15", "--grace=10")
     run_suite(f"--scenario={scenario}", *options, TWO_RANKS).assert_outcomes(failed=1)
     record = only_record(reports_dir)
     waiting, failing = record["ranks"]

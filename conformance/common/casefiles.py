@@ -7,6 +7,8 @@
     <case dir>/rank<k>/result.json              the rank's structured result (authoritative)
     <case dir>/rank<k>/nccl.log                 NCCL_DEBUG=INFO output (NCCL cases)
     <case dir>/rank<k>/flight_recorder.json     torch's flight recorder, dumped at the deadline or on failure
+    <case dir>/turn               written by the parent when the ranks may time a transfer: "alone", or
+                                  "beside" when no turn came within the wait (the figure says so)
 
 ``case.json``, ``result.json`` and the phase lines are the dataclasses below, written and read
 only through this module on both sides of the fork.  Exit codes are only a fallback for a rank
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ PHASES = "phase.jsonl"
 RESULT = "result.json"
 NCCL_LOG = "nccl.log"
 FLIGHT_RECORDER = "flight_recorder.json"
+TURN = "turn"
+TURN_STEP = "waiting for the measurement turn"  # the step ranks report while they wait for it
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -102,19 +106,26 @@ def place(phase: str, step: str) -> str:
 
 @dataclass(frozen=True)
 class PhaseLine:
-    """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies."""
+    """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies.
+
+    A long step also writes a line for each part it finishes (``part`` "3/16"): progress the
+    watchdog sees, so a large collective that advances is not taken for a hang.
+    """
 
     phase: str
     step: str = ""
     t: float | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
+    part: str = ""
 
     @property
     def where(self) -> str:
         return place(self.phase, self.step)
 
     def to_json(self) -> dict[str, Any]:
-        line = {"phase": self.phase, "step": self.step, "t": self.t}
+        line: dict[str, Any] = {"phase": self.phase, "step": self.step, "t": self.t}
+        if self.part:
+            line["part"] = self.part
         return {**line, "facts": dict(self.facts)} if self.facts else line
 
 
@@ -152,6 +163,16 @@ def read_result(rank_path: Path) -> RankResult | None:
     return RankResult(**{f.name: data[f.name] for f in fields(RankResult) if f.name in data})
 
 
+def grant_turn(case_dir: Path, alone: bool) -> None:
+    write_json_atomic(case_dir / TURN, "alone" if alone else "beside")
+
+
+def read_turn(case_dir: Path) -> str | None:
+    """The parent's grant of the measurement turn, once it has written one."""
+    turn = read_json(case_dir / TURN)
+    return turn if isinstance(turn, str) else None
+
+
 def rank_dir(case_dir: Path, rank: int) -> Path:
     return case_dir / f"rank{rank}"
 
@@ -183,6 +204,17 @@ def last_phase(rank_path: Path) -> PhaseLine | None:
     """Where a rank is now: the last whole line of its phase log, if it has written one."""
     phases = read_phases(rank_path)
     return phases[-1] if phases else None
+
+
+def last_progress(rank_paths: Iterable[Path]) -> float | None:
+    """When any of these ranks last reported progress (its phase log's mtime), if one has yet."""
+    times = []
+    for path in rank_paths:
+        try:
+            times.append((path / PHASES).stat().st_mtime)
+        except OSError:
+            continue
+    return max(times) if times else None
 
 
 def tail(path: Path, max_lines: int = 30, max_chars: int = 4000) -> str:

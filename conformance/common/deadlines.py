@@ -3,9 +3,12 @@
 Built once from the settings (``settings.deadlines``) and handed to whoever waits.  From the inside
 out, each layer must act before the one around it:
 
-    gloo:  in-rank timeouts (--init-timeout, --op-timeout)  <  --case-timeout
-    the suite's watchdog: --case-timeout, then the stop ladder (stacks and flight recorder,
-                          SIGTERM, SIGKILL, a bounded wait for the reap)
+    gloo:  in-rank timeouts (--init-timeout, --op-timeout)  <  the step deadline
+    the suite's watchdog: the step deadline (--step-timeout: no rank reported progress for that
+                          long, i.e. no new phase, step, or part of a long step; never more than
+                          the case limit), --case-timeout (the whole case: the last net for a case
+                          that keeps progressing forever), then the stop ladder (stacks and flight
+                          recorder, SIGTERM, SIGKILL, a bounded wait for the reap)
     nccl:  torch's own NCCL watchdog (init_process_group(timeout=...)) is set to fire only after
            the stop ladder has ended, so the suite takes every rank's stack and flight recorder
            first; torch would otherwise SIGABRT the ranks and the first rank to abort would look
@@ -19,6 +22,10 @@ nodes to arrive and to send their verdicts.  Each of those waits is bounded here
 outer net is their sum plus a margin, so pytest-timeout never fires inside a wait that is still
 within its bound (it did: killing one xdist worker made the others' ladder waits outlast their
 net, and pytest-timeout killed three more).  A wait that runs out decides for itself.
+
+Hangs are decided from progress, not from the case's length: a case that keeps reporting steps
+(an 8-rank 64 MiB collective on a loaded CPU reports each part it finishes) is never called hung,
+and a step that stops advancing is a hang one step deadline after its last report.
 
 On gloo the in-rank timeout raises inside the rank (a catchable "Timed out"), which keeps the
 rank's own phase and traceback, so it comes first there.  On NCCL a timeout is an abort, so the
@@ -63,7 +70,7 @@ TORCH_HEARTBEAT_DEFAULT = 480.0
 LEASE_MARGIN = 10.0
 # Beyond the cases a rung decision waits for: recording their outcome.
 DECISION_MARGIN = 5.0
-# A case stuck where its class leader hung is confirmed after a quarter of the case deadline,
+# A case stuck where its class leader hung is confirmed after a quarter of the step deadline,
 # at least 2 s and at most 10 s (a healthy pair passes a step of 4 bytes in milliseconds; NCCL's
 # lazy connection set-up on the first send/recv takes about a second).
 CONFIRM_FLOOR, CONFIRM_CAP = 2.0, 10.0
@@ -80,11 +87,17 @@ class Deadlines:
     case_timeout: float
     grace: float
     backend: str = "gloo"
+    step_timeout: float = 30.0
     rendezvous_timeout: float = 60.0  # nodes waiting for each other at the start
 
     @property
     def stop_ladder(self) -> StopLadder:
         return GPU_STOP_LADDER if self.backend == "nccl" else CPU_STOP_LADDER
+
+    @property
+    def step_deadline(self) -> float:
+        """Seconds a case may go without any rank reporting progress before it is a hang."""
+        return min(self.step_timeout, self.case_timeout)
 
     @property
     def case_bound(self) -> float:
@@ -108,7 +121,17 @@ class Deadlines:
     @property
     def confirm_wait(self) -> float:
         """How long a case stuck where its class leader hung waits before it is stopped (a hang like its class)."""
-        return min(self.case_timeout, max(CONFIRM_FLOOR, min(CONFIRM_CAP, self.case_timeout / 4)))
+        step = self.step_deadline
+        return min(step, max(CONFIRM_FLOOR, min(CONFIRM_CAP, step / 4)))
+
+    @property
+    def turn_wait(self) -> float:
+        """How long a case waits for its measurement turn (and to enter the gate) before it goes on anyway.
+
+        Other cases' measurements take seconds; a step deadline is plenty, and it keeps the wait inside
+        the case limit.  A figure timed without its turn says so (``measured_alone`` false).
+        """
+        return self.step_deadline
 
     @property
     def lease_wait(self) -> float:
@@ -149,10 +172,11 @@ class Deadlines:
 
     def check(self, rungs: int = 1) -> None:
         """Raise DeadlineError unless each layer acts before the one around it, for items on ``rungs`` rungs."""
-        if self.init_timeout >= self.case_timeout:
-            raise DeadlineError(f"init timeout {self.init_timeout:g}s is not shorter than case {self.case_timeout:g}s")
-        if self.backend != "nccl" and self.op_timeout >= self.case_timeout:
-            raise DeadlineError(f"op timeout {self.op_timeout:g}s is not shorter than case {self.case_timeout:g}s")
+        step = self.step_deadline
+        if self.init_timeout >= step:
+            raise DeadlineError(f"init timeout {self.init_timeout:g}s is not shorter than the step deadline {step:g}s")
+        if self.backend != "nccl" and self.op_timeout >= step:
+            raise DeadlineError(f"op timeout {self.op_timeout:g}s is not shorter than the step deadline {step:g}s")
         if self.backend == "nccl" and self.process_group_timeout <= self.case_bound:
             raise DeadlineError(
                 f"torch's NCCL watchdog ({self.process_group_timeout:g}s) would act before the suite's "

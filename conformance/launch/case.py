@@ -17,8 +17,9 @@ from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import LeaseTimeout, leased
+from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess
-from conformance.launch.watchdog import Confirm, OnWait, Peers, Supervision, supervise
+from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
 from conformance.verdict.decision import Decision, RankReport, decide, rank_report, stack_excerpt
@@ -216,13 +217,19 @@ class CaseRunner:
         """Run one case; ``confirm_at``: where its class leader hung on this rung (stop sooner when stuck there)."""
         case_dir = self._fresh_case_dir(spec.nodeid)
         self._write_spec(spec, case_dir)
-        self.server.ensure_started()  # once per process; not part of the case's time
+        self.server.ensure_started()  # once per process (the caller starts it first); not part of the case's time
         device_ids = [d.uuid or d.name for d in spec.devices]
         try:
             with leased(self.lease_dir, device_ids, self.deadlines.lease_wait) as waited:
-                begun = time.monotonic()
-                confirm = Confirm(confirm_at, self.deadlines.confirm_wait) if confirm_at else None
-                ranks, supervision = self._start_and_supervise(spec, case_dir, peers, confirm, on_wait)
+                hold = GateHold(self.run_dir / "gate")
+                try:
+                    hold.enter(self.deadlines.turn_wait)
+                    begun = time.monotonic()
+                    confirm = Confirm(confirm_at, self.deadlines.confirm_wait) if confirm_at else None
+                    turn = Turn(hold, case_dir, self.deadlines.turn_wait)
+                    ranks, supervision = self._start_and_supervise(spec, case_dir, peers, confirm, on_wait, turn)
+                finally:
+                    hold.close()
         except LeaseTimeout as exc:  # decide for itself: the case could not be judged
             decision = Decision(Verdict.INCONCLUSIVE, None, [], f"not run: {exc} for {self.deadlines.lease_wait:g}s")
             result = CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
@@ -249,15 +256,15 @@ class CaseRunner:
         peers: Peers | None,
         confirm: Confirm | None = None,
         on_wait: OnWait | None = None,
+        turn: Turn | None = None,
     ) -> tuple[list[RankProcess], Supervision]:
         processes = CaseProcesses(self.server, case_dir, spec.world_size)
         self.live[processes.pgid] = processes
         try:
             deadlines = self.deadlines
             grace = deadlines.grace if spec.grace is None else min(spec.grace, deadlines.grace)
-            supervision = supervise(
-                processes, deadlines.case_timeout, grace, deadlines.stop_ladder, peers, confirm, on_wait
-            )
+            limits = Limits(step=deadlines.step_deadline, case=deadlines.case_timeout, grace=grace)
+            supervision = supervise(processes, limits, deadlines.stop_ladder, peers, confirm, on_wait, turn)
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             processes.kill("the case was interrupted")
             raise
@@ -269,7 +276,7 @@ class CaseRunner:
 
     def sweep(self) -> list[int]:
         """SIGKILL every case group that may still have a rank; return the groups signalled."""
-        signalled = [pgid for pgid, processes in self.live.items() if processes.kill("end-of-session sweep")]
+        signalled = [pgid for pgid, processes in list(self.live.items()) if processes.kill("end-of-session sweep")]
         self.live.clear()
         return signalled
 
@@ -291,7 +298,11 @@ def failure_text(result: CaseResult) -> str:
         victims = ", ".join(f"rank {v.rank} ({v.status} in {v.where})" for v in decision.victims)
         lines.append(f"victims: {victims}")
     if result.stop_reason:
-        why = ", stuck where the first pair of its link class hung" if result.stop_reason == "confirm" else ""
+        why = {
+            "confirm": ", stuck where the first pair of its link class hung",
+            "stalled": ": no rank reported progress for the step deadline",
+            "deadline": ": the whole-case limit",
+        }.get(result.stop_reason, "")
         lines.append(
             f"stopped by the watchdog ({result.stop_reason}{why}); last rank reaped {result.stop_seconds:.2f}s later"
         )

@@ -21,6 +21,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import IO, Any
 from conformance.launch.signals import signal_group
 
 READY_TIMEOUT = 120.0
+REPLY_POLL = 0.05  # how long one look for a reply waits before looking again
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -135,7 +137,13 @@ class ForkServerError(RuntimeError):
 
 
 class ForkServerClient:
-    """The parent's handle on its forkserver; not thread-safe (one case at a time)."""
+    """The parent's handle on its forkserver, shared by the threads of cases that run side by side.
+
+    Whichever thread reads the server's output files every message: exits into ``exits``, replies
+    into ``_replies`` for the thread that asked (one spawn request is outstanding at a time).
+    Start it from a thread that lives as long as the run (the main one): the server's parent-death
+    signal follows the thread that started it, not the process.
+    """
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
@@ -143,6 +151,9 @@ class ForkServerClient:
         self.exits: dict[int, tuple[int, float]] = {}
         self.info: dict[str, Any] = {}
         self._buffer = b""
+        self._replies: dict[str, list[dict[str, Any]]] = {}
+        self._read_lock = threading.Lock()
+        self._request_lock = threading.Lock()
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +169,7 @@ class ForkServerClient:
                 env=env,
                 start_new_session=True,
             )
+        os.set_blocking(self._stdout().fileno(), False)  # threads that find nothing to read go on
         self.info = self._expect("ready", READY_TIMEOUT)
 
     @property
@@ -168,43 +180,50 @@ class ForkServerClient:
         assert self.proc is not None and self.proc.stdout is not None
         return self.proc.stdout
 
-    def _read_messages(self, timeout: float) -> list[dict[str, Any]]:
+    def _read_messages(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for output and file every whole message read."""
         fd = self._stdout().fileno()
         readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
         if not readable:
-            return []
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            raise ForkServerError(f"the forkserver exited; its log: {self.log_path}")
-        self._buffer += chunk
-        messages = []
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            message = json.loads(line)
-            if message.get("event") == "exit":
-                self.exits[message["pid"]] = (message["code"], message["t"])
-            messages.append(message)
-        return messages
+            return
+        with self._read_lock:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:  # another thread read it first
+                return
+            if not chunk:
+                raise ForkServerError(f"the forkserver exited; its log: {self.log_path}")
+            self._buffer += chunk
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if message.get("event") == "exit":
+                    self.exits[message["pid"]] = (message["code"], message["t"])
+                else:
+                    self._replies.setdefault(str(message.get("event")), []).append(message)
 
     def _expect(self, event: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for message in self._read_messages(deadline - time.monotonic()):
-                if message.get("event") == event:
-                    return message
+            waiting = self._replies.get(event)
+            if waiting:
+                return waiting.pop(0)
+            self._read_messages(min(REPLY_POLL, deadline - time.monotonic()))
         raise ForkServerError(f"no {event!r} from the forkserver within {timeout:g}s; its log: {self.log_path}")
 
     def ensure_started(self) -> None:
-        if not self.running:
-            self.start()
+        with self._request_lock:
+            if not self.running:
+                self.start()
 
     def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
         self.ensure_started()
-        assert self.proc is not None and self.proc.stdin is not None
-        request = {"op": "spawn", "case_dir": str(case_dir), "world_size": world_size}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
-        reply = self._expect("spawned", 30.0)
+        with self._request_lock:
+            assert self.proc is not None and self.proc.stdin is not None
+            request = {"op": "spawn", "case_dir": str(case_dir), "world_size": world_size}
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+            reply = self._expect("spawned", 30.0)
         return reply["pids"], reply["pgid"]
 
     def wait_events(self, timeout: float) -> None:

@@ -42,7 +42,7 @@ class RankProcess:
     path: Path
     exit_code: int | None = None
     exit_time: float | None = None
-    stopped_by: str | None = None  # "deadline", "grace" or "confirm" when the watchdog had to stop it
+    stopped_by: str | None = None  # "stalled", "deadline", "grace" or "confirm": why the watchdog stopped it
     stack: str = ""
     unkillable: bool = False
 

@@ -1,8 +1,9 @@
 """The parent's watchdog: the policy of when a case's ranks are stopped.
 
-It waits for every rank against the case deadline; when one rank fails, the others get ``grace``
-seconds, not the deadline (across nodes, a failure on another node counts too).  Stopping is
-``CaseProcesses.stop``: the stop ladder, where ranks are killed.
+A case is a hang when no rank has reported progress (a line in its ``phase.jsonl``) for the step
+deadline ("stalled"); the whole-case limit is the last net for one that progresses forever
+("deadline").  When one rank fails, the others get ``grace`` seconds (across nodes, a failure on
+another node counts too).  Stopping is ``CaseProcesses.stop``: the stop ladder, where ranks are killed.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from conformance.common import casefiles
 from conformance.common.deadlines import StopLadder
+from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess
 
-EVENT_WAIT = 0.5  # longest sleep between looks at the ranks and the other nodes
+EVENT_WAIT = 0.05  # longest sleep between looks at the ranks, the measurement turn and the other nodes
 
 
 @dataclass
@@ -54,23 +57,69 @@ class Confirm:
         return bool(arrived) and len(arrived) == len(alive) and time.time() - max(arrived) >= self.seconds
 
 
+@dataclass(frozen=True)
+class Limits:
+    """When the watchdog stops a case: no progress for ``step``, past ``case`` in all, ``grace`` after a failure."""
+
+    step: float
+    case: float
+    grace: float
+
+
+@dataclass
+class Turn:
+    """The case's measurement turn (``measure_gate``): asked for when every live rank waits for it.
+
+    Waiting for the turn is not a stall; a turn that does not come within ``wait`` is granted anyway
+    as "beside" (the figure says it was not measured alone).
+    """
+
+    hold: GateHold
+    case_dir: Path
+    wait: float
+    asked_at: float | None = None
+    granted_at: float | None = None
+
+    def waiting(self, alive: list[RankProcess]) -> bool:
+        """True while the ranks wait for their turn (granting it when it comes)."""
+        if self.granted_at is not None or not alive:
+            return False
+        lasts = [casefiles.last_phase(rank.path) for rank in alive]
+        if not all(p is not None and p.step == casefiles.TURN_STEP for p in lasts):
+            return False
+        now = time.time()
+        self.asked_at = self.asked_at or now
+        alone = self.hold.try_turn()
+        if alone or now - self.asked_at >= self.wait:
+            casefiles.grant_turn(self.case_dir, alone)
+            self.granted_at = now
+            return False
+        return True
+
+
+def stalled_for(ranks: list[RankProcess], since: float) -> float:
+    """Seconds since any rank of the case last reported progress, or since ``since`` if that is later."""
+    last = casefiles.last_progress(rank.path for rank in ranks)
+    return time.time() - max(since, last or 0.0)
+
+
 def supervise(
     processes: CaseProcesses,
-    case_timeout: float,
-    grace: float,
+    limits: Limits,
     ladder: StopLadder,
     peers: Peers | None = None,
     confirm: Confirm | None = None,
     on_wait: OnWait | None = None,
+    turn: Turn | None = None,
 ) -> Supervision:
-    """Wait for every rank; stop them at the deadline, or ``grace`` seconds after a failure.
+    """Wait for every rank; stop them when they stall, at the case limit, or ``grace`` seconds after a failure.
 
     With ``confirm``, also once every rank still running is stuck where its class hung.  ``on_wait`` is
     told the ranks still running and the seconds left, at every look (progress for people).
     """
     started = time.time()
-    deadline = time.monotonic() + case_timeout
-    grace_deadline: float | None = None
+    deadline = time.monotonic() + limits.case
+    grace, grace_deadline = limits.grace, None
     supervision = Supervision(ranks=processes.ranks, started=started, ended=started)
     while True:
         alive = processes.alive()
@@ -87,11 +136,17 @@ def supervise(
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         now = time.monotonic()
-        limit = min(deadline, grace_deadline if grace_deadline is not None else deadline)
+        if turn is not None and turn.waiting(alive):
+            since = time.time()  # waiting for the turn is the harness's wait, not the case's stall
+        else:
+            since = max(started, turn.granted_at or 0.0) if turn is not None else started
+        stalled = now + limits.step - stalled_for(processes.ranks, since)
+        limit = min(deadline, stalled, grace_deadline if grace_deadline is not None else deadline)
         if on_wait is not None:
             on_wait(alive, limit - now)
         if now >= limit:
-            supervision.stop_reason = "deadline" if limit == deadline else "grace"
+            reasons = {grace_deadline: "grace", stalled: "stalled", deadline: "deadline"}
+            supervision.stop_reason = reasons[limit]
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         processes.wait(min(limit - now, EVENT_WAIT))

@@ -222,9 +222,26 @@ def each_device(topology: Topology) -> list[DeviceSet]:
     return [DeviceSet((d,), None, kind="single") for d in topology.devices]
 
 
+def in_rounds(pairs: Sequence[tuple[Device, Device]]) -> list[tuple[Device, Device]]:
+    """The pairs in rounds of disjoint pairs (n devices: n-1 rounds of n/2), each round from the first pair left.
+
+    Consecutive pairs then share no device, so a round's cases run side by side (``ahead.py``).
+    """
+    left, ordered = list(pairs), []
+    while left:
+        used: set[str] = set()
+        for pair in list(left):
+            if not used & {pair[0].name, pair[1].name}:
+                used |= {pair[0].name, pair[1].name}
+                ordered.append(pair)
+                left.remove(pair)
+    return ordered
+
+
 def each_pair(topology: Topology) -> list[DeviceSet]:
     return [
-        DeviceSet((a, b), topology.link(a, b), kind="pair", links=(topology.link(a, b),)) for a, b in topology.pairs()
+        DeviceSet((a, b), topology.link(a, b), kind="pair", links=(topology.link(a, b),))
+        for a, b in in_rounds(topology.pairs())
     ]
 
 

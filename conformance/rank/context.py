@@ -16,6 +16,8 @@ from conformance.common import casefiles
 from conformance.common.casefiles import CaseFile, PhaseLine, RankDevice
 from conformance.rank.scenario import Placement, Rule
 
+TURN_POLL = 0.005  # seconds between looks for the parent's grant of the measurement turn
+
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
@@ -70,6 +72,7 @@ class RankContext:
         self.device_stuck = False  # a simulated kernel that never finishes: the next device wait blocks
         self.phase_name = "start"
         self.step = ""
+        self.rank_path = rank_path
         self._phase_log = (rank_path / casefiles.PHASES).open("a", encoding="utf-8", buffering=1)
 
     @property
@@ -116,9 +119,26 @@ class RankContext:
         self.phase_name, self.step = name, step
         if facts:
             self.metrics.update(facts)
-        line = PhaseLine(name, step, time.time(), facts or {})
-        self._phase_log.write(json.dumps(line.to_json()) + "\n")
+        self._write(PhaseLine(name, step, time.time(), facts or {}))
         self._apply_faults(name)
+
+    def _write(self, line: PhaseLine) -> None:
+        self._phase_log.write(json.dumps(line.to_json()) + "\n")
+
+    def wait_for_turn(self) -> None:
+        """Before the first timed transfer: wait until the parent says no other case runs (``measure_gate``)."""
+        if "measured_alone" in self.metrics:
+            return
+        self.phase_name, self.step = "probe", casefiles.TURN_STEP  # no scenario faults: the harness's wait
+        self._write(PhaseLine(self.phase_name, self.step, time.time()))
+        case_dir = self.rank_path.parent
+        while (turn := casefiles.read_turn(case_dir)) is None:
+            time.sleep(TURN_POLL)
+        self.metrics["measured_alone"] = turn == "alone"
+
+    def advance(self, part: str) -> None:
+        """Report a finished part of the current step (progress inside a long one; no faults applied)."""
+        self._write(PhaseLine(self.phase_name, self.step, time.time(), part=part))
 
     def _matching_rules(self, phase: str, effect: str | None = None) -> list[tuple[int, Rule]]:
         return [
@@ -133,7 +153,8 @@ class RankContext:
         for i, rule in self._matching_rules(phase):
             if rule.effect == "wrong_data":
                 continue  # applied to received data in verify()
-            self.fired.add(i)
+            if rule.effect != "slow":  # a slow machine is slow at every step; other faults happen once
+                self.fired.add(i)
             if rule.effect == "device_hang":
                 self.device_stuck = True  # the host call returns; the kernel never finishes
                 continue

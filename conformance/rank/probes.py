@@ -107,6 +107,22 @@ def sized_steps(ctx: RankContext, name: str) -> Iterator[tuple[int, str]]:
         yield _numel(nbytes), label
 
 
+def in_parts(ctx: RankContext, n: int) -> Iterator[slice]:
+    """A message of ``n`` elements as slices of at most ``chunk_bytes`` each, reporting each part done.
+
+    The watchdog decides hangs from progress: a large gloo collective on a loaded CPU can take longer
+    than the step deadline as one call, so it is moved in parts and each finished part is reported.
+    Without ``chunk_bytes`` (NCCL: a 64 MiB collective takes milliseconds, and NCCL picks its protocol
+    by message size) the message is one part.
+    """
+    chunk = _numel(int(ctx.params.get("chunk_bytes") or 0)) if ctx.params.get("chunk_bytes") else n
+    count = -(-n // chunk)
+    for i in range(count):
+        yield slice(i * chunk, min(n, (i + 1) * chunk))
+        if count > 1:
+            ctx.advance(f"{i + 1}/{count}")
+
+
 def _largest(ctx: RankContext) -> int:
     return max(int(s) for s in ctx.params.get("sizes", [4]))
 
@@ -125,7 +141,8 @@ def bus_factor(collective: str, world_size: int) -> float:
 
 
 def timed(ctx: RankContext, label: str, operation: Callable[[], object], *devices: torch.device) -> float:
-    """Seconds per iteration of ``operation``, as its own probe step."""
+    """Seconds per iteration of ``operation``, as its own probe step, once no other case runs."""
+    ctx.wait_for_turn()
     iterations = int(ctx.params.get("bandwidth_iterations", 5))
     warmup = int(ctx.params.get("bandwidth_warmup", 1))
     ctx.phase("probe", f"{label} x{iterations}")
@@ -155,7 +172,8 @@ def all_reduce(ctx: RankContext) -> None:
     device = ctx.torch_device
     for n, label in sized_steps(ctx, "all_reduce"):
         data = pattern(ctx.rank, n, device)
-        dist.all_reduce(data, group=ctx.group)
+        for part in in_parts(ctx, n):
+            dist.all_reduce(data[part], group=ctx.group)
         ctx.synchronize()
         ctx.verify(label, data, partial(reduced, ctx.world_size, n, device))
     if ctx.params.get("measure"):
@@ -171,7 +189,8 @@ def broadcast(ctx: RankContext) -> None:
     for root in sorted({0, ctx.world_size - 1}):
         for n, label in sized_steps(ctx, f"broadcast from rank {root}"):
             data = pattern(ctx.rank, n, device)
-            dist.broadcast(data, src=root, group=ctx.group)
+            for part in in_parts(ctx, n):
+                dist.broadcast(data[part], src=root, group=ctx.group)
             ctx.synchronize()
             ctx.verify(label, data, partial(pattern, root, n, device))
 
@@ -183,8 +202,13 @@ def all_gather(ctx: RankContext) -> None:
 
     device, world = ctx.torch_device, ctx.world_size
     for n, label in sized_steps(ctx, "all_gather"):
-        out = torch.zeros(world * n, device=device)
-        dist.all_gather_into_tensor(out, pattern(ctx.rank, n, device), group=ctx.group)
+        out, mine = torch.zeros(world * n, device=device), pattern(ctx.rank, n, device)
+        for part in in_parts(ctx, n):
+            whole = part.stop - part.start == n
+            target = out if whole else torch.empty(world * (part.stop - part.start), device=device)
+            dist.all_gather_into_tensor(target, mine[part], group=ctx.group)
+            if not whole:  # each rank's slice of this part, put back in its place
+                out.view(world, n)[:, part].copy_(target.view(world, -1))
         ctx.synchronize()
         ctx.verify(label, out, partial(gathered, world, n, device))
     if ctx.params.get("measure"):
@@ -202,8 +226,9 @@ def reduce_scatter(ctx: RankContext) -> None:
 
     device, world = ctx.torch_device, ctx.world_size
     for n, label in sized_steps(ctx, "reduce_scatter"):
-        out = torch.zeros(n, device=device)
-        dist.reduce_scatter_tensor(out, pattern(ctx.rank, n * world, device), group=ctx.group)
+        out, full = torch.zeros(n, device=device), pattern(ctx.rank, n * world, device)
+        for part in in_parts(ctx, n):
+            dist.reduce_scatter_tensor(out[part], full.view(world, n)[:, part].reshape(-1), group=ctx.group)
         ctx.synchronize()
         ctx.verify(label, out, partial(reduced, world, n, device, start=ctx.rank * n))
     if ctx.params.get("measure"):
@@ -283,13 +308,15 @@ def pair_exchange(ctx: RankContext) -> None:
         ctx.skip(f"pair_exchange needs exactly 2 ranks, got {ctx.world_size}")
     device, peer = ctx.torch_device, 1 - ctx.rank
     for n, label in sized_steps(ctx, "send/recv"):
-        received = torch.zeros(n, device=device)
-        _exchange(ctx, pattern(ctx.rank, n, device), received)
+        received, mine = torch.zeros(n, device=device), pattern(ctx.rank, n, device)
+        for part in in_parts(ctx, n):
+            _exchange(ctx, mine[part], received[part])
         ctx.synchronize()
         ctx.verify(label, received, partial(pattern, peer, n, device))
     for n, label in sized_steps(ctx, "all_reduce"):
         data = pattern(ctx.rank, n, device)
-        dist.all_reduce(data, group=ctx.group)
+        for part in in_parts(ctx, n):
+            dist.all_reduce(data[part], group=ctx.group)
         ctx.synchronize()
         ctx.verify(label, data, partial(reduced, 2, n, device))
     nbytes = int(ctx.params.get("bandwidth_bytes", 4 << 20))

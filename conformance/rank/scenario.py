@@ -23,7 +23,7 @@
     ignore_sigterm = true      # hang only
     signal = "SIGSEGV"         # crash only
     message = "text"           # error and oom
-    seconds = 5                # slow only
+    seconds = 5                # slow only: sleeps this long at every entry into the phase
 
 A rule's ``env`` conditions are checked in the rank, against the environment the case gave it.
 ``hang`` blocks the rank on the host where the phase begins; ``device_hang`` is a kernel that never

@@ -203,6 +203,7 @@ class RunFacts:
     matrix: str | None = None
     ladder: tuple[RungFacts, ...] | None = None  # None: the run did not say (older runs, JUnit files)
     case_timeout: float | None = None
+    step_deadline: float | None = None  # seconds without progress that made a hang (older runs: None)
     node_rank: int | None = None
     nnodes: int = 1
     driver: str | None = None  # the next three only from merged JUnit suite properties

@@ -255,7 +255,8 @@ def _header(facts: _Facts) -> str:
     return (
         f"<header><h1>GPU conformance report{simulated}</h1>"
         f'<div class="sub">run <span class="mono">{_e(run.run_id)}</span> · {len(facts.records)} cases · '
-        f'{_e(deadlines_text(facts.records))} · from <span class="mono">{_e(run.source)}</span></div>'
+        f"{_e(deadlines_text(facts.records, run.facts.step_deadline))} · "
+        f'from <span class="mono">{_e(run.source)}</span></div>'
         f'<div class="counts">{badges}</div>' + (f'<ul class="warn">{warnings}</ul>' if warnings else "") + "</header>"
     )
 
@@ -319,6 +320,7 @@ def _version_rows(facts: _Facts) -> list[tuple[str, object]]:
         ("NCCL", versions.get("nccl") or ("not used (gloo)" if run.facts.backend == "gloo" else None)),
         ("torch", versions.get("torch")),
         ("matrix", run.facts.matrix),
+        ("step deadline", run.facts.step_deadline),
         ("case timeout", run.facts.case_timeout),
         ("nodes", _nodes_text(facts.records)),
         ("inherited", " ".join(f"{k}={v}" for k, v in inherited.items()) or "no NCCL/GLOO/TORCH variable"),

@@ -99,7 +99,7 @@ def rung_env_text(rung: Rung) -> str:
     return " ".join(f"export {k}={v}" for k, v in sorted(rung.set.items()))
 
 
-def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], case_timeout: float) -> list[str]:
+def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], step_deadline: float) -> list[str]:
     """Link class x rung pass/total, the first passing rung per class, and the deadlines paid."""
     ran = [r for r in records if r.counts]
     order = [r.name for r in ladder]
@@ -127,14 +127,17 @@ def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], case
                 lines.append(f"{classes_here}: first passing rung {name}: {rung_env_text(rung)}")
             else:
                 lines.append(f"{classes_here}: no rung passed")
-    lines.append(deadlines_text(records, case_timeout))
+    lines.append(deadlines_text(records, step_deadline))
     return lines
 
 
-def deadlines_text(records: Iterable[CaseRecord], case_timeout: float | None = None) -> str:
-    """How many whole case deadlines the run paid, and how many hangs were confirmed sooner instead."""
+def deadlines_text(records: Iterable[CaseRecord], step_deadline: float | None = None) -> str:
+    """Deadlines the run paid (a step that stalled, a case past its limit) and hangs confirmed sooner."""
     stops = Counter(r.stop_reason for r in records)
-    each = f" (up to {case_timeout:g}s each)" if case_timeout is not None else ""
+    notes = [f"step deadline {step_deadline:g}s"] if step_deadline is not None else []
+    if stops["deadline"]:
+        notes.append(f"{stops['deadline']} at the whole-case limit")
+    detail = f" ({'; '.join(notes)})" if notes else ""
     confirmed = stops["confirm"]
     also = f"; {confirmed} hang(s) confirmed sooner, stuck where their class hung" if confirmed else ""
-    return f"deadlines paid: {stops['deadline']}{each}{also}"
+    return f"deadlines paid: {stops['stalled'] + stops['deadline']}{detail}{also}"

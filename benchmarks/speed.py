@@ -1,0 +1,174 @@
+"""How fast the suite answers, measured side by side in one invocation on this machine.
+
+    python benchmarks/speed.py [--old 7814a21] [--growth 2,4,8,16] [--skip-broken]
+
+Every figure is a real ``pytest suites/`` run with the default settings (no timeout options), in a
+temporary reports folder, gloo ranks playing the GPUs of the simulated boxes:
+
+* healthy 8-GPU boxes (``nvswitch-8gpu.json``, ``pcie-2socket-8gpu.json``): this tree against an
+  older commit checked out into a temporary worktree (``--old``: a revision, or the path of a tree),
+  run one after the other so both see the same machine load, and the ratio;
+* ``-n 2`` against no xdist on the healthy NVSwitch box;
+* growth: wall time for 2, 4, 8, 16 virtual devices, the exponent of a power-law fit, and the share
+  of the wall during which a pair case was running;
+* the broken 8-GPU PCIe box (``scenarios/pcie-sys-p2p-hang.toml``): wall time, hangs, deadlines paid,
+  false hangs (a ``hang`` that is not a cross-socket pair on a rung without the fix) and the
+  recommended environment.
+
+Ratios are what to compare on a shared machine; absolute seconds move with its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.record.records import CaseRecord
+from conformance.record.runs import load_run
+
+REPO = Path(__file__).resolve().parent.parent
+TOPOLOGIES = REPO / "scenarios" / "topologies"
+HEALTHY = ("nvswitch-8gpu.json", "pcie-2socket-8gpu.json")
+BROKEN = REPO / "scenarios" / "pcie-sys-p2p-hang.toml"
+FIXED_ON = {"p2p_level_nvl", "p2p_off", "p2p_shm_off", "net_socket"}  # seed d: P2P over PCIe off
+PAIR_PROBES = {"pair_exchange", "peer_copy"}
+
+
+@dataclass
+class Timed:
+    wall: float
+    exit_code: int
+    records: list[CaseRecord]
+    output: str
+
+
+def run_suite(tree: Path, *options: str) -> Timed:
+    """``pytest suites/`` of ``tree`` (its own package first on the path), timed."""
+    with tempfile.TemporaryDirectory() as reports:
+        command = [sys.executable, "-m", "pytest", "suites/", "-q", "-p", "no:cacheprovider",
+                   f"--reports-dir={reports}", *options]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        begun = time.monotonic()
+        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
+        wall = time.monotonic() - begun
+        latest = Path(reports) / "latest"
+        records = list(load_run(latest).records) if latest.exists() else []
+        if done.returncode not in (0, 1):
+            print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+        return Timed(wall, done.returncode, records, done.stdout)
+
+
+@contextmanager
+def old_tree(old: str) -> Iterator[Path]:
+    """The older tree: a path as given, or the revision checked out into a temporary worktree."""
+    if Path(old).is_dir():
+        yield Path(old)
+        return
+    with tempfile.TemporaryDirectory() as parent:
+        path = Path(parent) / "old"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(path), old], cwd=REPO, check=True, capture_output=True
+        )
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, check=False)
+
+
+def pair_share(records: Sequence[CaseRecord], wall: float) -> float:
+    """The share of the wall during which at least one pair case was running."""
+    spans = sorted(
+        (r.time - r.seconds, r.time) for r in records if r.probe in PAIR_PROBES and r.time and r.seconds is not None
+    )
+    covered, reach = 0.0, -math.inf
+    for start, end in spans:
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered / wall if wall else 0.0
+
+
+def power_fit(points: Sequence[tuple[int, float]]) -> float:
+    """The exponent k of wall ~ n^k, by least squares on the logarithms."""
+    xs, ys = [math.log(n) for n, _ in points], [math.log(w) for _, w in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def healthy(old: Path) -> Timed:
+    print("## Healthy 8-GPU boxes, default settings: this tree against the old one (same invocation)")
+    print(f"{'topology':28} {'old s':>8} {'new s':>8} {'old/new':>8}   cases old/new")
+    plain = None
+    for name in HEALTHY:
+        topology = f"--topology-file={TOPOLOGIES / name}"
+        before, after = run_suite(old, topology), run_suite(REPO, topology)
+        ratio = before.wall / after.wall
+        print(
+            f"{name:28} {before.wall:8.1f} {after.wall:8.1f} {ratio:8.2f}x   {len(before.records)}/{len(after.records)}"
+        )
+        plain = plain or after
+    assert plain is not None
+    return plain
+
+
+def xdist(plain: Timed) -> None:
+    print("\n## -n 2 on the healthy NVSwitch box (same invocation)")
+    parallel = run_suite(REPO, f"--topology-file={TOPOLOGIES / HEALTHY[0]}", "-n", "2")
+    print(f"no xdist {plain.wall:.1f} s; -n 2 {parallel.wall:.1f} s; ratio {plain.wall / parallel.wall:.2f}x")
+
+
+def growth(counts: Sequence[int]) -> None:
+    print("\n## Growth with the device count (virtual CPU devices, default settings)")
+    print(f"{'devices':>8} {'wall s':>8} {'cases':>6} {'pairs running':>14}")
+    points = []
+    for n in counts:
+        timed = run_suite(REPO, f"--virtual-devices={n}")
+        points.append((n, timed.wall))
+        print(f"{n:8d} {timed.wall:8.1f} {len(timed.records):6d} {pair_share(timed.records, timed.wall):13.0%}")
+    print(f"wall ~ n^{power_fit(points):.2f} over {counts[0]}..{counts[-1]} devices")
+
+
+def broken() -> None:
+    print("\n## Broken 8-GPU PCIe box (cross-socket P2P hangs), default settings")
+    timed = run_suite(REPO, f"--scenario={BROKEN}")
+    hangs = [r for r in timed.records if r.verdict == "hang"]
+    false = [r.nodeid for r in hangs if r.link != "SYS" or r.env_name in FIXED_ON]
+    stops = [r.stop_reason for r in timed.records]
+    print(f"wall {timed.wall:.1f} s ({timed.wall / 60:.2f} min); cases {len(timed.records)}; hangs {len(hangs)}")
+    print(
+        f"deadlines paid {stops.count('stalled') + stops.count('deadline')}; confirmed sooner {stops.count('confirm')}"
+    )
+    print(f"false hangs: {len(false)}" + "".join(f"\n  {n}" for n in false))
+    lines = timed.output.splitlines()
+    shown = lines[lines.index("recommended environment:") :] if "recommended environment:" in lines else lines[-5:]
+    print("\n".join(f"  {line}" for line in shown if not line.startswith(("(written", "=", "FAILED"))))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", default="7814a21", help="the older tree: a revision or a path (default 7814a21)")
+    parser.add_argument("--growth", default="2,4,8,16", help="virtual device counts (default 2,4,8,16)")
+    parser.add_argument("--skip-broken", action="store_true", help="leave out the broken-box run")
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start")
+    with old_tree(args.old) as old:
+        plain = healthy(old)
+    xdist(plain)
+    growth([int(n) for n in args.growth.split(",")])
+    if not args.skip_broken:
+        broken()
+    print(f"\nload {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

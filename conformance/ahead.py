@@ -1,0 +1,149 @@
+"""Cases side by side: while pytest runs one item, later items of the same test on other devices run too.
+
+pytest runs items one after another; a case is mostly waiting (for ranks to start, meet, move data).
+When an item starts its case, the session also starts the cases of the items that come after it in
+this process's queue, if they are of the same test function (so the same probe and parameters),
+on the first rung (whose decision needs no other case), and on devices no running case uses.  When
+pytest reaches such an item, its test calls the case as usual and gets the result of the case that
+is already running or done; only if it asks for something else (another probe or parameters) is that
+case thrown away and its own run.  Test ids, records (written when pytest reaches the item, in
+order) and outcomes are the same as one by one.  Pairs are planned in rounds of disjoint pairs
+(``plan.matrix.each_pair``), so a round runs at once.  Bandwidth is timed only with no other case
+running (``launch.measure_gate``).
+
+A plain run looks ahead in ``session.items``; an xdist worker in the queue xdist has given it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from conformance.launch.case import CaseResult
+from conformance.launch.watchdog import OnWait
+from conformance.plan.matrix import DEVICE_SET_FIXTURES, DeviceSet
+
+CaseCall = tuple[str, str | None, str]  # probe, expected verdict, parameters (JSON): what a test asked for
+
+
+def case_call(probe: str, expect: str | None, params: dict[str, Any]) -> CaseCall:
+    return probe, expect, json.dumps(params, sort_keys=True, default=str)
+
+
+@dataclass
+class Pending:
+    """A case running in a thread of its own; the item that waits for it shows its progress."""
+
+    nodeid: str
+    call: CaseCall
+    devices: frozenset[str]
+    result: CaseResult | None = None
+    error: BaseException | None = None
+    on_wait: OnWait | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, case: Callable[[OnWait], CaseResult]) -> None:
+        def body() -> None:
+            try:
+                self.result = case(self._progress)
+            except BaseException as exc:  # handed to the item that waits for it
+                self.error = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=body, name=f"case {self.nodeid}", daemon=True).start()
+
+    def _progress(self, ranks: Any, seconds_left: float) -> None:
+        if self.on_wait is not None:
+            self.on_wait(ranks, seconds_left)
+
+    def wait(self, on_wait: OnWait | None) -> CaseResult:
+        self.on_wait = on_wait
+        self.done.wait()
+        self.on_wait = None
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def device_set_of(item: pytest.Item) -> DeviceSet | None:
+    callspec = getattr(item, "callspec", None)
+    for fixture in DEVICE_SET_FIXTURES:
+        device_set = callspec.params.get(fixture) if callspec is not None else None
+        if isinstance(device_set, DeviceSet):
+            return device_set
+    return None
+
+
+def same_test(a: pytest.Item, b: pytest.Item) -> bool:
+    return getattr(a, "function", None) is getattr(b, "function", object()) and a.parent is b.parent
+
+
+def xdist_queue(config: pytest.Config) -> list[int] | None:
+    """The indices of the items this xdist worker has been given and not yet started (None: not a worker).
+
+    xdist has no public call for it: its worker keeps them in ``WorkerInteractor.torun`` (xdist 3.x),
+    read here under the queue's own lock; anything else found there means no looking ahead.
+    """
+    if not hasattr(config, "workerinput"):
+        return None
+    for plugin in config.pluginmanager.get_plugins():
+        queue, upcoming = getattr(plugin, "torun", None), getattr(plugin, "nextitem_index", None)
+        if queue is None or not hasattr(queue, "lock"):
+            continue
+        with queue.lock() as items:
+            indices = [upcoming, *items]
+        return [i for i in indices if isinstance(i, int)]
+    return []
+
+
+class CasesAhead:
+    """The cases running for items pytest has not reached yet, and the devices they use."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Pending] = {}
+        self._positions: dict[str, int] = {}
+
+    def take(self, nodeid: str, call: CaseCall) -> Pending | None:
+        """The case started for this item, if it was started with the same call (else it is dropped)."""
+        pending = self.pending.pop(nodeid, None)
+        return pending if pending is not None and pending.call == call else None
+
+    def busy(self) -> set[str]:
+        return {d for p in self.pending.values() if not p.done.is_set() for d in p.devices}
+
+    def upcoming(self, item: pytest.Item) -> Sequence[pytest.Item]:
+        """The items this process will run after ``item``, in order."""
+        items = item.session.items
+        queue = xdist_queue(item.config)
+        if queue is not None:
+            return [items[i] for i in queue if i < len(items)]
+        if not self._positions:
+            self._positions = {it.nodeid: i for i, it in enumerate(items)}
+        position = self._positions.get(item.nodeid)
+        return items[position + 1 :] if position is not None else ()
+
+    def candidates(
+        self, item: pytest.Item, running: Iterable[str], eligible: Callable[[pytest.Item, DeviceSet], bool]
+    ) -> list[tuple[pytest.Item, DeviceSet]]:
+        """Later ``eligible`` items of the same test, each on devices that nothing chosen or running uses."""
+        taken = set(running) | self.busy()
+        chosen = []
+        for later in self.upcoming(item):
+            if not same_test(item, later):
+                continue
+            device_set = device_set_of(later)
+            if device_set is None or later.nodeid in self.pending or any(later.iter_markers("skip")):
+                continue
+            names = {d.name for d in device_set.devices}
+            if device_set.nodes or names & taken or not eligible(later, device_set):
+                continue
+            taken |= names
+            chosen.append((later, device_set))
+        return chosen
