@@ -72,6 +72,30 @@ class Pending:
         return self.result
 
 
+@dataclass
+class PartOf:
+    """An item whose result comes out of another item's case (``conformance.shared``).
+
+    ``wait`` gives None when the case never reached this item's part: the item then runs alone.
+    """
+
+    nodeid: str
+    call: CaseCall
+    case: Pending
+    part: Callable[[CaseResult], CaseResult | None]
+
+    @property
+    def devices(self) -> frozenset[str]:
+        return self.case.devices
+
+    @property
+    def done(self) -> threading.Event:
+        return self.case.done
+
+    def wait(self, on_wait: OnWait | None) -> CaseResult | None:
+        return self.part(self.case.wait(on_wait))
+
+
 def device_set_of(item: pytest.Item) -> DeviceSet | None:
     callspec = getattr(item, "callspec", None)
     for fixture in DEVICE_SET_FIXTURES:
@@ -107,10 +131,10 @@ class CasesAhead:
     """The cases running for items pytest has not reached yet, and the devices they use."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, Pending] = {}
+        self.pending: dict[str, Pending | PartOf] = {}
         self._positions: dict[str, int] = {}
 
-    def take(self, nodeid: str, call: CaseCall) -> Pending | None:
+    def take(self, nodeid: str, call: CaseCall) -> Pending | PartOf | None:
         """The case started for this item, if it was started with the same call (else it is dropped)."""
         pending = self.pending.pop(nodeid, None)
         return pending if pending is not None and pending.call == call else None

@@ -26,12 +26,14 @@ from conformance.record.runs import Run, RunError, load_run
 from conformance.session import ConformanceSession
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
+from conformance.shared import MARKER_HELP
 
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 WORKER_RUN_ID = "conformance_run_id"
 WORKER_TOPOLOGY = "conformance_topology"
 
 RunCase = Callable[..., CaseResult]
+RunCollective = Callable[[DeviceSet], CaseResult]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,6 +101,7 @@ def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance_gpu: the case needs the NCCL backend and GPUs")
+    config.addinivalue_line("markers", MARKER_HELP)
     workerinput = getattr(config, "workerinput", None)
     run_id = workerinput[WORKER_RUN_ID] if workerinput and WORKER_RUN_ID in workerinput else new_run_id()
     try:
@@ -155,3 +158,19 @@ def conformance_case(request: pytest.FixtureRequest, conformance: ConformanceSes
         return result
 
     return run
+
+
+@pytest.fixture
+def collective_case(
+    request: pytest.FixtureRequest, conformance: ConformanceSession, conformance_case: RunCase
+) -> RunCollective:
+    """Run the collective the test declares with ``@pytest.mark.collective(probe, **params)``, at the run's sizes.
+
+    Declared so, the collectives of several tests over one device set may share one process group
+    (``conformance/shared.py``); each test still gets its own verdict.
+    """
+    declared = conformance.collective(request.node)
+    if declared is None:
+        pytest.fail(f"collective_case needs the marker @pytest.mark.{MARKER_HELP}", pytrace=False)
+    probe, params = declared
+    return lambda device_set: conformance_case(probe, device_set, **params)

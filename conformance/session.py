@@ -7,12 +7,13 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conformance.ahead import CaseCall, CasesAhead, Pending, case_call
+from conformance.ahead import CaseCall, CasesAhead, PartOf, Pending, case_call, device_set_of
 from conformance.common import casefiles
 from conformance.common.deadlines import DeadlineError
 from conformance.common.families import inherited_variables
@@ -32,6 +33,7 @@ from conformance.record import results
 from conformance.record.records import CaseRecord, RunFacts, RungFacts, junit_properties
 from conformance.record.runs import Run
 from conformance.settings import Settings, deadlines
+from conformance.shared import Part, declared, part_of, shared_spec
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
 from conformance.verdict.decision import Decision, decide_across_nodes, stuck_place
@@ -275,7 +277,12 @@ class ConformanceSession:
                 later_confirm = self._rung_decision(self.plan.step(later, later_set)).confirm_at
                 self.ahead.pending[later.nodeid] = self._start(later, probe, later_set, params, later_confirm, call)
         try:
-            return pending.wait(self.progress.watch(item.nodeid))
+            result = pending.wait(self.progress.watch(item.nodeid))
+            if result is None:  # the shared case stopped before this item's collective: it runs alone
+                alone = self._start(item, probe, device_set, params, confirm_at, call, share=False)
+                result = alone.wait(self.progress.watch(item.nodeid))
+            assert result is not None
+            return result
         except BaseException:  # interrupted: no case of this process outlives the wait
             self.runner.sweep()
             raise
@@ -290,12 +297,46 @@ class ConformanceSession:
         params: dict[str, Any],
         confirm_at: str,
         call: CaseCall,
-    ) -> Pending:
+        share: bool = True,
+    ) -> Pending | PartOf:
+        """Start the item's case; with ``share``, later declared collectives on its devices join it."""
         spec = self.case_spec(item, probe, device_set, dict(params))
+        together = self._together(item, device_set, call) if share else []
+        parts = [Part(spec), *(Part(self.case_spec(it, p, device_set, dict(pp))) for it, p, pp in together)]
         runner = self.runner
         pending = Pending(item.nodeid, call, frozenset(d.name for d in device_set.devices))
-        pending.run(lambda on_wait: runner.run(spec, confirm_at=confirm_at, on_wait=on_wait))
-        return pending
+        case = shared_spec(parts) if together else spec
+        pending.run(lambda on_wait: runner.run(case, confirm_at=confirm_at, on_wait=on_wait))
+        if not together:
+            return pending
+        for later, later_probe, later_params in together:
+            later_call = case_call(later_probe, None, later_params)
+            self.ahead.pending[later.nodeid] = PartOf(later.nodeid, later_call, pending, partial(part_of, later, parts))
+        return PartOf(item.nodeid, call, pending, partial(part_of, item, parts))
+
+    def collective(self, item: pytest.Item) -> tuple[str, dict[str, Any]] | None:
+        """The collective and parameters the item declares (``shared.MARKER``), at the run's sizes."""
+        found = declared(item)
+        return None if found is None else (found[0], {"sizes": self.sizes, **found[1]})
+
+    def _together(
+        self, item: pytest.Item, device_set: DeviceSet, call: CaseCall
+    ) -> list[tuple[pytest.Item, str, dict[str, Any]]]:
+        """Later items whose declared collectives can run in this item's case (``conformance.shared``)."""
+        mine = self.collective(item)
+        if mine is None or case_call(mine[0], None, mine[1]) != call or not self._runs_at_once(item, device_set):
+            return []
+        probes, together = {call[0]}, []
+        for later in self.ahead.upcoming(item):
+            theirs = self.collective(later)
+            if theirs is None or theirs[0] in probes or later.nodeid in self.ahead.pending:
+                continue
+            if device_set_of(later) != device_set or any(later.iter_markers("skip")):
+                continue
+            if self._runs_at_once(later, device_set):
+                probes.add(theirs[0])
+                together.append((later, *theirs))
+        return together
 
     def _runs_at_once(self, item: pytest.Item, device_set: DeviceSet) -> bool:
         """An item whose rung waits for no other case: the first rung, or any rung of a full matrix."""

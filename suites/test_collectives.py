@@ -1,7 +1,9 @@
 """Collectives over every device together and over a world of one, data checked exactly.
 
 On GPUs the sizes straddle NCCL's protocol switch points (4 B, 256 KiB, 1 MiB, 64 MiB) and the
-bus bandwidth is reported with nccl-tests' definitions.
+bus bandwidth is reported with nccl-tests' definitions.  The collectives over one device set
+declare themselves (``@pytest.mark.collective``) so that they can share one process group; each
+test still gets its own verdict (``conformance/shared.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.plan.matrix import DeviceSet
-from conformance.plugin import RunCase
+from conformance.plugin import RunCase, RunCollective
 from conformance.session import ConformanceSession
 
 
@@ -32,17 +34,21 @@ def test_barrier_first(conformance_case: RunCase, barrier_device_set: DeviceSet,
     conformance_case(probe, barrier_device_set, device_id_at_init=probe == "barrier")
 
 
-def test_all_reduce(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("all_reduce", device_set, sizes=conformance.sizes, measure=True)
+@pytest.mark.collective("all_reduce", measure=True)
+def test_all_reduce(collective_case: RunCollective, device_set: DeviceSet) -> None:
+    collective_case(device_set)
 
 
-def test_broadcast(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("broadcast", device_set, sizes=conformance.sizes)
+@pytest.mark.collective("broadcast")
+def test_broadcast(collective_case: RunCollective, device_set: DeviceSet) -> None:
+    collective_case(device_set)
 
 
-def test_all_gather(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("all_gather", device_set, sizes=conformance.sizes, measure=True)
+@pytest.mark.collective("all_gather", measure=True)
+def test_all_gather(collective_case: RunCollective, device_set: DeviceSet) -> None:
+    collective_case(device_set)
 
 
-def test_reduce_scatter(conformance_case: RunCase, conformance: ConformanceSession, device_set: DeviceSet) -> None:
-    conformance_case("reduce_scatter", device_set, sizes=conformance.sizes, measure=True)
+@pytest.mark.collective("reduce_scatter", measure=True)
+def test_reduce_scatter(collective_case: RunCollective, device_set: DeviceSet) -> None:
+    collective_case(device_set)

@@ -36,6 +36,11 @@ NCCL_LOG = "nccl.log"
 FLIGHT_RECORDER = "flight_recorder.json"
 TURN = "turn"
 TURN_STEP = "waiting for the measurement turn"  # the step ranks report while they wait for it
+# A shared case (several tests' collectives over one process group): the probe's parameter that
+# lists them in order, each {"probe": name, "params": {...}}, and the metric in which a rank notes
+# each one it finished, {name: {"metrics": {...}, "seconds": s}}.
+SEQUENCE = "sequence"
+SHARED_DONE = "collectives_done"
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -86,6 +86,7 @@ class CaseResult:
     node_rank: int | None = None  # in a multi-node run: the node this result is from
     root_node: int | None = None  # across nodes: the node the verdict comes from
     node_verdicts: dict[int, str] | None = None  # across nodes: each node's own verdict
+    shared_by: str | None = None  # the test whose case ran this one's collective too (conformance.shared)
 
     @property
     def verdict(self) -> str:

@@ -136,6 +136,15 @@ class RankContext:
             time.sleep(TURN_POLL)
         self.metrics["measured_alone"] = turn == "alone"
 
+    def take_up(self, probe: str, params: Mapping[str, Any]) -> None:
+        """Go on to the next probe of a shared case: its own name (scenario rules match it), parameters, metrics."""
+        self.probe, self.params, self.metrics = probe, params, {}
+        self.placement = replace(self.placement, probe=probe)
+
+    def note(self, facts: Mapping[str, Any]) -> None:
+        """Put facts where the parent reads them even if the rank is killed later (no step, no faults)."""
+        self._write(PhaseLine(self.phase_name, self.step, time.time(), dict(facts)))
+
     def advance(self, part: str) -> None:
         """Report a finished part of the current step (progress inside a long one; no faults applied)."""
         self._write(PhaseLine(self.phase_name, self.step, time.time(), part=part))

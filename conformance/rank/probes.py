@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
+from conformance.common.casefiles import SEQUENCE, SHARED_DONE
 from conformance.rank import timing
 from conformance.rank.barrier_device import barrier_device
 from conformance.rank.context import RankContext
@@ -237,6 +238,25 @@ def reduce_scatter(ctx: RankContext) -> None:
         measure_busbw(
             ctx, "reduce_scatter", full.numel() * 4, lambda: dist.reduce_scatter_tensor(out, full, group=ctx.group)
         )
+
+
+@probe("collectives")
+def collectives(ctx: RankContext) -> None:
+    """The collectives of several tests over one process group, one after another (``conformance.shared``).
+
+    Each keeps its own name, parameters and metrics.  When one is done on this rank, its metrics and
+    seconds go into a phase line at once, so the parent knows how far every rank got even when a
+    later collective hangs and the rank is killed.
+    """
+    common = {k: v for k, v in ctx.params.items() if k != SEQUENCE}
+    group_metrics, done = dict(ctx.metrics), {}
+    for part in ctx.params[SEQUENCE]:
+        started = time.monotonic()
+        ctx.take_up(part["probe"], {**common, **part["params"]})
+        PROBES[part["probe"]](ctx)
+        done[part["probe"]] = {"metrics": ctx.metrics, "seconds": round(time.monotonic() - started, 3)}
+        ctx.note({SHARED_DONE: dict(done)})
+    ctx.metrics = {**group_metrics, SHARED_DONE: done}
 
 
 # -- the first barrier -------------------------------------------------------------------------

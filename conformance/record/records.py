@@ -89,6 +89,7 @@ class CaseRecord:
     node_verdicts: Mapping[str, str] | None = None
     case_dir: str | None = None
     time: float | None = None
+    shared_by: str | None = None  # the test whose case also ran this one's collective (one process group)
 
     @property
     def outcome(self) -> Verdict | None:

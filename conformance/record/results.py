@@ -107,6 +107,7 @@ def case_record(
         node_verdicts={str(k): v for k, v in result.node_verdicts.items()} if result.node_verdicts else None,
         case_dir=str(result.case_dir),
         time=time.time(),
+        shared_by=result.shared_by,
     )
 
 
