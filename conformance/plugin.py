@@ -123,7 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class XdistHooks:
-    """The controller decides the run id and the topology; every worker gets the same."""
+    """The controller decides the run id, the topology and which worker runs what; every worker gets the same."""
 
     def __init__(self, session: ConformanceSession) -> None:
         self.session = session
@@ -131,6 +131,20 @@ class XdistHooks:
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKER_RUN_ID] = self.session.run_id
         node.workerinput[WORKER_TOPOLOGY] = self.session.topology.to_json()
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """Plain ``-n N`` (xdist's ``load``): every rung of a device set goes to one worker (``Plan.worker_scope``)."""
+        if config.getoption("dist", "load") != "load":
+            return None  # the user chose a distribution: theirs
+        from xdist.scheduler import LoadScopeScheduling
+
+        scope = self.session.plan.worker_scope
+
+        class DeviceSetScheduling(LoadScopeScheduling):  # type: ignore[misc]
+            def _split_scope(self, nodeid: str) -> str:
+                return scope(nodeid)
+
+        return DeviceSetScheduling(config, log)
 
 
 @pytest.fixture

@@ -13,12 +13,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conformance.common.families import INHERITED_FAMILIES
+from conformance.plan.matrix import in_rounds
 
 pytest_plugins = ["pytester"]
 
@@ -185,3 +187,14 @@ def start_node(
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT)
     return Node(process, log, reports, time.monotonic())
+
+
+def in_rounds_named(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``plan.matrix.in_rounds`` on device names: the order the plan runs pairs in."""
+
+    @dataclass(frozen=True)
+    class Named:
+        name: str
+
+    ordered = in_rounds([(Named(a), Named(b)) for a, b in pairs])  # type: ignore[arg-type]
+    return [(a.name, b.name) for a, b in ordered]

@@ -32,7 +32,7 @@ from conformance.plan.matrix import (
 )
 from conformance.plan.relevance import RUNG_REACH, cannot_change
 from conformance.rank.scenario import p2p_used
-from conftest import COLLECTIVE_TEST, REPO, copy_suites, read_records, scenario_text
+from conftest import COLLECTIVE_TEST, REPO, copy_suites, in_rounds_named, read_records, scenario_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -640,7 +640,10 @@ def pair_ids(items: list[str]) -> list[str]:
     return [line[len(prefix) : -1] for line in items if line.startswith(prefix)]
 
 
-NVSWITCH_PAIRS = [f"gpu{a}-gpu{b}-NV18" for a, b in itertools.combinations(range(8), 2)]
+# in the plan's order: rounds of disjoint pairs
+NVSWITCH_PAIRS = [
+    f"{a}-{b}-NV18" for a, b in in_rounds_named(list(itertools.combinations([f"gpu{i}" for i in range(8)], 2)))
+]
 
 
 def test_plan_lists_every_pair_per_rung(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
@@ -800,8 +803,8 @@ LEADER_LINKS = {
     "gpu1-gpu3": "SYS",
     "gpu2-gpu3": "SYS",
 }
-LEADER = "test_pair[gpu0-gpu3-SYS]"
-FOLLOWERS = ["test_pair[gpu1-gpu3-SYS]", "test_pair[gpu2-gpu3-SYS]"]
+LEADER = "test_pair[gpu2-gpu3-SYS]"  # the first SYS pair in the plan's order (rounds of disjoint pairs)
+FOLLOWERS = ["test_pair[gpu1-gpu3-SYS]", "test_pair[gpu0-gpu3-SYS]"]
 HEALTHY_PAIRS = ["test_pair[gpu0-gpu1-PIX]", "test_pair[gpu0-gpu2-NODE]", "test_pair[gpu1-gpu2-NODE]"]
 LADDER_COLUMNS = ["inherited", "p2p_level_nvl"]  # the rungs that ran (cumem_off, nvls_off cannot help over SYS)
 SYS_HANG_RULE = 'effect = "hang"\nphase = "probe"\nprobes = ["pair_exchange"]\nlinks = ["SYS"]\np2p = true'

@@ -7,6 +7,7 @@ back from the records (start = time - seconds) and from each case's phase and re
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,7 @@ from typing import Any
 import pytest
 
 from conformance.common import casefiles
-from conformance.plan.matrix import in_rounds
-from conftest import REPO, read_records
+from conftest import REPO, in_rounds_named, read_records
 
 PAIRS_SUITE = """
 def test_pair_exchange(conformance_case, conformance, device_pair):
@@ -79,15 +79,6 @@ def test_pairs_are_planned_in_rounds_of_disjoint_pairs() -> None:
     assert rounds[0] == [("gpu0", "gpu1"), ("gpu2", "gpu3"), ("gpu4", "gpu5"), ("gpu6", "gpu7")]
 
 
-def in_rounds_named(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    @dataclass(frozen=True)
-    class Named:
-        name: str
-
-    ordered = in_rounds([(Named(a), Named(b)) for a, b in pairs])  # type: ignore[arg-type]
-    return [(a.name, b.name) for a, b in ordered]
-
-
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_disjoint_sets_overlap_and_timed_transfers_run_alone(
     pytester: pytest.Pytester, run_suite, reports_dir: Path, xdist: list[str]
@@ -127,3 +118,18 @@ def test_records_and_outcomes_are_the_same_as_one_by_one(
     passed = [line.split(" ")[0] for line in result.outlines if line.endswith("PASSED") or " PASSED " in line]
     assert [r["nodeid"] for r in records] == [p for p in passed if p.startswith("test_p.py::")]
     assert len({r["case_dir"] for r in records}) == 12  # one case each, none run twice
+
+
+def test_under_xdist_every_rung_of_a_device_set_runs_on_one_worker(pytester: pytest.Pytester, run_suite) -> None:
+    """A worker decides a device set's ladder from its own items; two device sets use both workers."""
+    pytester.makepyfile(test_p=PAIRS_SUITE)
+    result = run_suite(TOPOLOGY, "-n", "2", "-v", "-k", "gpu0-gpu1 or gpu2-gpu3", timeout=300)
+    result.assert_outcomes(passed=4, skipped=36)
+    workers: dict[str, set[str]] = {}
+    for line in result.outlines:
+        match = re.match(r"\[(gw\d+)\].* (?:PASSED|SKIPPED) test_p\.py::test_\w+\[(gpu\d-gpu\d)", line)
+        if match:
+            workers.setdefault(match.group(2), set()).add(match.group(1))
+    assert sorted(workers) == ["gpu0-gpu1", "gpu2-gpu3"]
+    assert all(len(found) == 1 for found in workers.values()), workers
+    assert workers["gpu0-gpu1"] != workers["gpu2-gpu3"]

@@ -20,7 +20,8 @@ import pytest
 from conformance.common import jsonl
 from conformance.discover import topology
 from conformance.discover.topology import Device, Topology, cpu_topology, discover
-from conformance.plan.matrix import DeviceSet, Rung, all_devices, barrier_sets, each_device, each_pair
+from conformance.plan.matrix import DeviceSet, Rung, all_devices, barrier_sets, build_ladder, each_device, each_pair
+from conformance.plan.parametrize import Plan
 from conformance.rank.scenario import Placement, Rule, ScenarioError, load_scenario, parse_rule
 from conformance.record import results
 from conformance.settings import SETTINGS, SettingError, Settings, resolve
@@ -594,10 +595,10 @@ def test_device_set_ids_gpu() -> None:
     gpus = tuple(gpu(i) for i in range(4))
     topo = Topology(kind="gpu", devices=gpus, source="nvml", links={"gpu0-gpu3": "SYS", "gpu0-gpu1": "NV12"})
     assert DeviceSet((gpus[0], gpus[3]), topo.link(gpus[0], gpus[3]), kind="pair").id == "gpu0-gpu3-SYS-inherited"
-    assert [s.id for s in each_pair(topo)][:3] == [
+    assert [s.id for s in each_pair(topo)][:3] == [  # rounds of disjoint pairs
         "gpu0-gpu1-NV12-inherited",
+        "gpu2-gpu3-?-inherited",
         "gpu0-gpu2-?-inherited",
-        "gpu0-gpu3-SYS-inherited",
     ]
     assert topo.link(gpus[3], gpus[0]) == "SYS"
     assert topo.link(gpus[0], gpus[1]) == "NV12"
@@ -606,6 +607,25 @@ def test_device_set_ids_gpu() -> None:
     rung = Rung("p2p-off", {"NCCL_P2P_DISABLE": "1"}, unset_families=("NCCL_",))
     assert DeviceSet((gpus[0], gpus[3]), "SYS", rung, kind="pair").id == "gpu0-gpu3-SYS-p2p-off"
     assert rung.unset({"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "0", "GLOO_X": "1"}) == ("NCCL_DEBUG",)
+
+
+def test_worker_scope_is_the_test_id_less_its_rung() -> None:
+    """What one xdist worker runs together: every rung of one device set, whatever the test."""
+    gpus = tuple(gpu(i) for i in range(4))
+    topo = Topology(kind="gpu", devices=gpus, source="nvml", links={})
+    user = Rung("p2p-off", {"NCCL_P2P_DISABLE": "1"})
+    plan = Plan(topo, build_ladder([(user, "test")]), "full")
+    scope = plan.worker_scope
+    assert scope("suites/test_pairs.py::test_pair_exchange[gpu0-gpu1-?-inherited]") == "gpu0-gpu1-?"
+    assert scope("suites/test_pairs.py::test_peer_copy[gpu0-gpu1-?-p2p_level_nvl]") == "gpu0-gpu1-?"
+    assert scope("suites/test_pairs.py::test_peer_copy[gpu0-gpu1-?-p2p-off]") == "gpu0-gpu1-?"
+    assert scope("suites/test_collectives.py::test_broadcast[all4-clean]") == "all4"
+    assert scope("suites/test_collectives.py::test_barrier_first[all4-clean-barrier]") == "all4-barrier"
+    no_set = "suites/test_environment.py::test_open_file_limit"
+    assert scope(no_set) == no_set
+    assert scope("suites/test_collectives.py::test_world_of_one[gpu1-inherited]") != scope(
+        "suites/test_collectives.py::test_world_of_one[gpu2-inherited]"
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ which is what lets the adaptive ladder (``ladder.py``) wait only on items that c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import pytest
@@ -99,6 +100,19 @@ class Plan:
             devices=len(device_set.devices),
             links=device_set.links,
         )
+
+    def worker_scope(self, nodeid: str) -> str:
+        """What one xdist worker runs together: every rung of one device set (the test id less its rung).
+
+        So a worker decides a device set's ladder from its own earlier items and never waits for
+        another worker's; the collectives over one device set also land together and share a group.
+        """
+        _, bracket, ident = nodeid.partition("[")
+        if not bracket:
+            return nodeid
+        ident = ident.removesuffix("]")
+        names = "|".join(re.escape(r.name) for r in sorted(self.rungs, key=lambda r: -len(r.name)))
+        return re.sub(rf"-(?:{names})(?=-|$)", "", ident, count=1)
 
     def item_step(self, item: pytest.Item) -> Step | None:
         params = getattr(item, "callspec", None)
