@@ -8,7 +8,8 @@ temporary reports folder, gloo ranks playing the GPUs of the simulated boxes:
 * healthy 8-GPU boxes (``nvswitch-8gpu.json``, ``pcie-2socket-8gpu.json``): this tree against an
   older commit checked out into a temporary worktree (``--old``: a revision, or the path of a tree),
   run one after the other so both see the same machine load, and the ratio;
-* ``-n 2`` against no xdist on the healthy NVSwitch box;
+* ``-n 2`` against no xdist on the healthy NVSwitch box, for both trees, with the CPU seconds the
+  run used and the floor they set on this machine (CPU seconds / cores);
 * growth: wall time for 2, 4, 8, 16 virtual devices, the exponent of a power-law fit, and the share
   of the wall during which a pair case was running;
 * the broken 8-GPU PCIe box (``scenarios/pcie-sys-p2p-hang.toml``): wall time, hangs, deadlines paid,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,12 @@ class Timed:
     exit_code: int
     records: list[CaseRecord]
     output: str
+    cpu: float  # CPU seconds of pytest and everything it started (ranks included)
+
+    @property
+    def cases(self) -> int:
+        """Cases run: records less those whose collective ran in another test's case."""
+        return len({r.case_dir for r in self.records})
 
 
 def run_suite(tree: Path, *options: str) -> Timed:
@@ -57,14 +65,19 @@ def run_suite(tree: Path, *options: str) -> Timed:
         command = [sys.executable, "-m", "pytest", "suites/", "-q", "-p", "no:cacheprovider",
                    f"--reports-dir={reports}", *options]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        begun = time.monotonic()
+        cpu_before, begun = children_cpu(), time.monotonic()
         done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
-        wall = time.monotonic() - begun
+        wall, cpu = time.monotonic() - begun, children_cpu() - cpu_before
         latest = Path(reports) / "latest"
         records = list(load_run(latest).records) if latest.exists() else []
         if done.returncode not in (0, 1):
             print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
-        return Timed(wall, done.returncode, records, done.stdout)
+        return Timed(wall, done.returncode, records, done.stdout, cpu)
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 @contextmanager
@@ -106,24 +119,32 @@ def power_fit(points: Sequence[tuple[int, float]]) -> float:
 
 def healthy(old: Path) -> Timed:
     print("## Healthy 8-GPU boxes, default settings: this tree against the old one (same invocation)")
-    print(f"{'topology':28} {'old s':>8} {'new s':>8} {'old/new':>8}   cases old/new")
+    print(f"{'topology':28} {'old s':>8} {'new s':>8} {'old/new':>8}   cases old/new   CPU s old/new")
     plain = None
     for name in HEALTHY:
         topology = f"--topology-file={TOPOLOGIES / name}"
         before, after = run_suite(old, topology), run_suite(REPO, topology)
         ratio = before.wall / after.wall
         print(
-            f"{name:28} {before.wall:8.1f} {after.wall:8.1f} {ratio:8.2f}x   {len(before.records)}/{len(after.records)}"
+            f"{name:28} {before.wall:8.1f} {after.wall:8.1f} {ratio:8.2f}x   {before.cases:5d}/{after.cases:<5d}"
+            f"     {before.cpu:5.1f}/{after.cpu:.1f}"
         )
         plain = plain or after
     assert plain is not None
     return plain
 
 
-def xdist(plain: Timed) -> None:
+def xdist(plain: Timed, old: Path) -> None:
     print("\n## -n 2 on the healthy NVSwitch box (same invocation)")
-    parallel = run_suite(REPO, f"--topology-file={TOPOLOGIES / HEALTHY[0]}", "-n", "2")
-    print(f"no xdist {plain.wall:.1f} s; -n 2 {parallel.wall:.1f} s; ratio {plain.wall / parallel.wall:.2f}x")
+    topology = f"--topology-file={TOPOLOGIES / HEALTHY[0]}"
+    parallel = run_suite(REPO, topology, "-n", "2")
+    old_plain, old_parallel = run_suite(old, topology), run_suite(old, topology, "-n", "2")
+    cores = os.cpu_count() or 1
+    print(f"{'tree':6} {'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}")
+    for name, one, two in (("old", old_plain, old_parallel), ("new", plain, parallel)):
+        ratio = one.wall / two.wall
+        print(f"{name:6} {one.wall:10.1f} {two.wall:8.1f} {ratio:6.2f}x {two.cpu:13.1f} {two.cpu / cores:12.1f}")
+    print(f"CPU floor: the run's CPU seconds over this machine's {cores} cores, the least wall any overlap can reach")
 
 
 def growth(counts: Sequence[int]) -> None:
@@ -133,7 +154,7 @@ def growth(counts: Sequence[int]) -> None:
     for n in counts:
         timed = run_suite(REPO, f"--virtual-devices={n}")
         points.append((n, timed.wall))
-        print(f"{n:8d} {timed.wall:8.1f} {len(timed.records):6d} {pair_share(timed.records, timed.wall):13.0%}")
+        print(f"{n:8d} {timed.wall:8.1f} {timed.cases:6d} {pair_share(timed.records, timed.wall):13.0%}")
     print(f"wall ~ n^{power_fit(points):.2f} over {counts[0]}..{counts[-1]} devices")
 
 
@@ -143,7 +164,7 @@ def broken() -> None:
     hangs = [r for r in timed.records if r.verdict == "hang"]
     false = [r.nodeid for r in hangs if r.link != "SYS" or r.env_name in FIXED_ON]
     stops = [r.stop_reason for r in timed.records]
-    print(f"wall {timed.wall:.1f} s ({timed.wall / 60:.2f} min); cases {len(timed.records)}; hangs {len(hangs)}")
+    print(f"wall {timed.wall:.1f} s ({timed.wall / 60:.2f} min); cases {timed.cases}; hangs {len(hangs)}")
     print(
         f"deadlines paid {stops.count('stalled') + stops.count('deadline')}; confirmed sooner {stops.count('confirm')}"
     )
@@ -162,7 +183,7 @@ def main() -> int:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start")
     with old_tree(args.old) as old:
         plain = healthy(old)
-    xdist(plain)
+        xdist(plain, old)
     growth([int(n) for n in args.growth.split(",")])
     if not args.skip_broken:
         broken()
