@@ -3,13 +3,13 @@
 pytest runs items one after another; a case is mostly waiting (for ranks to start, meet, move data).
 When an item starts its case, the session also starts the cases of the items that come after it in
 this process's queue, if they are of the same test function (so the same probe and parameters),
-on the first rung (whose decision needs no other case), and on devices no running case uses.  When
-pytest reaches such an item, its test calls the case as usual and gets the result of the case that
-is already running or done; only if it asks for something else (another probe or parameters) is that
-case thrown away and its own run.  Test ids, records (written when pytest reaches the item, in
-order) and outcomes are the same as one by one.  Pairs are planned in rounds of disjoint pairs
-(``plan.matrix.each_pair``), so a round runs at once.  Bandwidth is timed only with no other case
-running (``launch.measure_gate``).
+their rung is decided, to run, without waiting for another case, and no running case uses their
+devices.  When pytest reaches such an item, its test calls the case as usual and gets the result of
+the case that is already running or done; only if it asks for something else (another probe or
+parameters) is that case thrown away and its own run.  Test ids, records (written when pytest
+reaches the item, in order) and outcomes are the same as one by one.  Pairs are planned class by
+class in rounds of disjoint pairs (``plan.matrix.each_pair``), so a round runs at once.  Bandwidth
+is timed only with no other case running (``launch.measure_gate``).
 
 A plain run looks ahead in ``session.items``; an xdist worker in the queue xdist has given it.
 """
@@ -156,7 +156,11 @@ class CasesAhead:
     def candidates(
         self, item: pytest.Item, running: Iterable[str], eligible: Callable[[pytest.Item, DeviceSet], bool]
     ) -> list[tuple[pytest.Item, DeviceSet]]:
-        """Later ``eligible`` items of the same test, each on devices that nothing chosen or running uses."""
+        """Later ``eligible`` items of the same test, in order, while each fits on devices nothing uses.
+
+        The first one that does not fit ends the look: items keep their order, so a round of
+        disjoint pairs starts together instead of being broken up by pairs of later rounds.
+        """
         taken = set(running) | self.busy()
         chosen = []
         for later in self.upcoming(item):
@@ -165,9 +169,11 @@ class CasesAhead:
             device_set = device_set_of(later)
             if device_set is None or later.nodeid in self.pending or any(later.iter_markers("skip")):
                 continue
-            names = {d.name for d in device_set.devices}
-            if device_set.nodes or names & taken or not eligible(later, device_set):
+            if device_set.nodes or not eligible(later, device_set):
                 continue
+            names = {d.name for d in device_set.devices}
+            if names & taken:
+                break
             taken |= names
             chosen.append((later, device_set))
         return chosen

@@ -22,6 +22,7 @@ from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines
 from conformance.discover.versions import nccl_wheel_version, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
+from conformance.launch.forkserver import ForkServerClient
 from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
 from conformance.nodes.layout import NodeSetup, local_fingerprint
 from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step, unchangeable
@@ -82,6 +83,8 @@ class ConformanceSession:
         self.backend = choose_backend(settings.backend, topology)
         self.deadlines = deadlines(settings, self.backend)
         self._runner: CaseRunner | None = None
+        self._forkserver: ForkServerClient | None = None
+        self._started: set[str] = set()  # ladder keys whose case has started in this process
         self.progress = CaseProgress(config)
         self.ahead = CasesAhead()
         self._plan_run(run_id, build_ladder(self.user_rungs))
@@ -100,7 +103,16 @@ class ConformanceSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """A multi-node run meets the other nodes here, before the header and collection (not at configure)."""
+        """Meet the other nodes of a multi-node run; start the forkserver, which imports torch while pytest collects."""
+        self._meet_nodes()
+        collect_only = self.config.getoption("collectonly", False)
+        controller = self.config.pluginmanager.has_plugin("dsession")  # xdist's: its workers run the cases
+        if not collect_only and not controller:
+            self.ensure_run_dir()
+            self.forkserver.launch()  # here, on the main thread: its parent-death signal follows this thread
+
+    def _meet_nodes(self) -> None:
+        """A multi-node run meets the other nodes before the header and collection (not at configure)."""
         setup = self.node_setup
         if setup is None:
             return
@@ -188,9 +200,17 @@ class ConformanceSession:
                 rules=[r.to_dict() for r in self.scenario.rules] if self.scenario else [],
                 simulated=self.simulated,
                 lease_dir=self.lease_dir,
+                server=self.forkserver,
             )
             self._runner.server.ensure_started()  # here, on the main thread: cases run in threads of their own
         return self._runner
+
+    @property
+    def forkserver(self) -> ForkServerClient:
+        """The forkserver client of this pytest process (launched at session start, waited for at the first case)."""
+        if self._forkserver is None:
+            self._forkserver = ForkServerClient(self.run_dir / "forkserver" / f"{os.getpid()}.log")
+        return self._forkserver
 
     def _rung_decision(self, step: Step) -> RungDecision:
         return self.book.decide(step, os.environ, self.plan.selected)
@@ -301,6 +321,7 @@ class ConformanceSession:
     ) -> Pending | PartOf:
         """Start the item's case; with ``share``, later declared collectives on its devices join it."""
         spec = self.case_spec(item, probe, device_set, dict(params))
+        self._started.add(self.plan.step(item, device_set).key)
         together = self._together(item, device_set, call) if share else []
         parts = [Part(spec), *(Part(self.case_spec(it, p, device_set, dict(pp))) for it, p, pp in together)]
         runner = self.runner
@@ -339,8 +360,16 @@ class ConformanceSession:
         return together
 
     def _runs_at_once(self, item: pytest.Item, device_set: DeviceSet) -> bool:
-        """An item whose rung waits for no other case: the first rung, or any rung of a full matrix."""
-        return self.plan.mode == "full" or self.plan.step(item, device_set).rung_index == 0
+        """An item whose rung is decided, to run, without waiting for another case (first rungs always are).
+
+        A class follower on its first rung also waits until its class leader has started here (or is
+        done): if the class hangs, it then hangs beside its leader, not in the way of it.
+        """
+        step = self.plan.step(item, device_set)
+        leader = step.leader_key
+        if leader and step.rung_index == 0 and leader not in self._started and not self.book.known(leader, 0):
+            return False
+        return self.book.ready(step, self.plan.selected) and self._rung_decision(step).run
 
     def _run_across_nodes(self, spec: CaseSpec, device_set: DeviceSet) -> CaseResult:
         """Meet the other nodes at this case, run this node's ranks, then agree on one verdict."""
@@ -460,6 +489,8 @@ class ConformanceSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._runner is not None:
             self._runner.close()
+        elif self._forkserver is not None:  # launched, but no case ran
+            self._forkserver.close()
         if self.nodes is not None:
             self._exchange_records()
             self.nodes.close()

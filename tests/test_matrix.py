@@ -803,8 +803,8 @@ LEADER_LINKS = {
     "gpu1-gpu3": "SYS",
     "gpu2-gpu3": "SYS",
 }
-LEADER = "test_pair[gpu2-gpu3-SYS]"  # the first SYS pair in the plan's order (rounds of disjoint pairs)
-FOLLOWERS = ["test_pair[gpu1-gpu3-SYS]", "test_pair[gpu0-gpu3-SYS]"]
+LEADER = "test_pair[gpu0-gpu3-SYS]"  # the first SYS pair in the plan's order
+FOLLOWERS = ["test_pair[gpu1-gpu3-SYS]", "test_pair[gpu2-gpu3-SYS]"]
 HEALTHY_PAIRS = ["test_pair[gpu0-gpu1-PIX]", "test_pair[gpu0-gpu2-NODE]", "test_pair[gpu1-gpu2-NODE]"]
 LADDER_COLUMNS = ["inherited", "p2p_level_nvl"]  # the rungs that ran (cumem_off, nvls_off cannot help over SYS)
 SYS_HANG_RULE = 'effect = "hang"\nphase = "probe"\nprobes = ["pair_exchange"]\nlinks = ["SYS"]\np2p = true'

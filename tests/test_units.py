@@ -595,10 +595,13 @@ def test_device_set_ids_gpu() -> None:
     gpus = tuple(gpu(i) for i in range(4))
     topo = Topology(kind="gpu", devices=gpus, source="nvml", links={"gpu0-gpu3": "SYS", "gpu0-gpu1": "NV12"})
     assert DeviceSet((gpus[0], gpus[3]), topo.link(gpus[0], gpus[3]), kind="pair").id == "gpu0-gpu3-SYS-inherited"
-    assert [s.id for s in each_pair(topo)][:3] == [  # rounds of disjoint pairs
+    assert [s.id for s in each_pair(topo)] == [  # class by class, each in rounds of disjoint pairs
         "gpu0-gpu1-NV12-inherited",
-        "gpu2-gpu3-?-inherited",
         "gpu0-gpu2-?-inherited",
+        "gpu1-gpu3-?-inherited",
+        "gpu1-gpu2-?-inherited",
+        "gpu2-gpu3-?-inherited",
+        "gpu0-gpu3-SYS-inherited",
     ]
     assert topo.link(gpus[3], gpus[0]) == "SYS"
     assert topo.link(gpus[0], gpus[1]) == "NV12"

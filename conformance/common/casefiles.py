@@ -17,6 +17,7 @@ that died before writing result.json (``STATUS_BY_EXIT``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -206,7 +207,19 @@ def read_phases(rank_path: Path) -> list[PhaseLine]:
 
 
 def last_phase(rank_path: Path) -> PhaseLine | None:
-    """Where a rank is now: the last whole line of its phase log, if it has written one."""
+    """Where a rank is now: the last whole line of its phase log, if it has written one.
+
+    The watchdog asks at every look; the log is read again only when it has changed since.
+    """
+    try:
+        stat = (rank_path / PHASES).stat()
+    except OSError:
+        return None
+    return _last_line(rank_path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _last_line(rank_path: Path, mtime_ns: int, size: int) -> PhaseLine | None:
     phases = read_phases(rank_path)
     return phases[-1] if phases else None
 

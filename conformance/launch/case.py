@@ -162,13 +162,15 @@ class CaseRunner:
         rules: Sequence[Mapping[str, Any]] = (),
         simulated: bool = False,
         lease_dir: Path | None = None,
+        server: ForkServerClient | None = None,
     ) -> None:
+        """``server``: a forkserver client already launched (default: one of its own, started at the first case)."""
         self.run_dir = run_dir
         self.deadlines = deadlines
         self.lease_dir = lease_dir
         self.rules = list(rules)
         self.simulated = simulated
-        self.server = ForkServerClient(run_dir / "forkserver" / f"{os.getpid()}.log")
+        self.server = server or ForkServerClient(run_dir / "forkserver" / f"{os.getpid()}.log")
         self.live: dict[int, CaseProcesses] = {}  # process group -> its case's ranks, for the final sweep
 
     def _fresh_case_dir(self, nodeid: str) -> Path:

@@ -162,7 +162,14 @@ class ForkServerClient:
         self._read_lock = threading.Lock()
         self._request_lock = threading.Lock()
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Start the server without waiting for it to be ready (it imports torch meanwhile)."""
+        with self._request_lock:
+            if self.proc is None:
+                self._launch()
+
+    def _launch(self) -> None:
+        self.info, self._buffer, self._replies = {}, b"", {}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         package_root = str(Path(__file__).resolve().parents[2])  # so -m finds us from any cwd
         env = dict(os.environ)
@@ -177,7 +184,6 @@ class ForkServerClient:
                 start_new_session=True,
             )
         os.set_blocking(self._stdout().fileno(), False)  # threads that find nothing to read go on
-        self.info = self._expect("ready", READY_TIMEOUT)
 
     @property
     def running(self) -> bool:
@@ -219,9 +225,14 @@ class ForkServerClient:
         raise ForkServerError(f"no {event!r} from the forkserver within {timeout:g}s; its log: {self.log_path}")
 
     def ensure_started(self) -> None:
+        """A running server that has said it is ready (started again if it died)."""
         with self._request_lock:
-            if not self.running:
-                self.start()
+            if self.proc is not None and self.proc.poll() is not None:
+                self.close()
+            if self.proc is None:
+                self._launch()
+            if not self.info:
+                self.info = self._expect("ready", READY_TIMEOUT)
 
     def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
         self.ensure_started()

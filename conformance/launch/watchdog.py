@@ -80,21 +80,22 @@ class Turn:
     asked_at: float | None = None
     granted_at: float | None = None
 
-    def waiting(self, alive: list[RankProcess]) -> bool:
-        """True while the ranks wait for their turn (granting it when it comes)."""
+    def asked(self, alive: list[RankProcess]) -> bool:
+        """Every live rank waits for the turn, and it has not been given yet (a look; nothing changes)."""
         if self.granted_at is not None or not alive:
             return False
         lasts = [casefiles.last_phase(rank.path) for rank in alive]
-        if not all(p is not None and p.step == casefiles.TURN_STEP for p in lasts):
-            return False
+        return all(p is not None and p.step == casefiles.TURN_STEP for p in lasts)
+
+    def try_grant(self) -> bool:
+        """One try for the turn; given to the ranks when had, or as "beside" once ``wait`` has passed."""
         now = time.time()
         self.asked_at = self.asked_at or now
         alone = self.hold.try_turn()
         if alone or now - self.asked_at >= self.wait:
             casefiles.grant_turn(self.case_dir, alone)
             self.granted_at = now
-            return False
-        return True
+        return self.granted_at is not None
 
 
 def stalled_for(ranks: list[RankProcess], since: float) -> float:
@@ -136,7 +137,7 @@ def supervise(
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         now = time.monotonic()
-        if turn is not None and turn.waiting(alive):
+        if turn is not None and turn.asked(alive) and not turn.try_grant():
             since = time.time()  # waiting for the turn is the harness's wait, not the case's stall
         else:
             since = max(started, turn.granted_at or 0.0) if turn is not None else started

@@ -148,22 +148,46 @@ class LadderBook:
         early = self._by_own_outcomes(step, decided, environ) or (RungDecision(False, futile) if futile else None)
         if early is not None:
             return early
-        # Rungs the table rules out here are skipped without a case, so nothing waits for them.
-        tried = [i for i in range(k + 1) if cannot_change(names[i], step.devices, step.links) is None]
-        earlier = [names[i] for i in tried[:-1] if selected is None or (step.key, i) in selected]
+        tried, earlier, follows = self._reads(step, selected)
         deadline = time.monotonic() + self.decision_wait(len(tried) - 1)
         own = self.wait_for([(step.key, n) for n in earlier], deadline)
         outcomes = {n: own[(step.key, n)] for n in earlier}
         decision = self._by_own_outcomes(step, outcomes, environ)
         if decision is None:
-            leader = step.leader_key
-            if leader is not None and (selected is None or all((leader, i) in selected for i in tried)):
-                decision = self._follow_leader(step, [names[i] for i in tried], deadline)
+            if follows:
+                decision = self._follow_leader(step, tried, deadline)
             else:
                 decision = RungDecision(True, _alone(step.key, [n for n, o in outcomes.items() if o == UNDECIDED]))
         if decision.run and decision.reason:
             LOG.warning("%s, rung %s: %s", step.key, names[k], decision.reason)
         return decision
+
+    def _reads(self, step: Step, selected: Selected) -> tuple[list[str], list[str], bool]:
+        """What deciding a later rung may read.
+
+        The rungs tried up to it, its own earlier ones in this run, and whether it follows its class
+        leader on them.
+        """
+        names = [r.name for r in self.ladder]
+        # Rungs the table rules out here are skipped without a case, so nothing waits for them.
+        indices = [i for i in range(step.rung_index + 1) if cannot_change(names[i], step.devices, step.links) is None]
+        earlier = [names[i] for i in indices[:-1] if selected is None or (step.key, i) in selected]
+        leader = step.leader_key
+        follows = leader is not None and (selected is None or all((leader, i) in selected for i in indices))
+        return [names[i] for i in indices], earlier, follows
+
+    def known(self, key: str, rung_index: int) -> bool:
+        """Whether the outcome of ``key`` on that rung is recorded."""
+        return (key, self.ladder[rung_index].name) in self._outcomes()
+
+    def ready(self, step: Step, selected: Selected = None) -> bool:
+        """Whether the decision on this step's rung can be had now, without waiting for another case."""
+        if self.mode == "full" or step.rung_index == 0:
+            return True
+        tried, earlier, follows = self._reads(step, selected)
+        wanted = [(step.key, n) for n in earlier] + ([(step.leader_key or "", n) for n in tried] if follows else [])
+        known = self._outcomes()
+        return all(w in known for w in wanted)
 
     def _first_rung(self, step: Step) -> RungDecision:
         """The first rung always runs; once the class leader is known to have hung on it, say where."""

@@ -239,9 +239,18 @@ def in_rounds(pairs: Sequence[tuple[Device, Device]]) -> list[tuple[Device, Devi
 
 
 def each_pair(topology: Topology) -> list[DeviceSet]:
+    """Every pair, class by class (in the order classes first appear), each class in rounds of disjoint pairs.
+
+    A class's pairs then run side by side: when a class hangs, its pairs wait out their deadline or
+    their confirmation together, not round after round among other classes' pairs.
+    """
+    by_class: dict[str, list[tuple[Device, Device]]] = {}
+    for a, b in topology.pairs():
+        by_class.setdefault(topology.link(a, b), []).append((a, b))
     return [
-        DeviceSet((a, b), topology.link(a, b), kind="pair", links=(topology.link(a, b),))
-        for a, b in in_rounds(topology.pairs())
+        DeviceSet((a, b), link, kind="pair", links=(link,))
+        for link, pairs in by_class.items()
+        for a, b in in_rounds(pairs)
     ]
 
 

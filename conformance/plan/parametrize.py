@@ -1,8 +1,9 @@
 """The plan of a run: which device sets and rungs each test is parametrised over, in what order.
 
 Parametrisation comes from sorted, deterministic data (the topology and the ladder), so every
-xdist worker collects the same items.  Items are then ordered rung by rung, class leaders first,
-which is what lets the adaptive ladder (``ladder.py``) wait only on items that come earlier.
+xdist worker collects the same items.  Items are then ordered rung by rung, class leaders before
+their followers, which is what lets the adaptive ladder (``ladder.py``) wait only on items that
+come earlier.
 """
 
 from __future__ import annotations
@@ -122,12 +123,15 @@ class Plan:
                 return self.step(item, device_set)
         return None
 
-    def _sort_key(self, item: pytest.Item) -> tuple[int, int]:
+    def _sort_key(self, item: pytest.Item) -> int:
         step = self.item_step(item)
-        return (step.rung_index, int(step.leader_key is not None)) if step else (0, 0)
+        return step.rung_index if step else 0
 
     def order(self, items: list[pytest.Item]) -> None:
-        """Rung by rung, leaders before followers; otherwise collection order (a stable sort).
+        """Rung by rung; otherwise collection order (a stable sort).
+
+        Pairs are collected class by class, each class's leader first (``matrix.each_pair``), so on
+        every rung a leader comes before its followers, and a class's pairs come together.
 
         Also remembers which rungs will run at all (after -k and other deselection), so that a
         decision never waits for an item that is not in this run.

@@ -70,6 +70,7 @@ class RankContext:
         self.group: dist.ProcessGroup | None = None
         self.bound_device: int | None = None  # the ordinal given to init_process_group(device_id=...)
         self.device_stuck = False  # a simulated kernel that never finishes: the next device wait blocks
+        self.turn: str | None = None  # the measurement turn, once the parent gave it: "alone" or "beside"
         self.phase_name = "start"
         self.step = ""
         self.rank_path = rank_path
@@ -126,15 +127,19 @@ class RankContext:
         self._phase_log.write(json.dumps(line.to_json()) + "\n")
 
     def wait_for_turn(self) -> None:
-        """Before the first timed transfer: wait until the parent says no other case runs (``measure_gate``)."""
-        if "measured_alone" in self.metrics:
-            return
-        self.phase_name, self.step = "probe", casefiles.TURN_STEP  # no scenario faults: the harness's wait
-        self._write(PhaseLine(self.phase_name, self.step, time.time()))
-        case_dir = self.rank_path.parent
-        while (turn := casefiles.read_turn(case_dir)) is None:
-            time.sleep(TURN_POLL)
-        self.metrics["measured_alone"] = turn == "alone"
+        """Before the first timed transfer: wait until the parent says no other case runs (``measure_gate``).
+
+        The case keeps its turn to the end, so later timed transfers (of this probe or the next one
+        of a shared case) go at once; each probe's metrics say how its figures were timed.
+        """
+        if self.turn is None:
+            self.phase_name, self.step = "probe", casefiles.TURN_STEP  # no scenario faults: the harness's wait
+            self._write(PhaseLine(self.phase_name, self.step, time.time()))
+            case_dir = self.rank_path.parent
+            while (turn := casefiles.read_turn(case_dir)) is None:
+                time.sleep(TURN_POLL)
+            self.turn = turn
+        self.metrics["measured_alone"] = self.turn == "alone"
 
     def take_up(self, probe: str, params: Mapping[str, Any]) -> None:
         """Go on to the next probe of a shared case: its own name (scenario rules match it), parameters, metrics."""
