@@ -42,6 +42,8 @@ from conformance.verdict.decision import Decision, decide_across_nodes, stuck_pl
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
+# pytest options under which a session runs no test (their dests): no forkserver, no run folder.
+NO_CASES_OPTIONS = ("collectonly", "showfixtures", "show_fixtures_per_test")
 # One folder for every user of the machine: /tmp, not TMPDIR, which users may set differently.
 MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
@@ -103,13 +105,21 @@ class ConformanceSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Meet the other nodes of a multi-node run; start the forkserver, which imports torch while pytest collects."""
+        """Meet the other nodes of a multi-node run (then start its forkserver: the run folder is known)."""
         self._meet_nodes()
-        collect_only = self.config.getoption("collectonly", False)
-        controller = self.config.pluginmanager.has_plugin("dsession")  # xdist's: its workers run the cases
-        if not collect_only and not controller:
-            self.ensure_run_dir()
-            self.forkserver.launch()  # here, on the main thread: its parent-death signal follows this thread
+        self.launch_forkserver()
+
+    def launch_forkserver(self) -> None:
+        """Start the forkserver now if this process will run cases; it imports torch while pytest collects.
+
+        On the main thread: its parent-death signal follows the thread that starts it.
+        """
+        xdist = bool(self.config.getoption("numprocesses", None)) or self.config.getoption("dist", "no") != "no"
+        listing = any(self.config.getoption(name, False) for name in NO_CASES_OPTIONS)
+        if listing or (xdist and not self.is_worker):
+            return  # nothing runs here (xdist's controller leaves the cases to its workers)
+        self.ensure_run_dir()
+        self.forkserver.launch()
 
     def _meet_nodes(self) -> None:
         """A multi-node run meets the other nodes before the header and collection (not at configure)."""
@@ -456,6 +466,24 @@ class ConformanceSession:
             lines.append(f"conformance: the nodes differ where they may ({differing}):")
             lines += [f"conformance:   {row}" for row in self.start.check.table]
         return lines
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """A later rung already decided not to run is skipped here, before its fixtures are made.
+
+        Most items of a healthy run are such rungs ("already passed"); ``run`` decides the rest.
+        """
+        fixtures = getattr(item, "fixturenames", ())
+        if "conformance_case" not in fixtures or any(name in fixtures for name in NODE_SET_FIXTURES):
+            return
+        step = self.plan.item_step(item)
+        if step is None or step.rung_index == 0 or not self.book.ready(step, self.plan.selected):
+            return
+        decision = self._rung_decision(step)
+        if not decision.run:
+            self.ensure_run_dir()
+            self.book.record(step, SKIPPED, decision.reason)
+            pytest.skip(decision.reason)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         if self.nodes is not None:

@@ -85,3 +85,23 @@ def test_bad_baseline_stops_the_run_before_any_case(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: conformance: command-line option --baseline: {tmp_path / 'missing'}: *"])
     assert not (reports_dir / "latest").exists()
+
+
+@pytest.mark.parametrize("listing", ["--collect-only", "--fixtures", "--markers"])
+def test_a_session_that_runs_no_test_leaves_no_run_folder(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, listing: str
+) -> None:
+    """The forkserver starts at session start only where cases will run (``run_tag`` checks nothing is left)."""
+    pytester.makepyfile(test_p=PAIR_TEST)
+    result = run_suite("--virtual-devices=2", listing)
+    assert result.ret == 0
+    assert not list(reports_dir.glob("2*")), list(reports_dir.iterdir())
+
+
+def test_the_forkserver_starts_at_session_start(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path):
+    """A run whose tests need no case still gets its forkserver early (and stops it at the end)."""
+    pytester.makepyfile(test_p="def test_nothing():\n    pass\n")
+    result = run_suite("--virtual-devices=2")
+    result.assert_outcomes(passed=1)
+    logs = list(reports_dir.glob("2*/forkserver/*.log"))
+    assert len(logs) == 1

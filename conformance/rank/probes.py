@@ -10,8 +10,10 @@ Steps.  Each step reports its phase, moves the data, synchronizes the device ins
 phase (NCCL calls return to the host at once, so a hung kernel is placed at the step that hung),
 then verifies.
 
-Bandwidth, measured after the data was verified, on buffers made before the clock starts, with
-warm-up iterations first (``timing.py``), as nccl-tests defines it:
+Bandwidth, measured after the data was verified, on buffers made before the clock starts (left
+unwritten where nothing is computed on them, so that a rank does not zero megabytes only to time
+moving them; zeros for reductions, where stray bits could be slow denormals), with warm-up
+iterations first (``timing.py``), as nccl-tests defines it:
 ``algbw = bytes / time``; all-reduce ``busbw = algbw * 2(n-1)/n``; all-gather and reduce-scatter
 ``busbw = algbw * (n-1)/n`` with bytes the whole gathered or scattered buffer; send/recv (both
 ranks send and receive at once, as nccl-tests' sendrecv) ``algbw`` per direction, bytes one
@@ -214,7 +216,7 @@ def all_gather(ctx: RankContext) -> None:
         ctx.verify(label, out, partial(gathered, world, n, device))
     if ctx.params.get("measure"):
         n = _numel(_largest(ctx))
-        mine, out = torch.zeros(n, device=device), torch.zeros(world * n, device=device)
+        mine, out = torch.empty(n, device=device), torch.empty(world * n, device=device)
         measure_busbw(
             ctx, "all_gather", out.numel() * 4, lambda: dist.all_gather_into_tensor(out, mine, group=ctx.group)
         )
@@ -340,7 +342,7 @@ def pair_exchange(ctx: RankContext) -> None:
         ctx.synchronize()
         ctx.verify(label, data, partial(reduced, 2, n, device))
     nbytes = int(ctx.params.get("bandwidth_bytes", 4 << 20))
-    send, receive = torch.zeros(_numel(nbytes), device=device), torch.zeros(_numel(nbytes), device=device)
+    send, receive = torch.empty(_numel(nbytes), device=device), torch.empty(_numel(nbytes), device=device)
     seconds = timed(ctx, f"send/recv bandwidth {size_label(nbytes)}", lambda: _exchange(ctx, send, receive))
     ctx.metrics["bandwidth_gbps"] = timing.gbps(nbytes, seconds)  # per direction
 
@@ -367,7 +369,7 @@ def peer_copy(ctx: RankContext) -> None:
     nbytes = _largest(ctx)
     rates = {}
     for src, dst, names in directions:
-        data, out = torch.zeros(_numel(nbytes), device=src), torch.empty(_numel(nbytes), device=dst)
+        data, out = torch.empty(_numel(nbytes), device=src), torch.empty(_numel(nbytes), device=dst)
         seconds = timed(ctx, f"copy bandwidth {names} {size_label(nbytes)}", partial(out.copy_, data), src, dst)
         rates[names] = timing.gbps(nbytes, seconds)
     ctx.metrics["copy_gbps"] = rates
