@@ -34,6 +34,7 @@ class Span:
     start: float
     end: float
     waited: tuple[float, float] | None  # while its ranks sat idle, waiting for the measurement turn
+    torn_down: float  # when its last rank entered teardown: nothing after it is timed or gated
 
     def overlaps(self, start: float, end: float) -> bool:
         return self.start < end and start < self.end
@@ -43,10 +44,10 @@ class Span:
         return self.waited[1] if self.waited else None
 
     def busy_during(self, start: float, end: float) -> bool:
-        """Its ranks did work between ``start`` and ``end`` (idle waiting for a turn is not work)."""
+        """Its ranks did work before teardown between ``start`` and ``end`` (waiting for a turn is not work)."""
         if self.waited is None:
-            return self.overlaps(start, end)
-        before, after = (self.start, self.waited[0]), (self.waited[1], self.end)
+            return self.start < end and start < self.torn_down
+        before, after = (self.start, self.waited[0]), (self.waited[1], self.torn_down)
         return any(a < end and start < b for a, b in (before, after))
 
 
@@ -55,7 +56,7 @@ def spans(records: list[dict[str, Any]]) -> list[Span]:
     found = []
     for record in records:
         case_dir = Path(record["case_dir"])
-        starts, ends, waits = [], [], []
+        starts, ends, waits, teardowns = [], [], [], []
         for rank in range(len(record["ranks"])):
             path = casefiles.rank_dir(case_dir, rank)
             lines = [line for line in casefiles.read_phases(path) if line.t]
@@ -63,8 +64,10 @@ def spans(records: list[dict[str, Any]]) -> list[Span]:
             waits += [(a.t, b.t) for a, b in itertools.pairwise(lines) if a.step == casefiles.TURN_STEP]
             result = casefiles.read_result(path)
             ends.append(result.t if result else record["time"])
+            teardowns.append(next((line.t for line in lines if line.phase == "teardown"), ends[-1]))
         waited = (min(a for a, _ in waits), max(b for _, b in waits)) if waits else None
-        found.append(Span(record["nodeid"], frozenset(record["devices"]), min(starts), max(ends), waited))
+        devices = frozenset(record["devices"])
+        found.append(Span(record["nodeid"], devices, min(starts), max(ends), waited, max(teardowns)))
     return found
 
 
@@ -99,7 +102,7 @@ def test_disjoint_sets_overlap_and_timed_transfers_run_alone(
     # every figure was timed alone: no other case ran while a case measured
     for span in found:
         assert span.measured_from is not None, span.nodeid
-        others = [o.nodeid for o in found if o is not span and o.busy_during(span.measured_from, span.end)]
+        others = [o.nodeid for o in found if o is not span and o.busy_during(span.measured_from, span.torn_down)]
         assert others == [], (span.nodeid, others)
     assert all((r["metrics"] or {}).get("measured_alone") is True for r in records)
     if xdist:

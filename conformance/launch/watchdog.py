@@ -87,6 +87,13 @@ class Turn:
         lasts = [casefiles.last_phase(rank.path) for rank in alive]
         return all(p is not None and p.step == casefiles.TURN_STEP for p in lasts)
 
+    def leave_when_done(self, alive: list[RankProcess]) -> None:
+        """Give the gate back once every live rank is in teardown: nothing the case times is left."""
+        if not self.hold.released and alive:
+            lasts = [casefiles.last_phase(rank.path) for rank in alive]
+            if all(p is not None and p.phase == "teardown" for p in lasts):
+                self.hold.release()
+
     def try_grant(self) -> bool:
         """One try for the turn; given to the ranks when had, or as "beside" once ``wait`` has passed."""
         now = time.time()
@@ -137,6 +144,8 @@ def supervise(
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         now = time.monotonic()
+        if turn is not None:
+            turn.leave_when_done(alive)
         if turn is not None and turn.asked(alive) and not turn.try_grant():
             since = time.time()  # waiting for the turn is the harness's wait, not the case's stall
         else:
