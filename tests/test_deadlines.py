@@ -119,7 +119,9 @@ def test_device_hang_is_placed_at_the_step_that_hung(pytester: pytest.Pytester, 
     assert record["root_cause"]["rank"] == 1
     assert (record["root_cause"]["phase"], record["root_cause"]["step"]) == ("probe", step)
     rank1 = record["ranks"][1]
-    assert (rank1["phase"], rank1["stopped_by"]) == ("probe", "stalled")
+    # Rank 0 goes on to the next step and waits there: its op timeout (3 s) plus the grace (1 s) ends
+    # when the step deadline (4 s) does, so either may stop rank 1 (seen both ways on a loaded machine).
+    assert rank1["phase"] == "probe" and rank1["stopped_by"] in ("stalled", "grace"), rank1
     assert "_wait_for_device" in (rank1["stack"] or ""), rank1["stack"]
 
 

@@ -3,7 +3,7 @@
 A case's ranks are forked by the forkserver into one new process group.  ``CaseProcesses`` holds
 their pids and group and is the only code that signals them:
 
-    stop ladder:  SIGUSR1 (each rank dumps its Python stacks to its stderr.log) and SIGUSR2 (each
+    stop ladder:  SIGUSR1 (each rank dumps its Python stacks to its stderr.log), then SIGUSR2 (each
                   rank dumps torch's flight recorder) -> SIGTERM -> SIGKILL -> bounded wait; a rank
                   still there is named unkillable (often a process stuck in a driver)
     kill:         SIGKILL to the group (an interrupted case, the end-of-session sweep)
@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,31 +116,40 @@ class CaseProcesses:
         return signal_group(self.pgid, signal.SIGKILL, why)
 
     def _dump_stacks(self, alive: Sequence[RankProcess], wait: float) -> None:
-        """Ask each live rank for its Python stacks and its flight recorder; keep the stacks it wrote."""
+        """Ask each live rank for its Python stacks, then for its flight recorder; keep the stacks it wrote.
+
+        One after the other: faulthandler walks every thread's frames from a signal handler, which is
+        not safe while the rank's dump thread runs Python (a rank was seen to crash in that walk).
+        """
         stderr = {r.rank: r.path / casefiles.STDERR for r in alive}
         offsets = {r.rank: _size(stderr[r.rank]) for r in alive}
         dumps = {r.rank: r.path / casefiles.FLIGHT_RECORDER for r in alive}
         before = {r.rank: _mtime(dumps[r.rank]) for r in alive}
-        for rank in alive:
-            for sig in (flight_recorder.DUMP_SIGNAL, signal.SIGUSR1):
-                log.info("%s to rank %d (pid %d): dump %s", sig.name, rank.rank, rank.pid,
-                         "its flight recorder" if sig == flight_recorder.DUMP_SIGNAL else "its stacks")  # fmt: skip
-                try:
-                    os.kill(rank.pid, sig)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + wait
-        waiting = list(alive)
-        while waiting and time.monotonic() < deadline:
-            time.sleep(DUMP_SETTLE)
-            waiting = [
-                r
-                for r in waiting
-                if _size(stderr[r.rank]) == offsets[r.rank] or _mtime(dumps[r.rank]) == before[r.rank]
-            ]
-        time.sleep(DUMP_SETTLE)
+        self._signal_each(alive, signal.SIGUSR1, "its stacks")
+        _settle(alive, lambda r: _size(stderr[r.rank]) == offsets[r.rank], deadline - wait / 2)
+        self._signal_each(alive, flight_recorder.DUMP_SIGNAL, "its flight recorder")
+        _settle(alive, lambda r: _mtime(dumps[r.rank]) == before[r.rank], deadline)
         for rank in alive:
             rank.stack = _read_from(stderr[rank.rank], offsets[rank.rank])
+
+    @staticmethod
+    def _signal_each(alive: Sequence[RankProcess], sig: signal.Signals, what: str) -> None:
+        for rank in alive:
+            log.info("%s to rank %d (pid %d): dump %s", sig.name, rank.rank, rank.pid, what)
+            try:
+                os.kill(rank.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _settle(alive: Sequence[RankProcess], waiting: Callable[[RankProcess], bool], deadline: float) -> None:
+    """Wait until no rank is ``waiting`` any more (its dump is written), or the deadline; then a moment more."""
+    left = list(alive)
+    while left and time.monotonic() < deadline:
+        time.sleep(DUMP_SETTLE)
+        left = [r for r in left if waiting(r)]
+    time.sleep(DUMP_SETTLE)
 
 
 def _size(path: Path) -> int:
