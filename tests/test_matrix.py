@@ -143,6 +143,10 @@ BAD_RUNGS = {
     ),
     "cli-missing-colon": Bad(CLI + "'mineNCCL_X=1' is not NAME:VAR=VALUE[,VAR=VALUE...]", ("--env-rung=mineNCCL_X=1",)),
     "cli-no-assignment": Bad(CLI + "'' in 'mine:' is not VAR=VALUE", ("--env-rung=mine:",)),
+    "cli-variable-twice": Bad(
+        CLI + "NCCL_ALGO is set twice in 'x:NCCL_ALGO=Ring,NCCL_ALGO=Tree'; a rung sets each variable once",
+        ("--env-rung=x:NCCL_ALGO=Ring,NCCL_ALGO=Tree",),
+    ),
     "override-ini-name": Bad(
         "command-line option -o conformance_env_rung: " + NOT_IDENTIFIER.format("a-b"),
         ("-o", "conformance_env_rung=a-b:NCCL_X=1"),

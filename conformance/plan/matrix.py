@@ -132,6 +132,8 @@ def parse_rung_spec(spec: str, where: str) -> Rung:
         variable, eq, value = assignment.partition("=")
         if not eq:
             raise RungError(f"{where}: {assignment!r} in {spec!r} is not VAR=VALUE")
+        if variable.strip() in env:
+            raise RungError(f"{where}: {variable.strip()} is set twice in {spec!r}; a rung sets each variable once")
         env[variable.strip()] = value.strip()
     return make_rung(name.strip(), env, where)
 
