@@ -904,6 +904,12 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
         (["topology", "--topology-file", "{garbage}"],
          "python -m conformance topology: --topology-file: topology file '{garbage}' is not a topology: "
          "Expecting value: line 1 column 1 (char 0)"),
+        (["topology", "--topology-file", "{array}"],
+         "python -m conformance topology: --topology-file: topology file '{array}' is not a topology: it holds a "
+         "JSON list, not an object"),
+        (["topology", "--topology-file", "{twice}"],
+         "python -m conformance topology: --topology-file: topology file '{twice}' lists device name 'gpu0' more "
+         "than once"),
         (["topology", "--virtual-devices", "0"],
          "python -m conformance: error: argument --virtual-devices: '0' must be a positive whole number"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
@@ -912,8 +918,11 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
     ],
 )  # fmt: skip
 def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str) -> None:
-    paths = {"missing": str(tmp_path / "missing.json"), "garbage": str(tmp_path / "garbage.json")}
+    paths = {name: str(tmp_path / f"{name}.json") for name in ("missing", "garbage", "array", "twice")}
     (tmp_path / "garbage.json").write_text("not json\n")
+    (tmp_path / "array.json").write_text('[{"kind": "gpu"}]\n')
+    gpu = {"name": "gpu0", "index": 0, "kind": "gpu"}
+    (tmp_path / "twice.json").write_text(json.dumps({"kind": "gpu", "source": "file", "devices": [gpu, gpu]}))
     assert main([arg.format(**paths) for arg in argv]) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", message.format(**paths) + "\n")

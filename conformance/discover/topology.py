@@ -142,12 +142,24 @@ class Topology:
 def load_topology_file(path: Path, where: str) -> Topology:
     """A topology saved by ``python -m conformance topology --json`` (or written by hand)."""
     text = read_user_file(path, "topology file", where, TopologyError)
+    source = f"{where}: topology file {str(path)!r}"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise TopologyError(f"{source} is not a topology: {exc}") from None
+    if not isinstance(data, dict):
+        raise TopologyError(f"{source} is not a topology: it holds a JSON {type(data).__name__}, not an object")
     try:
         topology = Topology.from_json(text)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise TopologyError(f"{where}: topology file {str(path)!r} is not a topology: {exc}") from None
+        raise TopologyError(f"{source} is not a topology: {exc}") from None
     if not topology.devices:
-        raise TopologyError(f"{where}: topology file {str(path)!r} lists no devices")
+        raise TopologyError(f"{source} lists no devices")
+    for field_name in ("name", "uuid"):
+        values = [getattr(d, field_name) for d in topology.devices if getattr(d, field_name)]
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise TopologyError(f"{source} lists device {field_name} {twice[0]!r} more than once")
     return replace(topology, source=str(path))
 
 
