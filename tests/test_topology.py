@@ -910,6 +910,24 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
         (["topology", "--topology-file", "{twice}"],
          "python -m conformance topology: --topology-file: topology file '{twice}' lists device name 'gpu0' more "
          "than once"),
+        (["topology", "--topology-file", "{text_index}"],
+         "python -m conformance topology: --topology-file: topology file '{text_index}' is not a topology: device "
+         "'gpu0': index is 'zero', which is not a whole number"),
+        (["topology", "--topology-file", "{bool_index}"],
+         "python -m conformance topology: --topology-file: topology file '{bool_index}' is not a topology: device "
+         "'gpu0': index is True, which is not a whole number"),
+        (["topology", "--topology-file", "{text_mig}"],
+         "python -m conformance topology: --topology-file: topology file '{text_mig}' is not a topology: device "
+         "'gpu0': mig is 'yes', which is not true or false"),
+        (["topology", "--topology-file", "{numa_text}"],
+         "python -m conformance topology: --topology-file: topology file '{numa_text}' is not a topology: device "
+         "'gpu0': numa_node is '0', which is not a whole number or null"),
+        (["topology", "--topology-file", "{tpu}"],
+         "python -m conformance topology: --topology-file: topology file '{tpu}' is not a topology: kind is 'tpu', "
+         "not 'cpu' or 'gpu'"),
+        (["topology", "--topology-file", "{link_number}"],
+         "python -m conformance topology: --topology-file: topology file '{link_number}' is not a topology: the "
+         "link class of gpu0-gpu1 is 4, not a text such as 'NV4' or 'SYS'"),
         (["topology", "--virtual-devices", "0"],
          "python -m conformance: error: argument --virtual-devices: '0' must be a positive whole number"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
@@ -923,6 +941,18 @@ def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv:
     (tmp_path / "array.json").write_text('[{"kind": "gpu"}]\n')
     gpu = {"name": "gpu0", "index": 0, "kind": "gpu"}
     (tmp_path / "twice.json").write_text(json.dumps({"kind": "gpu", "source": "file", "devices": [gpu, gpu]}))
+    second = {"name": "gpu1", "index": 1, "kind": "gpu"}
+    wrong = {
+        "text_index": {"devices": [{**gpu, "index": "zero"}]},
+        "bool_index": {"devices": [{**gpu, "index": True}]},
+        "text_mig": {"devices": [{**gpu, "mig": "yes"}]},
+        "numa_text": {"devices": [{**gpu, "numa_node": "0"}]},
+        "tpu": {"kind": "tpu", "devices": [gpu]},
+        "link_number": {"devices": [gpu, second], "links": {"gpu0-gpu1": 4}},
+    }
+    for name, body in wrong.items():
+        paths[name] = str(tmp_path / f"{name}.json")
+        (tmp_path / f"{name}.json").write_text(json.dumps({"kind": "gpu", "source": "file", **body}))
     assert main([arg.format(**paths) for arg in argv]) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", message.format(**paths) + "\n")

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import types
+import typing
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -155,12 +157,48 @@ def load_topology_file(path: Path, where: str) -> Topology:
         raise TopologyError(f"{source} is not a topology: {exc}") from None
     if not topology.devices:
         raise TopologyError(f"{source} lists no devices")
+    problem = _wrong_type(topology)
+    if problem:
+        raise TopologyError(f"{source} is not a topology: {problem}")
     for field_name in ("name", "uuid"):
         values = [getattr(d, field_name) for d in topology.devices if getattr(d, field_name)]
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
             raise TopologyError(f"{source} lists device {field_name} {twice[0]!r} more than once")
     return replace(topology, source=str(path))
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON is of a field's declared type (a bool is no int here)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return type(value) in (int, float)
+    return type(value) is hint if hint in (str, int, bool) else True
+
+
+def _wrong_type(topology: Topology) -> str:
+    """The first value of the wrong type in a topology read from a file ("" when there is none)."""
+    if topology.kind not in ("cpu", "gpu"):
+        return f"kind is {topology.kind!r}, not 'cpu' or 'gpu'"
+    hints = typing.get_type_hints(Device)
+    for device in topology.devices:
+        for name, hint in hints.items():
+            value = getattr(device, name)
+            if not _fits(value, hint):
+                return f"device {device.name!r}: {name} is {value!r}, which is not {_type_name(hint)}"
+    for pair, link in topology.links.items():
+        if not isinstance(link, str):
+            return f"the link class of {pair} is {link!r}, not a text such as 'NV4' or 'SYS'"
+    return ""
+
+
+def _type_name(hint: Any) -> str:
+    names = {str: "a text", int: "a whole number", bool: "true or false", type(None): "null"}
+    args = typing.get_args(hint) or (hint,)
+    return " or ".join(names.get(arg, getattr(arg, "__name__", str(arg))) for arg in args)
 
 
 def cpu_topology(count: int, note: str = "") -> Topology:
