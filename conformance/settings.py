@@ -50,6 +50,7 @@ _positive_number = _checked(values.positive_seconds)
 _ratio = _checked(values.ratio)
 _positive_int = _checked(lambda raw: values.whole_number(raw, minimum=1))
 _node_rank = _checked(lambda raw: values.whole_number(raw, minimum=0))
+_device_count = _checked(values.device_count)
 _port = _checked(values.port)
 _host = _checked(values.host)
 
@@ -105,7 +106,7 @@ class Setting:
 
 
 BACKEND_HELP = "torch.distributed backend for the cases: auto (nccl when GPUs are found, else gloo), gloo or nccl."
-VIRTUAL_DEVICES_HELP = "Number of virtual CPU devices (gloo ranks) when no GPU is used."
+VIRTUAL_DEVICES_HELP = "Number of virtual CPU devices (gloo ranks) when no GPU is used (at most 32)."
 INIT_TIMEOUT_HELP = "Seconds a rank waits for rendezvous and process-group set-up (in-rank)."
 OP_TIMEOUT_HELP = "gloo: seconds a collective may take in a rank (init_process_group timeout); unused on NCCL."
 STEP_TIMEOUT_HELP = (
@@ -131,7 +132,7 @@ REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'late
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", BACKEND_HELP, "auto", _choice("backend", BACKENDS)),
-    Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _positive_int),
+    Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _device_count),
     Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number),
     Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number),
     Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number),

@@ -131,6 +131,11 @@ BAD_INPUTS = {
         ("--virtual-devices=two",),
         "ERROR: conformance: command-line option --virtual-devices: 'two' is not a whole number",
     ),
+    "virtual-devices-too-many": Case(
+        ("--virtual-devices=100000",),
+        "ERROR: conformance: command-line option --virtual-devices: '100000' devices is more than the 32 one "
+        "node's plan takes",
+    ),
     "virtual-devices-env-fraction": Case(
         env={"CONFORMANCE_VIRTUAL_DEVICES": "2.5"},
         pattern="ERROR: conformance: environment variable CONFORMANCE_VIRTUAL_DEVICES: '2.5' is not a whole number",

@@ -928,6 +928,12 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
         (["topology", "--topology-file", "{link_number}"],
          "python -m conformance topology: --topology-file: topology file '{link_number}' is not a topology: the "
          "link class of gpu0-gpu1 is 4, not a text such as 'NV4' or 'SYS'"),
+        (["topology", "--topology-file", "{many}"],
+         "python -m conformance topology: --topology-file: topology file '{many}' lists 33 devices, more than the 32 "
+         "one node's plan takes"),
+        (["topology", "--virtual-devices", "100000"],
+         "python -m conformance: error: argument --virtual-devices: '100000' devices is more than the 32 one node's "
+         "plan takes"),
         (["topology", "--virtual-devices", "0"],
          "python -m conformance: error: argument --virtual-devices: '0' must be a positive whole number"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
@@ -950,6 +956,7 @@ def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv:
         "tpu": {"kind": "tpu", "devices": [gpu]},
         "link_number": {"devices": [gpu, second], "links": {"gpu0-gpu1": 4}},
     }
+    wrong["many"] = {"devices": [{"name": f"gpu{i}", "index": i, "kind": "gpu"} for i in range(33)]}
     for name, body in wrong.items():
         paths[name] = str(tmp_path / f"{name}.json")
         (tmp_path / f"{name}.json").write_text(json.dumps({"kind": "gpu", "source": "file", **body}))

@@ -73,7 +73,3 @@ def argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return checked
-
-
-def whole_number_type(minimum: int) -> Callable[[str], object]:
-    return argument_type(lambda text: values.whole_number(text, minimum=minimum))

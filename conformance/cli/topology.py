@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import PROG, USAGE_ERROR, whole_number_type
+from conformance.cli.common import PROG, USAGE_ERROR, argument_type
+from conformance.common import values
 from conformance.common.tables import align_columns
 from conformance.discover.topology import (
     Device,
@@ -33,7 +34,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--topology-file", type=Path, metavar="FILE", help="show a saved topology instead")
     parser.add_argument(
         "--virtual-devices",
-        type=whole_number_type(minimum=1),
+        type=argument_type(values.device_count),
         default=DEFAULT_VIRTUAL_DEVICES,
         metavar="N",
         help=f"CPU devices when there is no GPU (default {DEFAULT_VIRTUAL_DEVICES})",

@@ -46,6 +46,19 @@ def whole_number(raw: str, minimum: int | None = None) -> int:
     return value
 
 
+# The most devices one node's plan takes.  The largest single machines have 16 GPUs (DGX-2, HGX-2);
+# pairs grow as n(n-1)/2 per rung and test, so at 200 devices collection alone took minutes
+# (40,023 tests) with no output.
+MAX_DEVICES = 32
+
+
+def device_count(raw: str) -> int:
+    value = whole_number(raw, minimum=1)
+    if value > MAX_DEVICES:
+        raise BadValue(f"{raw!r} devices is more than the {MAX_DEVICES} one node's plan takes")
+    return value
+
+
 def port(raw: str) -> int:
     value = whole_number(raw, minimum=1)
     if value > 65535:

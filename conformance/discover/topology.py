@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from conformance.common.inputs import read_user_file
 from conformance.common.tables import align_columns
+from conformance.common.values import MAX_DEVICES
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
@@ -157,6 +158,10 @@ def load_topology_file(path: Path, where: str) -> Topology:
         raise TopologyError(f"{source} is not a topology: {exc}") from None
     if not topology.devices:
         raise TopologyError(f"{source} lists no devices")
+    if len(topology.devices) > MAX_DEVICES:
+        raise TopologyError(
+            f"{source} lists {len(topology.devices)} devices, more than the {MAX_DEVICES} one node's plan takes"
+        )
     problem = _wrong_type(topology)
     if problem:
         raise TopologyError(f"{source} is not a topology: {problem}")
