@@ -26,7 +26,8 @@ import pytest
 
 from conformance.launch.case import CaseResult
 from conformance.launch.watchdog import OnWait
-from conformance.plan.matrix import DEVICE_SET_FIXTURES, DeviceSet
+from conformance.plan.matrix import DeviceSet
+from conformance.plan.parametrize import device_set_of
 
 CaseCall = tuple[str, str | None, str]  # probe, expected verdict, parameters (JSON): what a test asked for
 
@@ -94,15 +95,6 @@ class PartOf:
 
     def wait(self, on_wait: OnWait | None) -> CaseResult | None:
         return self.part(self.case.wait(on_wait))
-
-
-def device_set_of(item: pytest.Item) -> DeviceSet | None:
-    callspec = getattr(item, "callspec", None)
-    for fixture in DEVICE_SET_FIXTURES:
-        device_set = callspec.params.get(fixture) if callspec is not None else None
-        if isinstance(device_set, DeviceSet):
-            return device_set
-    return None
 
 
 def same_test(a: pytest.Item, b: pytest.Item) -> bool:

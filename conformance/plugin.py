@@ -23,7 +23,7 @@ from conformance.plan.matrix import (
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
 from conformance.record.runs import Run, RunError, load_run
-from conformance.session import ConformanceSession
+from conformance.session import ConformanceSession, uses_xdist
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
 from conformance.shared import MARKER_HELP
@@ -77,10 +77,6 @@ def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
         raise SettingError(f"{settings.source('baseline')}: {exc}") from None
 
 
-def _uses_xdist(config: pytest.Config) -> bool:
-    return bool(config.getoption("numprocesses", None)) or config.getoption("dist", "no") != "no"
-
-
 def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
     """A multi-node run's layout, checked here; the session meets the other nodes when it starts."""
     explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
@@ -91,7 +87,7 @@ def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
         raise SettingError(f"{exc}" + (f" (from {sources})" if sources else "")) from None
     if not setup.multi_node or config.option.help or config.option.version:
         return None
-    if _uses_xdist(config):
+    if uses_xdist(config):
         raise SettingError(
             f"{setup.nnodes} nodes (from {setup.source}): a multi-node run is one pytest process per node; "
             "drop -n/--dist (cross-node cases must run in the same order on every node)"

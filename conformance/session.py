@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conformance.ahead import CaseCall, CasesAhead, PartOf, Pending, case_call, device_set_of
+from conformance.ahead import CaseCall, CasesAhead, PartOf, Pending, case_call
 from conformance.common import casefiles
 from conformance.common.deadlines import DeadlineError
 from conformance.common.families import inherited_variables
@@ -27,7 +27,7 @@ from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, Star
 from conformance.nodes.layout import NodeSetup, local_fingerprint
 from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step, unchangeable
 from conformance.plan.matrix import NODE_SET_FIXTURES, DeviceSet, Rung, RungError, build_ladder, node_rungs
-from conformance.plan.parametrize import Plan
+from conformance.plan.parametrize import Plan, device_set_of
 from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
@@ -54,6 +54,11 @@ MEASUREMENT = {
     "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5, "chunk_bytes": 4 << 20},
     "gpu": {"bandwidth_bytes": 64 << 20, "bandwidth_warmup": 5, "bandwidth_iterations": 20},
 }
+
+
+def uses_xdist(config: pytest.Config) -> bool:
+    """The run is spread over xdist workers (this process is their controller, or one of them)."""
+    return bool(config.getoption("numprocesses", None)) or config.getoption("dist", "no") != "no"
 
 
 class ConformanceSession:
@@ -114,9 +119,8 @@ class ConformanceSession:
 
         On the main thread: its parent-death signal follows the thread that starts it.
         """
-        xdist = bool(self.config.getoption("numprocesses", None)) or self.config.getoption("dist", "no") != "no"
         listing = any(self.config.getoption(name, False) for name in NO_CASES_OPTIONS)
-        if listing or (xdist and not self.is_worker):
+        if listing or (uses_xdist(self.config) and not self.is_worker):
             return  # nothing runs here (xdist's controller leaves the cases to its workers)
         self.ensure_run_dir()
         self.forkserver.launch()

@@ -185,10 +185,6 @@ class ForkServerClient:
             )
         os.set_blocking(self._stdout().fileno(), False)  # threads that find nothing to read go on
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def _stdout(self) -> IO[bytes]:
         assert self.proc is not None and self.proc.stdout is not None
         return self.proc.stdout

@@ -82,17 +82,12 @@ class Turn:
 
     def asked(self, alive: list[RankProcess]) -> bool:
         """Every live rank waits for the turn, and it has not been given yet (a look; nothing changes)."""
-        if self.granted_at is not None or not alive:
-            return False
-        lasts = [casefiles.last_phase(rank.path) for rank in alive]
-        return all(p is not None and p.step == casefiles.TURN_STEP for p in lasts)
+        return self.granted_at is None and every_rank(alive, lambda p: p.step == casefiles.TURN_STEP)
 
     def leave_when_done(self, alive: list[RankProcess]) -> None:
         """Give the gate back once every live rank is in teardown: nothing the case times is left."""
-        if not self.hold.released and alive:
-            lasts = [casefiles.last_phase(rank.path) for rank in alive]
-            if all(p is not None and p.phase == "teardown" for p in lasts):
-                self.hold.release()
+        if not self.hold.released and every_rank(alive, lambda p: p.phase == "teardown"):
+            self.hold.release()
 
     def try_grant(self) -> bool:
         """One try for the turn; given to the ranks when had, or as "beside" once ``wait`` has passed."""
@@ -103,6 +98,12 @@ class Turn:
             casefiles.grant_turn(self.case_dir, alone)
             self.granted_at = now
         return self.granted_at is not None
+
+
+def every_rank(alive: list[RankProcess], test: Callable[[casefiles.PhaseLine], bool]) -> bool:
+    """There are live ranks, and where each one is now (its last phase line) passes ``test``."""
+    lasts = [casefiles.last_phase(rank.path) for rank in alive]
+    return bool(lasts) and all(p is not None and test(p) for p in lasts)
 
 
 def stalled_for(ranks: list[RankProcess], since: float) -> float:

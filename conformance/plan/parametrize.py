@@ -116,12 +116,8 @@ class Plan:
         return re.sub(rf"-(?:{names})(?=-|$)", "", ident, count=1)
 
     def item_step(self, item: pytest.Item) -> Step | None:
-        params = getattr(item, "callspec", None)
-        for fixture in (*DEVICE_SET_FIXTURES, *NODE_SET_FIXTURES):
-            device_set = params.params.get(fixture) if params is not None else None
-            if isinstance(device_set, DeviceSet):
-                return self.step(item, device_set)
-        return None
+        device_set = device_set_of(item, (*DEVICE_SET_FIXTURES, *NODE_SET_FIXTURES))
+        return self.step(item, device_set) if device_set is not None else None
 
     def _sort_key(self, item: pytest.Item) -> int:
         step = self.item_step(item)
@@ -139,3 +135,13 @@ class Plan:
         items.sort(key=self._sort_key)
         steps = (self.item_step(item) for item in items)
         self.selected = {(s.key, s.rung_index) for s in steps if s is not None}
+
+
+def device_set_of(item: pytest.Item, fixtures: Sequence[str] = tuple(DEVICE_SET_FIXTURES)) -> DeviceSet | None:
+    """The device set an item is parametrised with, by one of ``fixtures`` (default: this node's sets)."""
+    callspec = getattr(item, "callspec", None)
+    for fixture in fixtures:
+        device_set = callspec.params.get(fixture) if callspec is not None else None
+        if isinstance(device_set, DeviceSet):
+            return device_set
+    return None

@@ -122,7 +122,8 @@ def in_parts(ctx: RankContext, n: int) -> Iterator[slice]:
     Without ``chunk_bytes`` (NCCL: a 64 MiB collective takes milliseconds, and NCCL picks its protocol
     by message size) the message is one part.
     """
-    chunk = _numel(int(ctx.params.get("chunk_bytes") or 0)) if ctx.params.get("chunk_bytes") else n
+    chunk_bytes = ctx.params.get("chunk_bytes")
+    chunk = _numel(int(chunk_bytes)) if chunk_bytes else n
     count = -(-n // chunk)
     for i in range(count):
         yield slice(i * chunk, min(n, (i + 1) * chunk))
