@@ -56,8 +56,10 @@ def test_a_failure_in_a_shared_case_gives_each_test_its_own_verdict(
     files = copy_suites(pytester, "test_collectives.py")
     rule = f'effect = "{effect}"\nprobes = ["{failing}"]\nranks = [2]'
     scenario = pytester.makefile(".toml", scenario=scenario_text(rule))
-    result = run_suite(*files, *SELECT, f"--scenario={scenario}", "--step-timeout=4", "--init-timeout=2",
-                       "--op-timeout=2")  # fmt: skip
+    # Short enough that the hang costs seconds, long enough that a healthy 4-rank step on a machine with
+    # a load of 10 is never taken for one (init and op stay below the step deadline, as the settings require).
+    result = run_suite(*files, *SELECT, f"--scenario={scenario}", "--step-timeout=8", "--init-timeout=6",
+                       "--op-timeout=6")  # fmt: skip
     result.assert_outcomes(passed=3, failed=1)
     records = by_test(read_records(reports_dir))
     order = list(COLLECTIVES)
