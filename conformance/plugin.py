@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from conformance import host_checks
 from conformance.common.deadlines import DeadlineError
+from conformance.common.lifetime import die_with_parent
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
 from conformance.launch.case import CaseResult, failure_text
@@ -20,6 +22,7 @@ from conformance.plan.matrix import (
     load_rungs_file,
     parse_rung_spec,
 )
+from conformance.plan.scenario_fit import RunBounds, check_scenario_fits
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
 from conformance.record.runs import Run, RunError, load_run
@@ -27,9 +30,11 @@ from conformance.session import ConformanceSession, uses_xdist
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
 from conformance.shared import MARKER_HELP
+from conformance.summarise.compare import machine_difference
 
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 WORKER_RUN_ID = "conformance_run_id"
+WORKER_CONTROLLER = "conformance_controller_pid"
 WORKER_TOPOLOGY = "conformance_topology"
 
 RunCase = Callable[..., CaseResult]
@@ -77,6 +82,21 @@ def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
         raise SettingError(f"{settings.source('baseline')}: {exc}") from None
 
 
+def _check_baseline(session: ConformanceSession) -> None:
+    """A baseline this run could never be compared with stops it now, not after every case has run."""
+    baseline, source = session.baseline, session.settings.source("baseline")
+    if baseline is None:
+        return
+    if not baseline.usable_records:
+        raise SettingError(f"{source}: {baseline.source}: no case of this suite recorded, nothing to compare with")
+    difference = machine_difference(baseline, Run("this run", session.run_facts(), []))
+    if difference:
+        raise SettingError(
+            f"{source}: {baseline.source} comes from another machine ({difference}); "
+            "compare such runs afterwards with `python -m conformance compare --allow-different-machines`"
+        )
+
+
 def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
     """A multi-node run's layout, checked here; the session meets the other nodes when it starts."""
     explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
@@ -95,25 +115,45 @@ def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
     return setup
 
 
+def _die_with_controller(workerinput: dict[str, Any]) -> None:
+    """An xdist worker dies the moment its controller does, and its forkserver and ranks with it.
+
+    Otherwise a killed controller leaves the worker running its case until execnet notices.  Only a
+    worker the controller started itself (popen): a remote one (``--tx ssh=...``) has another parent.
+    """
+    controller = workerinput.get(WORKER_CONTROLLER)
+    if controller is not None and os.getppid() == controller and not die_with_parent(controller):
+        os._exit(1)  # the controller died before the request took hold
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance_gpu: the case needs the NCCL backend and GPUs")
     config.addinivalue_line("markers", MARKER_HELP)
+    config.addinivalue_line("markers", host_checks.MARKER_HELP)
     workerinput = getattr(config, "workerinput", None)
+    if workerinput:
+        _die_with_controller(workerinput)
     run_id = workerinput[WORKER_RUN_ID] if workerinput and WORKER_RUN_ID in workerinput else new_run_id()
     try:
         settings = resolve_settings(config)
         scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
         topology = _topology(config, settings, scenario)
         setup = _node_setup(config, settings)
+        if scenario is not None:
+            nnodes = setup.nnodes if setup else 1
+            bounds = RunBounds.of(topology, nnodes, settings.case_timeout, settings.source("case_timeout"))
+            check_scenario_fits(scenario, bounds)
         user_rungs = _user_rungs(settings)
         baseline = _baseline(config, settings)
         session = ConformanceSession(config, settings, topology, scenario, run_id, user_rungs, baseline, setup)
+        _check_baseline(session)
     except (SettingError, ScenarioError, TopologyError, RungError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
     except DeadlineError as exc:
         raise pytest.UsageError(f"conformance: the deadlines are out of order: {exc}") from None
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "conformance_session")
+    config.pluginmanager.register(host_checks.HostChecks(session), "conformance_host_checks")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(session), "conformance_xdist")
 
@@ -126,7 +166,12 @@ class XdistHooks:
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKER_RUN_ID] = self.session.run_id
+        node.workerinput[WORKER_CONTROLLER] = os.getpid()
         node.workerinput[WORKER_TOPOLOGY] = self.session.topology.to_json()
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """The controller collects nothing itself: the run's plan is what its workers collected."""
+        self.session.coverage.collected(len(ids))
 
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         """Plain ``-n N`` (xdist's ``load``): every rung of a device set goes to one worker (``Plan.worker_scope``)."""

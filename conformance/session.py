@@ -31,8 +31,9 @@ from conformance.plan.parametrize import Plan, device_set_of
 from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
-from conformance.record.records import CaseRecord, RunFacts, RungFacts, junit_properties
-from conformance.record.runs import Run
+from conformance.record.coverage import Coverage
+from conformance.record.records import CaseRecord, RunEnd, RunFacts, RungFacts, junit_properties
+from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
 from conformance.summarise.conclude import Conclusion, conclude
@@ -94,6 +95,8 @@ class ConformanceSession:
         self._started: set[str] = set()  # ladder keys whose case has started in this process
         self.progress = CaseProgress(config)
         self.ahead = CasesAhead()
+        self.coverage = Coverage()
+        self.end: RunEnd | None = None  # how far the run got, once it has ended
         self._plan_run(run_id, build_ladder(self.user_rungs))
 
     def _plan_run(self, run_id: str, ladder: Sequence[Rung]) -> None:
@@ -110,19 +113,34 @@ class ConformanceSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Meet the other nodes of a multi-node run (then start its forkserver: the run folder is known)."""
+        """Claim the run folder, meet the other nodes of a multi-node run, then start the forkserver.
+
+        Before the header, so it names the run id claimed; before xdist starts its workers, who are given it.
+        """
+        if self._owns_run_folder:
+            self._plan_run(results.claim_run_folder(self.settings.reports_dir, self.run_id), self.plan.ladder)
         self._meet_nodes()
+        if not self._runs_nothing:
+            self.ensure_run_dir()  # run.json says the run has started
         self.launch_forkserver()
+
+    @property
+    def _runs_nothing(self) -> bool:
+        return any(self.config.getoption(name, False) for name in NO_CASES_OPTIONS)
+
+    @property
+    def _owns_run_folder(self) -> bool:
+        """A plain run or xdist's controller chooses the run id; node 0 for every node of a multi-node run."""
+        first_node = self.node_setup is None or self.node_setup.node_rank == 0
+        return not self.is_worker and first_node and not self._runs_nothing
 
     def launch_forkserver(self) -> None:
         """Start the forkserver now if this process will run cases; it imports torch while pytest collects.
 
         On the main thread: its parent-death signal follows the thread that starts it.
         """
-        listing = any(self.config.getoption(name, False) for name in NO_CASES_OPTIONS)
-        if listing or (uses_xdist(self.config) and not self.is_worker):
+        if self._runs_nothing or (uses_xdist(self.config) and not self.is_worker):
             return  # nothing runs here (xdist's controller leaves the cases to its workers)
-        self.ensure_run_dir()
         self.forkserver.launch()
 
     def _meet_nodes(self) -> None:
@@ -184,17 +202,31 @@ class ConformanceSession:
             step_deadline=self.deadlines.step_deadline,
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
+            end=RunEnd(),
         )
 
     def ensure_run_dir(self) -> Path:
-        if not self.run_dir.exists():
+        """The run folder with its run.json (the run's facts, ``end`` still ``started``) and ``latest`` at it."""
+        run_json = self.run_dir / RUN_FACTS
+        if not run_json.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            run_json = self.run_dir / "run.json"
-            if not run_json.exists():
-                casefiles.write_json_atomic(run_json, self.run_facts().to_json())
+            casefiles.write_json_atomic(run_json, self.run_facts().to_json())
             if not self.node_rank:  # other nodes leave 'latest' to node 0 (a shared file system)
                 results.point_latest(self.settings.reports_dir, self.run_id)
         return self.run_dir
+
+    def results_file(self) -> Path:
+        """results.jsonl, in a run folder that exists."""
+        self.ensure_run_dir()
+        return self.results_path
+
+    def _write_end(self, session: pytest.Session) -> None:
+        """run.json says how far the run got (``RunEnd``), before anything reads the run back."""
+        run_json = self.run_dir / RUN_FACTS
+        if self.is_worker or not run_json.exists():
+            return
+        self.end = self.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
+        casefiles.write_json_atomic(run_json, replace(self.run_facts(), end=self.end).to_json())
 
     @property
     def lease_dir(self) -> Path | None:
@@ -493,8 +525,18 @@ class ConformanceSession:
         if self.nodes is not None:
             self.nodes.now_at(nodeid)
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # A test's last report: its teardown, or the one xdist makes up for a test its worker died in.
+        # An interrupted test gets a setup report only, and did not run.
+        if report.when not in ("setup", "call"):
+            self.coverage.reported(report.nodeid)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Every node must run the same tests in the same order: cross-node cases meet by position."""
+        """Counted for the run's end; every node must run the same tests in the same order.
+
+        Cross-node cases meet by position.
+        """
+        self.coverage.collected(len(session.items))
         if self.nodes is None:
             return
         differences = self.nodes.same_collection([item.nodeid for item in session.items])
@@ -526,6 +568,7 @@ class ConformanceSession:
         if self.nodes is not None:
             self._exchange_records()
             self.nodes.close()
+        self._write_end(session)
         if self.is_worker or not self.results_path.exists():
             return
         self.conclusion = conclude(self.run_dir, self.settings, self.baseline)
@@ -561,6 +604,12 @@ class ConformanceSession:
             return
         for line in self.node_notes:
             terminalreporter.write_line(f"conformance: {line}")
+        if self.end is not None and self.end.incomplete:
+            terminalreporter.write_line(
+                f"conformance: INCOMPLETE RUN ({self.end.incomplete}): what follows covers only what ran",
+                yellow=True,
+                bold=True,
+            )
         read = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
         records = one_record_per_case(r for r in read if r.run_id == self.run_id)
         if records:

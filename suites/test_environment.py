@@ -1,6 +1,7 @@
 """The host around the GPUs: torch.distributed, name resolution, /dev/shm, limits, variables.
 
-Each check states what a run needs and why; the values found go into the JUnit properties.
+Each check states what a run needs and why; the values found go into the JUnit properties.  The
+checks of the host itself (``host_check``) run no ranks, and are recorded like cases all the same.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: C
     assert metrics[f"{conformance.backend}_available"] is True
 
 
+@pytest.mark.host_check("hostname")
 def test_hostname_resolves_to_bindable_address(record_property: pytest.RecordProperty) -> None:
     """Gloo (and NCCL's bootstrap) bind to what the host name resolves to."""
     hostname = socket.gethostname()
@@ -116,6 +118,7 @@ def shm_problem(free: int, backend: str) -> str | None:
     )
 
 
+@pytest.mark.host_check("dev_shm")
 def test_dev_shm_space(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
     """/dev/shm has room for NCCL's SHM transport (GPU runs) or a sanity floor (CPU runs)."""
     try:
@@ -166,6 +169,7 @@ def open_files_problem(soft: int, hard: int, nnodes: int) -> str | None:
     )
 
 
+@pytest.mark.host_check("open_files")
 def test_open_file_limit(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
     """The soft open-file limit suits the run's node count (NCCL raises only rank 0's)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -192,6 +196,7 @@ def memlock_problem(soft: int, hard: int, ib_devices: list[str]) -> str | None:
     )
 
 
+@pytest.mark.host_check("locked_memory")
 def test_locked_memory_limit(record_property: pytest.RecordProperty) -> None:
     """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -211,6 +216,7 @@ def _interface_matches(spec: str, interfaces: list[str], exact: bool) -> list[st
     return [i for i in interfaces if any(i.startswith(n) for n in names)]
 
 
+@pytest.mark.host_check("socket_interfaces")
 def test_socket_interface_variables(record_property: pytest.RecordProperty) -> None:
     """Inherited NCCL_/GLOO_ variables are listed; an interface they name must exist."""
     inherited = inherited_variables()
@@ -237,6 +243,7 @@ def test_socket_interface_variables(record_property: pytest.RecordProperty) -> N
 
 
 @pytest.mark.conformance_gpu
+@pytest.mark.host_check("nvml_driver")
 def test_nvml_driver(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
     """NVML answers and reports a driver version (GPU only)."""
     if conformance.topology.source != "nvml":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import COLLECTIVE_TEST, scenario_text
+from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 OLD_RECORDS = b'{"run_id": "old-run", "verdict": "pass"}\n{"run_id": "old-run", "verdict": "hang"}\n'
 
@@ -56,6 +56,9 @@ def collective_file(pytester: pytest.Pytester) -> Path:
 def assert_refused(result: pytest.RunResult, pattern: str, existing: Existing) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR == 4, result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines([pattern])
+    errors = [line for line in result.stderr.lines if line.strip()]
+    assert len(errors) == 1, result.stderr.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
     out = result.stdout.str()
     assert "collected" not in out and "passed" not in out and "failed" not in out, out
     existing.assert_untouched()
@@ -79,6 +82,19 @@ def make_regular_file(here: Path) -> None:
 
 SCENARIO = "--scenario=scenario.toml"
 SC = "ERROR: conformance: {here}/scenario.toml rule"
+SECONDS_NOT_FINITE = " 1: seconds must be a finite, non-negative number, got {}"
+NEVER_FIRES = "an empty list matches nothing, so the rule could never fire (leave the field out to match any)"
+
+
+def as_is(text: str) -> str:
+    """Text for a Case pattern that means itself: a '[' is no fnmatch class, a brace no format field."""
+    return text.replace("[", "[[]").replace("{", "{{").replace("}", "}}")
+
+
+def refused_rule(body: str, pattern: str, *args: str) -> Case:
+    """A scenario of one rule (the run has the default 4 virtual devices); ``pattern`` follows "rule"."""
+    return Case((SCENARIO, *args), SC + as_is(pattern), scenario=scenario_text(body))
+
 
 BAD_INPUTS = {
     # backend, from each source
@@ -207,6 +223,92 @@ BAD_INPUTS = {
         SC + " 1: unknown signal 'SIGFOO'",
         scenario=scenario_text('effect = "crash"\nsignal = "SIGFOO"'),
     ),
+    "scenario-effect-missing": refused_rule(
+        'phase = "probe"', " 1: effect is missing; choose one of hang, device_hang, crash, error, wrong_data, oom, slow"
+    ),
+    "scenario-name-not-a-string": Case(
+        (SCENARIO,),
+        "ERROR: conformance: {here}/scenario.toml: " + as_is("[scenario] name must be a string, got 3"),
+        scenario='[scenario]\nname = 3\n[[rule]]\neffect = "hang"\n',
+    ),
+    "scenario-signal-number": refused_rule(
+        'effect = "crash"\nsignal = 11', " 1: signal must be a name such as 'SIGSEGV', got 11"
+    ),
+    # a slow step's seconds: finite, non-negative, and shorter than the whole case
+    "scenario-seconds-nan": refused_rule('effect = "slow"\nseconds = nan', SECONDS_NOT_FINITE.format("nan")),
+    "scenario-seconds-inf": refused_rule('effect = "slow"\nseconds = inf', SECONDS_NOT_FINITE.format("inf")),
+    "scenario-seconds-negative": refused_rule('effect = "slow"\nseconds = -0.5', SECONDS_NOT_FINITE.format("-0.5")),
+    "scenario-seconds-true": refused_rule('effect = "slow"\nseconds = true', SECONDS_NOT_FINITE.format("True")),
+    "scenario-seconds-text": refused_rule('effect = "slow"\nseconds = "5"', SECONDS_NOT_FINITE.format("'5'")),
+    "scenario-seconds-1e308": refused_rule(
+        'effect = "slow"\nseconds = 1e308',
+        " 1 seconds: 1e+308 s is not shorter than the whole case may last (case-timeout 120 s, default), so the "
+        'sleep could never end; use effect = "hang" for a rank that never returns',
+    ),
+    "scenario-seconds-beyond-case-timeout": refused_rule(
+        'effect = "slow"\nseconds = 45',
+        " 1 seconds: 45 s is not shorter than the whole case may last (case-timeout 30 s, command-line option "
+        "--case-timeout), so the sleep could never end*",
+        "--case-timeout=30",
+    ),
+    # ranks: whole numbers of the largest case this run has (one rank per device)
+    "scenario-rank-outside-world": refused_rule(
+        'ranks = [1, 99]\neffect = "hang"',
+        " 1 ranks: rank 99 is outside every case of this run: the largest has 4 ranks (0 to 3, one per device)",
+    ),
+    "scenario-rank-outside-world-of-two": refused_rule(
+        'effect = "hang"\nranks = [2]',
+        " 1 ranks: rank 2 is outside every case of this run: the largest has 2 ranks (0 to 1, one per device)",
+        "--virtual-devices=2",
+    ),
+    "scenario-rank-huge": refused_rule(
+        'effect = "hang"\nranks = [9223372036854775807]',
+        " 1 ranks: rank 9223372036854775807 is outside every case of this run: the largest has 4 ranks*",
+    ),
+    "scenario-rank-negative": refused_rule(
+        'effect = "hang"\nranks = [-1]', " 1 ranks: rank -1 is negative; ranks count from 0"
+    ),
+    "scenario-rank-not-int": refused_rule(
+        'effect = "hang"\nranks = [1.0]', " 1 ranks: expected a list of int, got [1.0]"
+    ),
+    "scenario-rank-text": refused_rule('effect = "hang"\nranks = ["1"]', " 1 ranks: expected a list of int, got ['1']"),
+    # names: what the run's topology, the ranks and the plan know
+    "scenario-device-unknown": refused_rule(
+        'effect = "hang"\ndevices = ["gpu0"]',
+        " 1 devices: no device 'gpu0'; this run's topology has cpu0, cpu1, cpu2, cpu3",
+    ),
+    "scenario-probe-unknown": refused_rule(
+        'effect = "hang"\nprobes = ["all_reduce", "allreduce"]',
+        " 1 probes: unknown probe 'allreduce'; the ranks know all_gather, all_reduce, barrier, *",
+    ),
+    "scenario-link-unknown": refused_rule(
+        'effect = "hang"\nlinks = ["NVLINK"]',
+        " 1 links: unknown link class 'NVLINK'; link classes are NV<n>, PIX, PXB, PHB, NODE, SYS, CPU, NET, ?",
+    ),
+    "scenario-set-unknown": refused_rule(
+        'effect = "hang"\nsets = ["evens"]',
+        " 1 sets: unknown device-set kind 'evens'; the plan makes all, single, pair, last_half, every_other, *",
+    ),
+    # list fields: a list, of the right type, not empty
+    "scenario-ranks-not-a-list": refused_rule('effect = "hang"\nranks = 1', " 1 ranks: expected a list of int, got 1"),
+    "scenario-devices-ints": refused_rule(
+        'effect = "hang"\ndevices = [0, 1]', " 1 devices: expected a list of str, got [0, 1]"
+    ),
+    "scenario-probes-string": refused_rule(
+        'effect = "hang"\nprobes = "all_reduce"', " 1 probes: expected a list of str, got 'all_reduce'"
+    ),
+    "scenario-links-ints": refused_rule('effect = "hang"\nlinks = [4]', " 1 links: expected a list of str, got [4]"),
+    "scenario-sets-string": refused_rule('effect = "hang"\nsets = "all"', " 1 sets: expected a list of str, got 'all'"),
+    "scenario-probes-empty": refused_rule('effect = "hang"\nprobes = []', f" 1 probes: {NEVER_FIRES}"),
+    "scenario-ranks-empty": refused_rule('effect = "hang"\nranks = []', f" 1 ranks: {NEVER_FIRES}"),
+    "scenario-when-env-number": refused_rule(
+        'effect = "hang"\nwhen_env = { NCCL_P2P_DISABLE = 1 }',
+        " 1 when_env: expected a table of VARIABLE = \"value\" strings, got {'NCCL_P2P_DISABLE': 1}",
+    ),
+    "scenario-unless-env-string": refused_rule(
+        'effect = "hang"\nunless_env = "NCCL_P2P_DISABLE=1"',
+        " 1 unless_env: expected a table of VARIABLE = \"value\" strings, got 'NCCL_P2P_DISABLE=1'",
+    ),
     "scenario-wrong-data-not-at-verify": Case(
         (SCENARIO,),
         SC + " 1: *wrong_data*'probe'*",  # names the effect and the phase it was given
@@ -274,6 +376,41 @@ def test_good_input_runs_and_records(
     assert sorted(p.name for p in existing.reports_dir.iterdir()) == sorted(
         ["old-run", "latest", str(latest.readlink())]
     )
+
+
+SET_WITH_LINKS_TEST = """
+from conformance.plan.matrix import all_devices
+
+def test_case(conformance_case, conformance):
+    conformance_case("all_reduce", all_devices(conformance.topology)[0], sizes=[4])
+"""
+EVERY_FILTER = (
+    'effect = "error"\nphase = "verify"\nranks = [1]\ndevices = ["cpu1"]\nprobes = ["all_reduce"]\nlinks = ["CPU"]\n'
+    'sets = ["all"]\nwhen_env = { CONFORMANCE_TEST_FLAG = "on" }\nmessage = "every filter matched"'
+)
+
+
+def test_good_scenario_runs_and_its_rule_fires(
+    pytester: pytest.Pytester,
+    run_suite: Callable[..., pytest.RunResult],
+    monkeypatch: pytest.MonkeyPatch,
+    existing: Existing,
+) -> None:
+    """The control for the scenario checks: a rank, device, probe, link class and set kind this run has are accepted.
+
+    The rule fires (the case is an error on rank 1), so each value it names matched a real case.
+    """
+    pytester.makepyfile(test_case=SET_WITH_LINKS_TEST)
+    slow = 'effect = "slow"\nphase = "start"\nseconds = 0.1'
+    (pytester.path / "scenario.toml").write_text(scenario_text(slow, EVERY_FILTER))
+    monkeypatch.setenv("CONFORMANCE_TEST_FLAG", "on")
+    result = run_suite(SCENARIO, "--virtual-devices=2", "test_case.py", timeout=90)
+    result.assert_outcomes(failed=1)
+    assert existing.file.read_bytes() == existing.content
+    (record,) = read_records(existing.reports_dir)
+    assert record["verdict"] == "error", record["summary"]
+    assert record["root_cause"]["rank"] == 1
+    assert "every filter matched" in record["summary"], record["summary"]
 
 
 HEADER = "conformance: run *, backend gloo, {n} devices: {names}"

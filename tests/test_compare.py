@@ -515,3 +515,20 @@ def test_comparison_api_shape() -> None:
             "kind": "verdict", "metric": "verdict", "baseline": "pass", "current": "hang", "summary": "",
         }
     ]  # fmt: skip
+
+
+def host_check(verdict: str, soft: str) -> dict[str, Any]:
+    """A host check's record as the suite writes it (conformance/host_checks.py): no devices, no rung."""
+    return {
+        "schema": 1, "run_id": "run-1", "nodeid": "suites/test_environment.py::test_open_file_limit",
+        "probe": "host:open_files", "verdict": verdict, "set_kind": "host", "summary": f"soft {soft}",
+        "metrics": {"nofile_soft": soft},
+    }  # fmt: skip
+
+
+def test_a_host_check_that_stops_passing_is_a_regression() -> None:
+    comparison = compare(run(record(), host_check("pass", "1024")), run(record(), host_check("error", "512")))
+    assert cases(comparison.regressions, "baseline", "current", "summary") == [
+        ("suites/test_environment.py::test_open_file_limit", "pass", "error", "soft 512")
+    ]
+    assert comparison.matched == 2 and comparison.exit_status == 1

@@ -77,13 +77,38 @@ def test_regression_fails_a_session_whose_tests_pass(
     same.stdout.fnmatch_lines(["no regressions*"])
 
 
+def baseline_folder(tmp_path: Path, facts: dict, records: list[dict]) -> Path:
+    folder = tmp_path / "baseline-run"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps(facts))
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+A_RECORD = {"nodeid": "test_p.py::test_pair[cpu0-cpu1-CPU-inherited]", "probe": "pair_exchange", "verdict": "pass"}
+# Baselines a run could never be compared with: refused before any case, naming the file and why.
+UNCOMPARABLE = {
+    "missing": (None, None, "*/missing: no such run folder or file"),
+    "another-host": ({"host": "elsewhere"}, [A_RECORD], "* comes from another machine (hosts differ: elsewhere / *"),
+    "no-records": ({}, [], "*: no case of this suite recorded, nothing to compare with"),
+    "no-record-of-this-suite": ({}, [{"name": "x"}], "*: no record of this suite*"),
+    "no-readable-line": ({}, ["{cut off"], "*: no readable record*"),
+}
+
+
+@pytest.mark.parametrize("case", UNCOMPARABLE.values(), ids=UNCOMPARABLE.keys())
 def test_bad_baseline_stops_the_run_before_any_case(
-    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, tmp_path: Path
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, tmp_path: Path, case: tuple
 ) -> None:
+    facts, records, message = case
     pytester.makepyfile(test_p=PAIR_TEST)
-    result = run_suite("--virtual-devices=2", f"--baseline={tmp_path / 'missing'}")
+    folder = tmp_path / "missing" if facts is None else baseline_folder(tmp_path, facts, records)
+    if records and isinstance(records[0], str):
+        (folder / "results.jsonl").write_text(records[0] + "\n")
+    result = run_suite("--virtual-devices=2", f"--baseline={folder}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: conformance: command-line option --baseline: {tmp_path / 'missing'}: *"])
+    result.stderr.fnmatch_lines([f"ERROR: conformance: command-line option --baseline: {message}"])
+    assert len([line for line in result.stderr.lines if line]) == 1, result.stderr.lines
     assert not (reports_dir / "latest").exists()
 
 

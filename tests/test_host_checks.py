@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO, copy_suites, free_port, start_node
+from conftest import REPO, copy_suites, free_port, read_records, start_node
 
 pytestmark = pytest.mark.usefixtures("isolated_env", "run_tag")
 HARD_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -59,6 +59,15 @@ def test_one_node_fails_below_1024_open_files_naming_the_limit_and_the_fix(pytes
     assert f"`ulimit -n {min(HARD_NOFILE, 131072)}` in the job script" in output
     assert all(fix in output for fix in FIX), output
     assert junit_properties(pytester.path / "host.xml", "test_open_file_limit")["nofile_soft"] == "512"
+    # a record like any case's: compare, report and the summary see it
+    [record] = read_records(pytester.path / "reports")
+    assert (record["probe"], record["verdict"], record["set_kind"]) == ("host:open_files", "error", "host")
+    assert record["summary"].startswith("open-file limit (RLIMIT_NOFILE) is soft 512, hard "), record["summary"]
+    assert record["metrics"] == {"nofile_soft": "512", "nofile_hard": str(HARD_NOFILE), "nofile_needed": 1024}
+    assert "host:open_files" in output  # the summary's probe row
+    report = pytester.run(sys.executable, "-m", "conformance", "report", "--reports-dir", pytester.path / "reports")
+    html = Path(report.outlines[-1]).read_text()
+    assert '<section id="host"><h2>Host checks</h2>' in html and "open_files</td><td>open-file limit" in html
 
 
 def test_one_node_passes_with_1024_open_files_and_records_both_limits(pytester: pytest.Pytester) -> None:
@@ -68,6 +77,8 @@ def test_one_node_passes_with_1024_open_files_and_records_both_limits(pytester: 
     assert properties["nofile_soft"] == "1024"
     assert properties["nofile_hard"] == str(HARD_NOFILE)
     assert properties["nofile_needed"] == "1024"
+    [record] = read_records(pytester.path / "reports")
+    assert (record["nodeid"].split("::")[1], record["verdict"]) == ("test_open_file_limit", "pass")
 
 
 @pytest.mark.parametrize(("soft", "passes"), [(2048, False), (4096, True)])

@@ -229,7 +229,13 @@ def test_merge_api(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     run_folder(reports, "run-a")
     a = junit(tmp_path / "a.xml", {**record(), "run_id": "run-a"}, {**record("gpu0-gpu2"), "run_id": "run-a"})
-    result = merge(tmp_path / "out.xml", [a, a], reports_dir=reports)
+    # two shards of one run (each case once: the same file twice is refused, tests/test_bad_cli_input.py)
+    b = junit(
+        tmp_path / "b.xml",
+        {**record(rung="p2p_disable"), "run_id": "run-a"},
+        {**record("gpu0-gpu2", rung="p2p_disable"), "run_id": "run-a"},
+    )
+    result = merge(tmp_path / "out.xml", [a, b], reports_dir=reports)
     assert (result.files, result.suites, result.cases, result.runs, result.warnings) == (
         2,
         2,

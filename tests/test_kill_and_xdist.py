@@ -114,6 +114,56 @@ def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, report
         ("test_k.py::test_3_all_gather", "pass"),
     ]
     assert len({r["run_id"] for r in records}) == 1
+    # a killed run never wrote its end: it is incomplete, and no environment is recommended from it
+    assert json.loads((reports_dir / "latest" / "run.json").read_text())["end"]["state"] == "started"
+    recommended = subprocess.run(
+        [sys.executable, "-m", "conformance", "recommend", "--reports-dir", str(reports_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "no recommendation: the run is incomplete (it never reached its end: killed" in recommended.stdout
+
+
+# The issue's bound: no process of a run alive this long after any kill of any of them.
+KILL_AFTERMATH_SECONDS = 3.0
+
+
+def test_killed_xdist_controller_leaves_nothing(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
+    """SIGKILL the controller while a worker's case hangs: every process of the run is gone within the bound.
+
+    The workers, their forkservers and the ranks.
+    """
+    pytester.makepyfile(test_k=KILL_SUITE.replace("test_4_barrier_hangs", "test_0_barrier_hangs"))
+    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nprobes = ["barrier"]'))
+    output = pytester.path / "pytest-output.txt"
+    with output.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+                f"--reports-dir={reports_dir}", f"--scenario={scenario}", TWO_RANKS, "-n", "2", "--dist", "load",
+                "--step-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1", "test_k.py",
+            ],
+            cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        begun = time.monotonic()
+        hang_dir = reports_dir / "latest" / "cases" / "test_k.py--test_0_barrier_hangs"
+        while time.monotonic() - begun < 120:
+            ranks = case_rank_pids(hang_dir.resolve()) if hang_dir.exists() else set()
+            if len(ranks) == 2:
+                break
+            assert proc.poll() is None, output.read_text()
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the hanging case never started:\n{output.read_text()}")
+        workers = children(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert wait_until_gone(run_tag, KILL_AFTERMATH_SECONDS) == [], output.read_text()
 
 
 @pytest.mark.parametrize(

@@ -552,7 +552,7 @@ def test_command_refuses_runs_it_cannot_use(
     folder = write_run(tmp_path / "reports", records, facts)
     status, out, err = run_cli(capsys, str(folder))
     assert (status, out) == (2, "")
-    prefix = "" if "ladder" in message else f"{folder}: "
+    prefix = f"{folder}/" if "ladder" in message else f"{folder}: "  # run.json's problems name its path
     assert err == [f"{PREFIX}{prefix}{message}"]
     assert not (folder / "recommended.env").exists()
 

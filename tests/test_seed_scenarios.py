@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from conformance.rank.scenario import load_scenario
+from conformance.verdict.stderr_causes import SHM_FULL
 from conftest import REPO, copy_suites, read_records
 
 RunSuite = Callable[..., pytest.RunResult]
@@ -47,9 +48,11 @@ def assert_simulated(result: pytest.RunResult, scenario: Path, records: list[dic
 
 
 def by_case(records: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
-    """Ladder key -> [(rung, verdict)] in the order the cases ran."""
+    """Ladder key -> [(rung, verdict)] in the order the cases ran (host checks are on no ladder)."""
     found: dict[str, list[tuple[str, str]]] = {}
     for r in records:
+        if r["ladder_key"] is None:
+            continue
         found.setdefault(r["ladder_key"], []).append((r["env_name"], r["verdict"]))
     return found
 
@@ -119,7 +122,7 @@ def test_single_gpu_nccl_init(pytester: pytest.Pytester, run_suite: RunSuite, re
         assert r["probe"] == "all_reduce" and r["set_kind"] == "single" and r["devices"] == ["gpu0"]
         if r["verdict"] == "error":
             assert r["root_cause"] == {
-                "rank": 0, "kind": "SimulatedError", "message": SHM_MESSAGE,
+                "rank": 0, "kind": "SimulatedError", "message": f"{SHM_MESSAGE}: {SHM_FULL.text}",
                 "phase": "init", "step": "init_process_group(gloo)",
             }  # fmt: skip
             assert r["victims"] == []
@@ -251,8 +254,16 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
         expected[f"test_pair_exchange[{pair}-SYS]"] = [("inherited", "hang"), ("p2p_level_nvl", "pass")]
     assert exchanges == expected
 
+    # the host checks are recorded too, on no rung (this host suits a gloo run; GPU-only ones skip)
+    host = [r for r in records if r["set_kind"] == "host"]
+    assert sorted(r["probe"] for r in host if r["verdict"] == "pass") == [
+        "host:dev_shm",
+        "host:hostname",
+        "host:open_files",
+    ]
+    assert {r["env_name"] for r in host} == {None} and {r["verdict"] for r in host} <= {"pass", "skip"}
     # everything else ran once, on inherited, and passed (the negative control errs as it expects)
-    others = [r for r in records if r["probe"] != "pair_exchange"]
+    others = [r for r in records if r["probe"] != "pair_exchange" and r["set_kind"] != "host"]
     assert {r["env_name"] for r in others} == {"inherited"}
     assert sorted((r["probe"], r["verdict"]) for r in others if r["verdict"] != "pass") == [("fail_one_rank", "error")]
     assert [r["expected_verdict"] for r in others if r["verdict"] != "pass"] == ["error"]

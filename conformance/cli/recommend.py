@@ -51,4 +51,5 @@ def recommend_command(args: argparse.Namespace) -> int:
         for line in recommendation.lines():
             print(line)
         print(f"(written to {path})")
-    return UNFIT_STATUS if recommendation.unfit else 0
+    # An incomplete run answers nothing a launch script could use: not a success either.
+    return UNFIT_STATUS if recommendation.unfit or recommendation.incomplete else 0

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
-from conformance.record.runs import RunError
+from conformance.record.results import RESULTS_FILE
+from conformance.record.runs import Run, RunError
 from conformance.summarise.recommend import recommend
 from conformance.summarise.report import REPORT_FILE, report_path, write_report
 
@@ -27,6 +29,8 @@ def report_command(args: argparse.Namespace) -> int:
         run = load_run_argument(args.run_path, args.reports_dir)
     except RunError as exc:
         return fail("report", str(exc))
+    if not run.records:
+        return fail("report", f"no records in {_results_file(run)}: nothing to report")
     lines = recommend(run).lines()
     try:
         path = write_report(run, lines)
@@ -36,3 +40,8 @@ def report_command(args: argparse.Namespace) -> int:
         warn("report", message)
     print(path)
     return 0
+
+
+def _results_file(run: Run) -> Path:
+    source = Path(run.source)
+    return source / RESULTS_FILE if source.is_dir() else source

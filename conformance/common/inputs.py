@@ -1,8 +1,16 @@
-"""Reading the files a user points the suite at (scenarios, topologies, rung files)."""
+"""Reading the files a user points the suite at (scenarios, topologies, rung files, runs)."""
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "true/false"}
+SCALAR_WORDS = {str: "a text", int: "a whole number", float: "a number", bool: "true or false", type(None): "null"}
 
 
 def read_user_file(path: Path, what: str, where: str, error: type[ValueError]) -> str:
@@ -13,3 +21,78 @@ def read_user_file(path: Path, what: str, where: str, error: type[ValueError]) -
         raise error(f"{where}: {what} {str(path)!r} cannot be read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise error(f"{where}: {what} {str(path)!r} is not UTF-8 text: {exc}") from None
+
+
+def json_type_name(value: object) -> str:
+    """What JSON calls the type of a value ``json.loads`` returned."""
+    return "null" if value is None else JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def wrong_field_type(data: Mapping[str, Any], kind: type, lenient: bool = False) -> str:
+    """The first field of ``data`` (JSON for the dataclass ``kind``) of the wrong type, in words; "" when none.
+
+    ``lenient``: null stands for an empty list or object (how ``CaseRecord.from_json`` reads it).
+    """
+    hints = typing.get_type_hints(kind)
+    for name, value in data.items():
+        problem = _value_problem(value, hints[name], lenient) if name in hints else ""
+        if problem:
+            return f"{name}{problem}"
+    return ""
+
+
+def _value_problem(value: object, hint: Any, lenient: bool) -> str:
+    """What follows the field name when ``value`` does not fit ``hint`` (" is 5, which is not a text"), or ""."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if lenient and value is None and any(_is_container(option) for option in options):
+        return ""
+    for option in options:
+        if _fits(value, option):
+            return _inner_problem(value, option, lenient)
+    return f" is {value!r}, which is not {type_words(hint)}"
+
+
+def _fits(value: object, hint: Any) -> bool:
+    """The value's own kind (a bool is no number here); items and nested fields are checked after."""
+    origin = typing.get_origin(hint) or hint
+    if hint is Any:
+        return True
+    if hint is float:
+        return type(value) in (int, float)
+    if hint in SCALAR_WORDS:
+        return type(value) is hint
+    if origin is tuple or origin is list:
+        return isinstance(value, (list, tuple))
+    if isinstance(origin, type) and issubclass(origin, Mapping) or dataclasses.is_dataclass(origin):
+        return isinstance(value, Mapping)
+    return True
+
+
+def _inner_problem(value: object, hint: Any, lenient: bool) -> str:
+    if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+        inner = wrong_field_type(value, typing.cast(type, hint), lenient)
+        return f".{inner}" if inner else ""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and isinstance(value, list | tuple):
+        for number, item in enumerate(value):
+            problem = _value_problem(item, args[0], lenient)
+            if problem:
+                return f"[{number}]{problem}"
+    return ""
+
+
+def _is_container(hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    return origin in (tuple, list) or isinstance(origin, type) and issubclass(origin, Mapping)
+
+
+def type_words(hint: Any) -> str:
+    """A declared type in words: "a whole number or null", "a list", "an object"."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return " or ".join(_one_type_words(option) for option in options)
+
+
+def _one_type_words(hint: Any) -> str:
+    if hint in SCALAR_WORDS:
+        return SCALAR_WORDS[hint]
+    return "a list" if _is_container(hint) and (typing.get_origin(hint) or hint) in (tuple, list) else "an object"

@@ -24,6 +24,7 @@ class JsonlError(OSError):
 class JsonLines:
     objects: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "line 3 is not whole JSON (cut off?)", ...
+    numbers: list[int] = field(default_factory=list)  # the line number of each object, for messages about it
 
 
 def append_line(path: Path, record: dict[str, Any], durable: bool = True) -> None:
@@ -82,6 +83,7 @@ def _objects(lines: list[str], read: JsonLines) -> JsonLines:
             continue
         if isinstance(value, dict):
             read.objects.append(value)
+            read.numbers.append(number)
         else:
             read.skipped.append(f"line {number} is not a record")
     return read

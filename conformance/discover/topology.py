@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import json
 import os
-import types
-import typing
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from conformance.common.inputs import read_user_file
+from conformance.common.inputs import json_type_name, read_user_file, wrong_field_type
 from conformance.common.tables import align_columns
 from conformance.common.values import MAX_DEVICES
 
@@ -146,64 +144,104 @@ def load_topology_file(path: Path, where: str) -> Topology:
     """A topology saved by ``python -m conformance topology --json`` (or written by hand)."""
     text = read_user_file(path, "topology file", where, TopologyError)
     source = f"{where}: topology file {str(path)!r}"
+    read = _read_topology(text, path)
+    if isinstance(read, str):
+        raise TopologyError(f"{source} is not a topology: {read}")
+    topology, data = read
+    problem = _content_problem(topology, data)
+    if problem:
+        raise TopologyError(f"{source} {problem}")
+    return topology
+
+
+def _read_topology(text: str, path: Path) -> tuple[Topology, dict[str, Any]] | str:
+    """The topology and its JSON, or why the text is not a topology at all."""
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise TopologyError(f"{source} is not a topology: {exc}") from None
+        return str(exc)
     if not isinstance(data, dict):
-        raise TopologyError(f"{source} is not a topology: it holds a JSON {type(data).__name__}, not an object")
+        return f"it holds a JSON {json_type_name(data)}, not an object"
+    problem = _shape_problem(data)
+    if problem:
+        return problem
     try:
-        topology = Topology.from_json(text)
+        return Topology.from_json(json.dumps({**data, "source": str(path)})), data
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise TopologyError(f"{source} is not a topology: {exc}") from None
-    if not topology.devices:
-        raise TopologyError(f"{source} lists no devices")
-    if len(topology.devices) > MAX_DEVICES:
-        raise TopologyError(
-            f"{source} lists {len(topology.devices)} devices, more than the {MAX_DEVICES} one node's plan takes"
-        )
+        return str(exc)
+
+
+def _content_problem(topology: Topology, data: Mapping[str, Any]) -> str:
+    """What is wrong with a topology read from a file, to follow its name ("" when nothing is)."""
+    count = len(topology.devices)
+    if not count:
+        return "lists no devices"
+    if count > MAX_DEVICES:
+        return f"lists {count} devices, more than the {MAX_DEVICES} one node's plan takes"
     problem = _wrong_type(topology)
     if problem:
-        raise TopologyError(f"{source} is not a topology: {problem}")
+        return f"is not a topology: {problem}"
     for field_name in ("name", "uuid"):
         values = [getattr(d, field_name) for d in topology.devices if getattr(d, field_name)]
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
-            raise TopologyError(f"{source} lists device {field_name} {twice[0]!r} more than once")
-    return replace(topology, source=str(path))
+            return f"lists device {field_name} {twice[0]!r} more than once"
+    if topology.kind == "gpu" and count > 1 and "links" not in data:
+        example = '{"gpu0-gpu1": "NV4"}'
+        return f'is not a topology: no "links" for its {count} GPUs (each pair\'s link class, e.g. {example})'
+    return ""
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a value read from JSON is of a field's declared type (a bool is no int here)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return type(value) in (int, float)
-    return type(value) is hint if hint in (str, int, bool) else True
+TOPOLOGY_FIELDS = {f.name for f in fields(Topology)}
+DEVICE_FIELDS = {f.name for f in fields(Device)}
+REQUIRED_DEVICE_FIELDS = ("name", "index", "kind")
+MAPPING_FIELDS = ("links", "p2p", "link_notes")
+
+
+def _shape_problem(data: Mapping[str, Any]) -> str:
+    """What keeps a file's JSON from being a topology at all, in words ("" when nothing does)."""
+    unknown = sorted(set(data) - TOPOLOGY_FIELDS)
+    if unknown:
+        return f"unknown field {unknown[0]!r} (a topology has {', '.join(sorted(TOPOLOGY_FIELDS))})"
+    if "devices" not in data:
+        return 'no "devices" list'
+    if "kind" not in data:
+        return 'no "kind" ("cpu" or "gpu")'
+    devices = data["devices"]
+    if not isinstance(devices, list):
+        return f'"devices" is {devices!r}, not a list of devices'
+    for number, device in enumerate(devices):
+        problem = _device_shape_problem(device)
+        if problem:
+            return f'device {number} in "devices" {problem}'
+    for name in MAPPING_FIELDS:
+        if not isinstance(data.get(name, {}), dict):
+            return f'"{name}" is {data[name]!r}, not an object keyed by device pair ("gpu0-gpu1")'
+    return ""
+
+
+def _device_shape_problem(device: object) -> str:
+    if not isinstance(device, dict):
+        return f"is {device!r}, not an object"
+    unknown = sorted(set(device) - DEVICE_FIELDS)
+    if unknown:
+        return f"has unknown field {unknown[0]!r} (a device has {', '.join(sorted(DEVICE_FIELDS))})"
+    missing = [name for name in REQUIRED_DEVICE_FIELDS if name not in device]
+    return f"has no {', '.join(repr(m) for m in missing)}" if missing else ""
 
 
 def _wrong_type(topology: Topology) -> str:
     """The first value of the wrong type in a topology read from a file ("" when there is none)."""
     if topology.kind not in ("cpu", "gpu"):
         return f"kind is {topology.kind!r}, not 'cpu' or 'gpu'"
-    hints = typing.get_type_hints(Device)
     for device in topology.devices:
-        for name, hint in hints.items():
-            value = getattr(device, name)
-            if not _fits(value, hint):
-                return f"device {device.name!r}: {name} is {value!r}, which is not {_type_name(hint)}"
+        problem = wrong_field_type(asdict(device), Device)
+        if problem:
+            return f"device {device.name!r}: {problem}"
     for pair, link in topology.links.items():
         if not isinstance(link, str):
             return f"the link class of {pair} is {link!r}, not a text such as 'NV4' or 'SYS'"
     return ""
-
-
-def _type_name(hint: Any) -> str:
-    names = {str: "a text", int: "a whole number", bool: "true or false", type(None): "null"}
-    args = typing.get_args(hint) or (hint,)
-    return " or ".join(names.get(arg, getattr(arg, "__name__", str(arg))) for arg in args)
 
 
 def cpu_topology(count: int, note: str = "") -> Topology:

@@ -169,6 +169,13 @@ def build_ladder(user_rungs: Sequence[tuple[Rung, str]], across_nodes: Sequence[
     return tuple(ladder)
 
 
+# Every kind of device set the plan makes (DeviceSet.kind): what a scenario rule's ``sets`` may name.
+SET_KINDS = (
+    "all", "single", "pair", "last_half", "every_other", "reversed", "last_half_all_visible", "across_nodes",
+    "node_pair",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DeviceSet:
     """Devices for one case.

@@ -6,7 +6,6 @@ start -> control (every rank checks in at the store) -> init (process group) -> 
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import faulthandler
 import os
@@ -18,22 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from conformance.common import casefiles
+from conformance.common import casefiles, lifetime
 from conformance.common.casefiles import CaseFile, RankResult
 from conformance.rank import flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
-PR_SET_PDEATHSIG = 1
-
 
 def die_with_parent(expected_parent: int) -> None:
-    """SIGKILL this rank when the forkserver (its parent) dies; then close the fork race."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the session sweep still covers it
-        pass
-    if os.getppid() != expected_parent:
+    """SIGKILL this process when its parent (the forkserver, or the pytest process) dies."""
+    if not lifetime.die_with_parent(expected_parent):
         os._exit(casefiles.EXIT_HARNESS)
 
 

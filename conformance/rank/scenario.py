@@ -25,6 +25,10 @@
     message = "text"           # error and oom
     seconds = 5                # slow only: sleeps this long at every entry into the phase
 
+Every value is checked before any case starts: here on its own, and in ``plan/scenario_fit.py``
+against the run (its ranks, devices, probes, link classes, device-set kinds and case limit), so
+a rule that could never fire is refused rather than passing as if its fault had been simulated.
+
 A rule's ``env`` conditions are checked in the rank, against the environment the case gave it.
 ``hang`` blocks the rank on the host where the phase begins; ``device_hang`` is a kernel that never
 finishes: the host call returns at once (as NCCL's do) and the rank blocks at the step's next
@@ -33,6 +37,7 @@ device synchronize, which is how a real GPU hang looks.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 from collections.abc import Mapping
@@ -163,7 +168,19 @@ class Scenario:
 def _string_list(value: Any, where: str, item_type: type) -> tuple[Any, ...]:
     if not isinstance(value, list) or not all(isinstance(v, item_type) and not isinstance(v, bool) for v in value):
         raise ScenarioError(f"{where}: expected a list of {item_type.__name__}, got {value!r}")
+    if not value:
+        raise ScenarioError(
+            f"{where}: an empty list matches nothing, so the rule could never fire (leave the field out to match any)"
+        )
     return tuple(value)
+
+
+def _rank_list(value: Any, where: str) -> tuple[int, ...]:
+    ranks: tuple[int, ...] = _string_list(value, where, int)
+    negative = [rank for rank in ranks if rank < 0]
+    if negative:
+        raise ScenarioError(f"{where}: rank {negative[0]} is negative; ranks count from 0")
+    return ranks
 
 
 def _optional_bool(raw: Mapping[str, Any], key: str, where: str) -> bool | None:
@@ -196,7 +213,9 @@ def _effect_options(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise ScenarioError(f"{where}: ignore_sigterm must be true or false")
         options["ignore_sigterm"] = raw["ignore_sigterm"]
     if "signal" in raw:
-        name = str(raw["signal"]).upper()
+        if not isinstance(raw["signal"], str):
+            raise ScenarioError(f"{where}: signal must be a name such as 'SIGSEGV', got {raw['signal']!r}")
+        name = raw["signal"].upper()
         name = name if name.startswith("SIG") else "SIG" + name
         if not isinstance(getattr(signal, name, None), signal.Signals):
             raise ScenarioError(f"{where}: unknown signal {raw['signal']!r}")
@@ -207,8 +226,8 @@ def _effect_options(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         options["message"] = raw["message"]
     if "seconds" in raw:
         seconds = raw["seconds"]
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ScenarioError(f"{where}: seconds must be a non-negative number, got {seconds!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+            raise ScenarioError(f"{where}: seconds must be a finite, non-negative number, got {seconds!r}")
         options["seconds"] = float(seconds)
     return options
 
@@ -216,7 +235,9 @@ def _effect_options(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
 def parse_rule(raw: Any, where: str) -> Rule:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: a rule must be a table")
-    effect = raw.get("effect")
+    if "effect" not in raw:
+        raise ScenarioError(f"{where}: effect is missing; choose one of {', '.join(EFFECTS)}")
+    effect = raw["effect"]
     if effect not in EFFECTS:
         raise ScenarioError(f"{where}: unknown effect {effect!r}; choose one of {', '.join(EFFECTS)}")
     _check_effect_fields(raw, effect, where)
@@ -228,7 +249,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
     return Rule(
         effect=effect,
         phase=phase,
-        ranks=_string_list(raw["ranks"], f"{where} ranks", int) if "ranks" in raw else None,
+        ranks=_rank_list(raw["ranks"], f"{where} ranks") if "ranks" in raw else None,
         devices=_string_list(raw["devices"], f"{where} devices", str) if "devices" in raw else None,
         probes=_string_list(raw["probes"], f"{where} probes", str) if "probes" in raw else None,
         links=_string_list(raw["links"], f"{where} links", str) if "links" in raw else None,
@@ -254,6 +275,9 @@ def load_scenario(path: Path, where: str) -> Scenario:
     header = data.get("scenario", {})
     if not isinstance(header, dict) or set(header) - {"name", "description", "topology"}:
         raise ScenarioError(f"{path}: [scenario] takes only name, description and topology")
+    for key in ("name", "description"):
+        if not isinstance(header.get(key, ""), str):
+            raise ScenarioError(f"{path}: [scenario] {key} must be a string, got {header[key]!r}")
     topology = header.get("topology")
     if topology is not None and not isinstance(topology, str):
         raise ScenarioError(f"{path}: [scenario] topology must be a file name")

@@ -20,6 +20,7 @@ from typing import Any
 from conformance.common.verdicts import Verdict
 
 SCHEMA = 1
+HOST_SET_KIND = "host"  # the set_kind of a host check's record (conformance/host_checks.py): no devices, no rung
 JUNIT_PREFIX = "conformance."
 
 JsonObject = Mapping[str, Any]  # a JSON object the suite stores as it came (a boundary, not a contract)
@@ -48,6 +49,7 @@ class RankRecord:
     stack: str | None = None  # innermost frames when the watchdog stopped it
     collectives: JsonObject | None = None  # its flight recorder's last entries
     barrier: JsonObject | None = None  # barrier probes: its GPU and the one its barrier ran on
+    cause: str | None = None  # a known cause its last log lines name: "Too many open files (...)"
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,35 @@ def record_from_junit_properties(properties: Mapping[str, str]) -> CaseRecord | 
 
 
 @dataclass(frozen=True)
+class RunEnd:
+    """How far a run got: ``started`` is written when it begins, the rest when it ends.
+
+    A run.json still saying only ``started`` belongs to a run that never reached its end (killed) or
+    is still running; either way its records do not cover its plan.
+    """
+
+    state: str = "started"  # started | complete | incomplete
+    planned: int | None = None  # tests collected to run (after -k/-m/deselection)
+    ran: int | None = None  # tests that got an outcome
+    stopped_by: str | None = None  # what ended an incomplete run early
+
+    @property
+    def incomplete(self) -> str | None:
+        if self.state == "complete":
+            return None
+        if self.state == "started":
+            return "it never reached its end: killed, or still running"
+        how_far = f"{self.ran} of {self.planned} tests ran" if self.planned is not None else f"{self.ran} tests ran"
+        return f"{self.stopped_by or 'stopped'}: {how_far}"
+
+    @classmethod
+    def from_json(cls, data: object) -> RunEnd:
+        if not isinstance(data, dict) or data.get("state") not in ("started", "complete", "incomplete"):
+            raise FactsError(f"run.json: end is not a run's end: {data!r}")
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
 class RungFacts:
     """A rung as a run wrote it down."""
 
@@ -207,6 +238,7 @@ class RunFacts:
     step_deadline: float | None = None  # seconds without progress that made a hang (older runs: None)
     node_rank: int | None = None
     nnodes: int = 1
+    end: RunEnd | None = None  # None: an older run, or one read from JUnit (whether it finished is not known)
     driver: str | None = None  # the next three only from merged JUnit suite properties
     cuda: str | None = None
     gpus: Any = None
@@ -226,7 +258,17 @@ class RunFacts:
         if values.get("inherited_env") is None:
             values.pop("inherited_env", None)
         values["simulated"] = bool(values.get("simulated"))
+        if values.get("end") is not None:
+            values["end"] = RunEnd.from_json(values["end"])
         return cls(**values)
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run does not cover its plan, to follow "the run is incomplete" (None: it finished).
+
+        Older runs did not say, and count as finished.
+        """
+        return self.end.incomplete if self.end else None
 
 
 def _ladder(entries: Any) -> tuple[RungFacts, ...]:

@@ -25,10 +25,27 @@ if TYPE_CHECKING:
 
 RESULTS_FILE = "results.jsonl"
 LATEST = "latest"
+CLAIM_TRIES = 100  # a collision needs two runs in one second drawing one of 65536 suffixes
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def claim_run_folder(reports_dir: Path, run_id: str) -> str:
+    """Create the run's folder, which must be new; returns the id whose folder this process created.
+
+    Two runs started in the same second may draw the same id, and must not share a ladder.
+    """
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(CLAIM_TRIES):
+        try:
+            (reports_dir / run_id).mkdir()
+        except FileExistsError:
+            run_id = new_run_id()
+            continue
+        return run_id
+    raise FileExistsError(f"{reports_dir}: {CLAIM_TRIES} new run ids were all taken")
 
 
 def point_latest(reports_dir: Path, run_id: str) -> None:
@@ -45,7 +62,7 @@ def root_cause(result: CaseResult) -> RootCause | None:
         return None
     if root is None:
         return RootCause(None, str(result.verdict), result.decision.summary, None, None)
-    return RootCause(root.rank, root.error_type or root.status, root.message, root.phase, root.step)
+    return RootCause(root.rank, root.error_type or root.status, root.explained, root.phase, root.step)
 
 
 def rank_records(result: CaseResult) -> tuple[RankRecord, ...]:
@@ -63,6 +80,7 @@ def rank_records(result: CaseResult) -> tuple[RankRecord, ...]:
             stack=stack_excerpt(r.stack) or None,
             collectives=r.collectives,
             barrier=r.metrics.get("barrier"),
+            cause=r.cause.text if r.cause else None,
         )
         for r in result.reports
     )

@@ -33,7 +33,7 @@ from typing import Literal, TypedDict, TypeGuard, TypeVar
 from conformance.common.tables import align_columns
 from conformance.common.verdicts import Verdict
 from conformance.record.records import CaseRecord, JsonObject
-from conformance.record.runs import Run
+from conformance.record.runs import Run, unusable
 from conformance.settings import default_of
 from conformance.summarise.summary import link_class_of
 
@@ -147,12 +147,11 @@ def case_key(record: CaseRecord) -> CaseKey:
 
 def _usable_records(run: Run, warnings: list[str]) -> list[CaseRecord]:
     """The records of this suite (``CaseRecord.usable``); a run with only unreadable lines is refused."""
-    if not run.records and run.warnings:
-        raise CompareError(f"{run.source}: no readable record ({run.warnings[0]})")
+    problem = unusable(run)
+    if problem:
+        raise CompareError(problem)
     usable = run.usable_records
     left_out = len(run.records) - len(usable)
-    if left_out and not usable:
-        raise CompareError(f"{run.source}: no record of this suite (none of {left_out} has a verdict and a test id)")
     if left_out:
         warnings.append(f"{run.source}: {left_out} record(s) without a verdict or a test id skipped")
     return usable
@@ -307,8 +306,13 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def incomplete(self) -> str | None:
+        """Why the current run cannot show that nothing regressed: it did not cover its plan."""
+        return self.current.facts.incomplete
+
+    @property
     def exit_status(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions or self.incomplete else 0
 
     def add_match(self, old: CaseRecord, new: CaseRecord) -> None:
         self.matched += 1
@@ -375,6 +379,7 @@ class Comparison:
             "new": self.new,
             "missing": self.missing,
             "warnings": self.warnings,
+            "incomplete": self.incomplete,
             "exit_status": self.exit_status,
         }
 
@@ -426,7 +431,12 @@ class Comparison:
             f"{c['transport_changes']} transport change(s), {c['new']} new, {c['missing']} missing; "
             f"{c['matched']} case(s) matched"
         )
-        return f"{'REGRESSED' if self.regressions else 'no regressions'}: {text}"
+        if self.regressions:
+            return f"REGRESSED: {text}"
+        if self.incomplete:
+            why = f"the current run is incomplete ({self.incomplete}); it cannot show that nothing regressed"
+            return f"INCOMPLETE: {why}: {text}"
+        return f"no regressions: {text}"
 
 
 Entry = TypeVar("Entry")
@@ -484,6 +494,9 @@ def compare(
     if not 0 < tolerance <= 1:
         raise CompareError(f"bandwidth tolerance {tolerance!r} must be a ratio above 0 and at most 1")
     warnings = [*baseline.warnings, *current.warnings]
+    if baseline.facts.incomplete:
+        why = f"the baseline run is incomplete ({baseline.facts.incomplete})"
+        warnings.append(f"{why}: cases it never ran count as new")
     old = _index(baseline.source, _usable_records(baseline, warnings), warnings)
     new = _index(current.source, _usable_records(current, warnings), warnings)
     if not old and not new:

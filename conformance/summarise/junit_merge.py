@@ -9,16 +9,25 @@ torch, run_id, simulated), from ``run.json`` in the run folder: the one ``--run`
 
 A value is written as plain text when it reads back as that text, as JSON otherwise (``"12.0"``
 for CUDA 12.0, ``true``, ``null``, the ``gpus`` object), so every fact round-trips exactly.
+
+Refused before OUT is touched (:class:`MergeError`, one line): OUT that is also an input, or an
+existing file merge-junit did not write (a forgotten OUT would overwrite the first shard); an input
+named twice; an input whose test cases carry no ``conformance.*`` property (not this suite's); one
+case of one run in two inputs (it would count twice; the same test from two runs is two cases); a
+run.json that is there but unusable.  A run folder without run.json is a warning.  OUT is written
+beside itself and renamed into place, so a failed write leaves it as it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from conformance.record.records import JUNIT_PREFIX
 from conformance.record.results import LATEST, RESULTS_FILE
@@ -28,8 +37,8 @@ from conformance.record.runs import (
     Run,
     RunError,
     read_jsonl,
+    read_run_facts,
     resolve_run_path,
-    run_facts,
 )
 
 RUN_ID_PROPERTY = f"{JUNIT_PREFIX}run_id"
@@ -68,6 +77,8 @@ def read_suites(path: Path) -> list[Any]:
     from junitparser import JUnitXml
     from junitparser.junitparser import JUnitXmlError
 
+    if path.is_dir():
+        raise MergeError(f"{path}: a directory, not a JUnit XML file")
     if not path.is_file():
         raise MergeError(f"{path}: no such file")
     try:
@@ -90,17 +101,16 @@ def suite_run_id(suite: Any) -> str | None:
 
 
 def run_properties(folder: Path) -> dict[str, object]:
-    """The suite properties of one run, from its ``run.json`` (and the NCCL version its records saw)."""
+    """The suite properties of one run, from its ``run.json`` (and the NCCL version its records saw).
+
+    MergeError when the folder has no run.json (a warning: the suite is merged without them);
+    RunError when it has one that cannot be used (bad input, as for every command that reads runs).
+    """
     try:
-        data = json.loads((folder / RUN_FACTS).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        (folder / RUN_FACTS).open("rb").close()
+    except FileNotFoundError as exc:
         raise MergeError(f"{folder}: no readable {RUN_FACTS} ({exc})") from None
-    if not isinstance(data, dict):
-        raise MergeError(f"{folder / RUN_FACTS}: not a JSON object")
-    try:
-        facts = run_facts(data)
-    except RunError as exc:
-        raise MergeError(f"{folder}: no readable {RUN_FACTS} ({exc})") from None
+    facts = read_run_facts(folder / RUN_FACTS)
     try:
         records = read_jsonl(folder / RESULTS_FILE)[0] if (folder / RESULTS_FILE).exists() else []
     except RunError:
@@ -176,14 +186,93 @@ def _explicit_run(argument: str | None, reports_dir: Path) -> Path | None:
     return folder
 
 
+def _check_output(out: Path, inputs: Sequence[Path]) -> None:
+    """OUT may only replace an earlier merge (or an empty file): never an input, nor a file someone else wrote."""
+    for path in inputs:
+        if _same_file(out, path):
+            raise MergeError(f"OUT {out} is also an input ({path}); write the merged file elsewhere")
+    if out.is_dir():
+        raise MergeError(f"OUT {out} is a directory; name the merged file")
+    if out.exists() and out.stat().st_size and not _written_by_merge(out):
+        raise MergeError(f"OUT {out} exists and was not written by merge-junit; not overwritten (is OUT missing?)")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+def _written_by_merge(path: Path) -> bool:
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return False
+    return root.tag == "testsuites" and root.get("name") == MERGED_NAME
+
+
+def _check_inputs_named_once(inputs: Sequence[Path]) -> None:
+    for number, path in enumerate(inputs):
+        earlier = next((p for p in inputs[:number] if _same_file(p, path)), None)
+        if earlier is not None:
+            named = str(path) if str(earlier) == str(path) else f"{path} (as {earlier})"
+            raise MergeError(f"IN {named} is named twice; each case must be merged once")
+
+
+def _check_written_by_suite(path: Path, suites: list[Any]) -> None:
+    """A file with test cases of which none carries a ``conformance.*`` property is not this suite's."""
+    cases = [case for suite in suites for case in suite]
+    if cases and not any(_conformance_properties(case) for case in cases):
+        raise MergeError(
+            f"{path}: no test case carries the suite's conformance.* properties (was it written by this suite?)"
+        )
+
+
+def _conformance_properties(case: Any) -> list[Any]:
+    from junitparser import Properties
+
+    found = case.child(Properties)
+    return [p for p in found if str(p.name).startswith(JUNIT_PREFIX)] if found is not None else []
+
+
+def _check_no_case_twice(files: Sequence[tuple[Path, list[Any]]]) -> None:
+    """MergeError for a case of one run that two inputs hold: merged, it would count twice.
+
+    The same test in two different runs is two cases, each suite with its own run's facts.
+    """
+    first_seen: dict[tuple[str | None, str, str], Path] = {}
+    for path, suites in files:
+        for suite in suites:
+            run_id = suite_run_id(suite)
+            for case in suite:
+                key = (run_id, str(case.classname), str(case.name))
+                seen = first_seen.setdefault(key, path)
+                if seen != path:
+                    run = f"run {run_id}" if run_id else "no run id"
+                    raise MergeError(
+                        f"test case {key[1]}::{key[2]} ({run}) is in both {seen} and {path}; merge each case once"
+                    )
+
+
+def _read_inputs(inputs: Sequence[Path]) -> list[tuple[Path, list[Any]]]:
+    _check_inputs_named_once(inputs)
+    files = [(path, read_suites(path)) for path in inputs]
+    for path, suites in files:
+        _check_written_by_suite(path, suites)
+    _check_no_case_twice(files)
+    return files
+
+
 def merge(out: Path, inputs: Sequence[Path], run: str | None = None, reports_dir: Path = Path("reports")) -> Merge:
-    """Merge ``inputs`` into ``out`` with each suite's run facts; MergeError for bad input."""
+    """Merge ``inputs`` into ``out`` with each suite's run facts; MergeError for bad input, before OUT is touched."""
     from junitparser import JUnitXml
 
     if not inputs:
         raise MergeError("no input JUnit files given")
+    _check_output(out, inputs)
     explicit = _explicit_run(run, reports_dir)
-    suites = [suite for path in inputs for suite in read_suites(path)]
+    suites = [suite for _, found in _read_inputs(inputs) for suite in found]
     result = Merge(out, files=len(inputs), suites=len(suites))
     merged = JUnitXml(MERGED_NAME)
     facts: dict[Path, dict[str, object] | None] = {}
@@ -198,16 +287,26 @@ def merge(out: Path, inputs: Sequence[Path], run: str | None = None, reports_dir
         if facts[folder] is not None:
             set_run_properties(suite, facts[folder] or {})
     _totals(merged, suites)
-    try:
-        merged.write(str(out))
-    except OSError as exc:
-        raise MergeError(f"{out}: cannot be written: {exc}") from None
+    _write_whole(merged, out)
     return result
+
+
+def _write_whole(merged: Any, out: Path) -> None:
+    """Written beside OUT and renamed over it, so a failed write leaves OUT as it was."""
+    part = out.with_name(f".{out.name}.{os.getpid()}.part")
+    try:
+        merged.write(str(part))
+        os.replace(part, out)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise MergeError(f"{out}: cannot be written: [Errno {exc.errno}] {exc.strerror}") from None
 
 
 def _facts_or_warning(folder: Path, result: Merge) -> dict[str, object] | None:
     try:
         properties = run_properties(folder)
+    except RunError as exc:
+        raise MergeError(f"{exc}; fix or remove it, or name another run folder with --run") from None
     except MergeError as exc:
         result.warnings.append(f"{exc}; no run properties added for it")
         return None

@@ -186,6 +186,7 @@ class Recommendation:
     conflicts: list[Conflict] = field(default_factory=list)
     needed_by: dict[str, list[str]] = field(default_factory=dict)  # "VAR=VALUE" or the unset text -> classes
     inherited_env: dict[str, str] = field(default_factory=dict)
+    incomplete: str | None = None  # the run did not cover its plan: no recommendation (RunFacts.incomplete)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -208,8 +209,8 @@ class Recommendation:
         return [(c.name, c.rung.name) for c in self.fixed if c.rung is not None and _setting(c.rung) != overall]
 
     def exports(self) -> list[str]:
-        """The environment as shell lines; empty when nothing needs setting (or the machine is unfit)."""
-        if self.unfit:
+        """The environment as shell lines; empty when nothing needs setting (or unfit, or incomplete)."""
+        if self.unfit or self.incomplete:
             return []
         lines = [rung_env_text(Rung("overall", unset_families=self.unset_families))] if self.unset_families else []
         return lines + [f"export {k}={v}" for k, v in sorted(self.env.items())]
@@ -219,6 +220,8 @@ class Recommendation:
         lines = ["SIMULATED run: this is for the simulated machine, not this host"] if self.simulated else []
         if self.unfit:
             return lines + self._unfit_lines()
+        if self.incomplete:
+            return lines + [self._incomplete_line()]
         if not self.classes:
             return lines + ["nothing to recommend: no case ran that can be used (all skipped or negative controls)"]
         lines.append("per topology class, the first rung on which every case of the class passed:")
@@ -230,6 +233,13 @@ class Recommendation:
                 lines += [f"      {verdict.upper()} {nodeid}" for nodeid, verdict in advice.not_passing_on_rung]
         lines += self._overall_lines()
         return lines
+
+    def _incomplete_line(self) -> str:
+        # A class whose leader passed may still hang on a pair that never ran: advice would be a guess.
+        return (
+            f"no recommendation: the run is incomplete ({self.incomplete}); "
+            "a rung can only be chosen from every case of its class: run the whole suite"
+        )
 
     def _unfit_lines(self) -> list[str]:
         count = len(self.wrong_data)
@@ -283,6 +293,9 @@ class Recommendation:
             lines.append(f"# NOT FIT FOR TRAINING: wrong data (verdict fail); {UNFIT_REASON}")
             lines += [f"#   FAIL {case.nodeid}" for case in self.wrong_data]
             return "\n".join(lines) + "\n"
+        if self.incomplete:
+            lines.append(f"# {self._incomplete_line()}")
+            return "\n".join(lines) + "\n"
         if not self.classes:
             lines.append("# nothing to recommend: no case ran that can be used")
             return "\n".join(lines) + "\n"
@@ -317,11 +330,12 @@ class Recommendation:
             "source": self.source,
             "simulated": self.simulated,
             "unfit": self.unfit,
+            "incomplete": self.incomplete,
             "wrong_data": [case.to_json() for case in self.wrong_data],
             "classes": {c.name: c.to_json() for c in self.classes},
             "unfixed": self.unfixed,
-            "env": {} if self.unfit else dict(sorted(self.env.items())),
-            "unset_families": [] if self.unfit else list(self.unset_families),
+            "env": {} if self.unfit or self.incomplete else dict(sorted(self.env.items())),
+            "unset_families": [] if self.unfit or self.incomplete else list(self.unset_families),
             "serves_every_class": bool(self.fixed) and self.serves_every_class,
             "conflicts": [c.to_json() for c in self.conflicts],
             "needed_by": self.needed_by,
@@ -478,6 +492,7 @@ def recommend(run: Run) -> Recommendation:
         conflicts=conflicts,
         needed_by=_needed_by(classes, env, tuple(unset)),
         inherited_env={str(k): str(v) for k, v in inherited.items()} if isinstance(inherited, Mapping) else {},
+        incomplete=run.facts.incomplete,
     )
 
 

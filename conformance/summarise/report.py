@@ -25,7 +25,7 @@ from pathlib import Path
 from conformance.common.verdicts import FAILURES, SEVERITY, Verdict, worst
 from conformance.discover.topology import Device, Topology
 from conformance.plan.matrix import Rung
-from conformance.record.records import CaseRecord, RootCause, RunFacts
+from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause, RunFacts
 from conformance.record.runs import Run
 from conformance.summarise.summary import (
     deadlines_text,
@@ -84,6 +84,7 @@ pre{white-space:pre-wrap;word-break:break-all;background:#fff;border:1px solid #
 .sub{color:#57606a}
 .banner{display:inline-block;background:#8250df;color:#fff;font-weight:600;border-radius:3px;padding:1px 8px;
  margin-left:6px;font-size:12px;vertical-align:2px}
+.incomplete{background:#fff8c5;border:1px solid #d4a72c;border-radius:4px;padding:4px 8px;margin:6px 0}
 .flex{display:flex;flex-wrap:wrap;gap:10px 14px;align-items:flex-start}
 .card{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px 10px}
 table{border-collapse:collapse}
@@ -243,6 +244,13 @@ def _facts(run: Run) -> _Facts:
 def _header(facts: _Facts) -> str:
     run = facts.run
     simulated = '<span class="banner">SIMULATED</span>' if facts.simulated else ""
+    incomplete = run.facts.incomplete
+    unfinished = (
+        f'<div class="incomplete"><b>INCOMPLETE RUN</b>: {_e(incomplete)}. '
+        "The grids show only what ran; no environment is recommended.</div>"
+        if incomplete
+        else ""
+    )
     counts = Counter(r.verdict for r in facts.records)
     known = [v.value for v in SEVERITY]
     shown = [v for v in known if counts.get(v)] + sorted(set(counts) - set(known))
@@ -252,12 +260,13 @@ def _header(facts: _Facts) -> str:
         for v in shown
     )
     warnings = "".join(f"<li>{_e(w)}</li>" for w in run.warnings)
+    warning_list = f'<ul class="warn">{warnings}</ul>' if warnings else ""
     return (
         f"<header><h1>GPU conformance report{simulated}</h1>"
         f'<div class="sub">run <span class="mono">{_e(run.run_id)}</span> · {len(facts.records)} cases · '
         f"{_e(deadlines_text(facts.records, run.facts.step_deadline))} · "
         f'from <span class="mono">{_e(run.source)}</span></div>'
-        f'<div class="counts">{badges}</div>' + (f'<ul class="warn">{warnings}</ul>' if warnings else "") + "</header>"
+        f'{unfinished}<div class="counts">{badges}</div>{warning_list}</header>'
     )
 
 
@@ -358,6 +367,22 @@ def _machine(facts: _Facts) -> str:
 # --------------------------------------------------------------------------------------------
 # verdict grids and bandwidth heat map
 # --------------------------------------------------------------------------------------------
+
+
+def _host_checks(facts: _Facts) -> str:
+    """The checks of the host itself (``conformance.host_checks``): what each found, in its own words."""
+    checks = [r for r in facts.records if r.set_kind == HOST_SET_KIND]
+    if not checks:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_badge(r.verdict)}</td><td>{_e(r.probe.removeprefix('host:'))}</td><td>{_e(r.summary)}</td>"
+        f'<td class="mono">{_e(dict(r.metrics) or None)}</td></tr>'
+        for r in sorted(checks, key=lambda r: (r.node_rank or 0, r.nodeid))
+    )
+    return (
+        '<section id="host"><h2>Host checks</h2><table class="list"><thead><tr><th>verdict</th><th>check</th>'
+        f"<th>found</th><th>values</th></tr></thead><tbody>{rows}</tbody></table></section>"
+    )
 
 
 def _short(name: str) -> str:
@@ -704,10 +729,12 @@ def render_report(
     """The whole report as one HTML document (no script, no external reference)."""
     facts = _facts(run)
     title = f"conformance {run.run_id or run.source}" + (" (SIMULATED)" if facts.simulated else "")
+    title += " (INCOMPLETE)" if run.facts.incomplete else ""
     body = "".join(
         (
             _header(facts),
             _machine(facts),
+            _host_checks(facts),
             _grids(facts),
             _heat_maps(facts),
             _failures(facts),

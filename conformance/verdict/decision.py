@@ -17,6 +17,7 @@ from conformance.common import casefiles
 from conformance.common.casefiles import PhaseLine
 from conformance.common.verdicts import ROOT_CAUSE_PRECEDENCE, Verdict
 from conformance.rank import flight_recorder
+from conformance.verdict.stderr_causes import Cause, rank_cause
 
 # Errors a rank gets because another rank failed or never arrived.
 VICTIM_PATTERN = re.compile(
@@ -86,6 +87,15 @@ class RankReport:
     unkillable: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
     collectives: dict[str, Any] | None = None  # the flight recorder's last entries, when the rank dumped it
+    cause: Cause | None = None  # a known cause its last log lines name (failed ranks only)
+
+    @property
+    def explained(self) -> str:
+        """Its message, followed by the cause its logs name (the message alone decides whether it is a victim)."""
+        return self.with_cause(self.message)
+
+    def with_cause(self, message: str) -> str:
+        return self.cause.explain(message) if self.cause else message
 
     @property
     def victim(self) -> bool:
@@ -131,6 +141,13 @@ def _status_without_result(proc: EndedRank) -> tuple[str, str]:
 
 
 def rank_report(proc: EndedRank, device: str, started: float) -> RankReport:
+    report = _ended_report(proc, device, started)
+    if report.failed:  # a passing rank's logs are never read
+        report.cause = rank_cause(proc.path)
+    return report
+
+
+def _ended_report(proc: EndedRank, device: str, started: float) -> RankReport:
     phases = casefiles.read_phases(proc.path)
     last = phases[-1] if phases else PhaseLine("start")
     report = RankReport(
@@ -193,9 +210,20 @@ def _describe(verdict: str, root: RankReport | None, stuck: Sequence[RankReport]
         return f"ranks {ranks} all stuck in {'; '.join(phases)}"
     text = f"rank {root.rank} ({root.device}) in {root.where}"
     if root.status == "stopped":
-        return text + f": made no progress and was stopped ({root.stopped_by})"
+        return text + ": " + root.with_cause(f"made no progress and was stopped ({root.stopped_by})")
     kind = f"{root.error_type}: " if root.error_type else ""
-    return text + f": {kind}{root.message}"
+    return text + f": {kind}{root.explained}"
+
+
+def _other_causes(root: RankReport | None, failed: Sequence[RankReport]) -> str:
+    """``; rank 2: <cause>`` for each cause the root's logs do not name, the ranks that share one together."""
+    ranks_by_cause: dict[str, list[str]] = {}
+    for r in failed:
+        if r.cause is not None and (root is None or r.cause != root.cause):
+            ranks_by_cause.setdefault(r.cause.text, []).append(str(r.rank))
+    return "".join(
+        f"; {'ranks' if len(ranks) > 1 else 'rank'} {','.join(ranks)}: {text}" for text, ranks in ranks_by_cause.items()
+    )
 
 
 def decide(reports: Sequence[RankReport]) -> Decision:
@@ -223,7 +251,7 @@ def decide(reports: Sequence[RankReport]) -> Decision:
     if anchor.phase == "control":
         verdict = Verdict.INCONCLUSIVE
     victims = [r for r in failed if r is not root]
-    summary = _describe(verdict, root, stuck if root is None else [root])
+    summary = _describe(verdict, root, stuck if root is None else [root]) + _other_causes(root, failed)
     return Decision(verdict, root, victims, summary)
 
 

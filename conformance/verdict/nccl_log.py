@@ -544,10 +544,16 @@ def _on_nvls(b: _Builder, line: str) -> None:
         _append_new(b.nvls_comms, m["comm"])
 
 
+def warning_text(line: str) -> str | None:
+    """The message of an ``NCCL WARN`` line (None for any other line)."""
+    m = _WARN.search(line[:MAX_LINE])
+    return m["message"].strip() if m else None
+
+
 def _on_warn(b: _Builder, line: str) -> None:
-    m = _WARN.search(line)
-    if m:
-        b.warnings.append(m["message"].strip())
+    message = warning_text(line)
+    if message is not None:
+        b.warnings.append(message)
 
 
 def _on_via(b: _Builder, line: str) -> None:

@@ -1,0 +1,88 @@
+"""Host checks as records: a line in ``results.jsonl`` like any case, so compare, report and summary see them.
+
+A test marked ``@pytest.mark.host_check("name")`` runs no ranks: it looks at the host (/dev/shm,
+limits, name resolution).
+
+Its verdict is ``pass``, ``skip`` or ``error`` (a host that does not suit the run: ``fail`` is kept
+for wrong data); its ``record_property`` values become the record's metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from conformance.common.verdicts import Verdict
+from conformance.record import results
+from conformance.record.records import HOST_SET_KIND, CaseRecord
+
+MARKER = "host_check"
+MARKER_HELP = f'{MARKER}(name): a check of the host, not of ranks; recorded as probe "host:<name>"'
+
+
+class RunSide(Protocol):
+    """What a host check's record takes from the run (``ConformanceSession``)."""
+
+    run_id: str
+    backend: str
+
+    @property
+    def node_rank(self) -> int | None: ...
+
+    @property
+    def simulated(self) -> bool: ...
+
+    def results_file(self) -> Path: ...
+
+
+class HostChecks:
+    """Records a host check's outcome in the run's results file."""
+
+    def __init__(self, run: RunSide) -> None:
+        self.run = run
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        report: pytest.TestReport = yield
+        marker = item.get_closest_marker(MARKER)
+        # its call decides, or its setup when that did not pass (a fixture failed, or skipped the check)
+        if marker is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
+            results.append_case(self.run.results_file(), self._record(item, str(marker.args[0]), report))
+        return report
+
+    def _record(self, item: pytest.Item, name: str, report: pytest.TestReport) -> CaseRecord:
+        return CaseRecord(
+            run_id=self.run.run_id,
+            nodeid=item.nodeid,
+            probe=f"host:{name}",
+            verdict=_verdict(report).value,
+            set_kind=HOST_SET_KIND,
+            backend=self.run.backend,
+            summary=_summary(report),
+            metrics={str(key): value for key, value in item.user_properties},
+            seconds=round(report.duration, 3),
+            node_rank=self.run.node_rank,
+            simulated=self.run.simulated,  # the check is real, but it belongs to a simulated run
+            time=time.time(),
+        )
+
+
+def _verdict(report: pytest.TestReport) -> Verdict:
+    if report.passed:
+        return Verdict.PASS
+    return Verdict.SKIP if report.skipped else Verdict.ERROR
+
+
+def _summary(report: pytest.TestReport) -> str:
+    """The check's own words: the skip reason, or the failure's message without pytest's "assert ..." tail."""
+    if report.passed:
+        return "passed"
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else str(report.longrepr)
+    return message.removeprefix("AssertionError: ").removeprefix("Failed: ").split("\nassert ")[0]

@@ -1,0 +1,137 @@
+"""Known causes that only a rank's last words name: what ran out on the host, and how to fix it.
+
+A rank that dies of a host limit is reported by how it died (``killed by SIGABRT``, an exit code,
+NCCL's ``unhandled system error``); what ran out (file descriptors, /dev/shm, a port) is written
+only to its ``stderr.log``, and on NCCL to its ``nccl.log`` (``NCCL_DEBUG_FILE`` sends NCCL's WARN
+lines there).  :func:`rank_cause` reads the tails of those two files and names the first cause of
+:data:`KNOWN_CAUSES` found there; the verdict keeps its kind and its message gains the cause.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.common import casefiles
+from conformance.verdict import nccl_log
+
+# An abort writes the cause first, then faulthandler's stacks of every thread (a few KiB), and the
+# stacks the watchdog asks for at the deadline come after anything a rank said before it hung.
+TAIL_BYTES = 32 * 1024
+TAIL_LINES = 400
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What a rank's logs say it died of (``name``) and what to do about it (``fix``)."""
+
+    name: str
+    fix: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.name} ({self.fix})"
+
+    def explain(self, message: str) -> str:
+        """``message`` followed by this cause; only the fix where the message already names it."""
+        if not message:
+            return self.text
+        if self.name.lower() in message.lower():
+            return f"{message} ({self.fix})"
+        return f"{message}: {self.text}"
+
+
+@dataclass(frozen=True)
+class KnownCause:
+    pattern: re.Pattern[str]  # searched within one line
+    cause: Cause
+    # NCCL's own error names no cause: the last NCCL WARN line before it does (``cause`` when there is none).
+    named_by_nccl_warning: bool = False
+
+
+FILE_TABLE_FULL = Cause("Too many open files in system", "the host's file table is full; raise `sysctl fs.file-max`")
+DESCRIPTORS_EXHAUSTED = Cause("Too many open files", "file descriptors exhausted; raise `ulimit -n`")
+SHM_FULL = Cause("/dev/shm is full", "free it or enlarge it: docker `--shm-size` or `--ipc=host`")
+ADDRESS_IN_USE = Cause(
+    "Address already in use", "a port the rank binds is taken, often by a process left from an earlier run"
+)
+LOCKED_MEMORY_TOO_LOW = Cause(
+    "InfiniBand memory registration failed", "the locked-memory limit is too low; `ulimit -l unlimited`"
+)
+NCCL_ERROR = Cause("NCCL error", "its cause is in NCCL's WARN lines; run with NCCL_DEBUG=WARN to see them")
+
+
+def _any_of(*alternatives: str) -> re.Pattern[str]:
+    return re.compile("|".join(alternatives), re.IGNORECASE)
+
+
+# The first row found anywhere in the tail wins, so the more specific rows come first.
+KNOWN_CAUSES: tuple[KnownCause, ...] = (
+    KnownCause(_any_of(r"too many open files in system", r"\bENFILE\b"), FILE_TABLE_FULL),
+    KnownCause(_any_of(r"too many open files", r"\bEMFILE\b"), DESCRIPTORS_EXHAUSTED),
+    KnownCause(
+        _any_of(
+            r"no space left on device[^\n]*shm",
+            r"shm[^\n]*no space left on device",
+            r"error while creating shared memory segment",
+            r"unable to allocate shared memory",
+            r"insufficient shared memory",
+        ),
+        SHM_FULL,
+    ),
+    KnownCause(_any_of(r"address already in use", r"\bEADDRINUSE\b"), ADDRESS_IN_USE),
+    KnownCause(_any_of(r"ibv_reg_mr\w*[^\n]*cannot allocate memory"), LOCKED_MEMORY_TOO_LOW),
+    KnownCause(
+        _any_of(
+            r"unhandled system error",
+            r"unhandled cuda error",
+            r"invalid usage(?= \(run with NCCL_DEBUG)",
+            r"internal error - please report",
+            r"remote process exited or there was a network error",
+        ),
+        NCCL_ERROR,
+        named_by_nccl_warning=True,
+    ),
+)
+
+# torch's NCCL errors end with NCCL's last WARN text: "...unhandled system error ...\nLast error:\n<text>".
+_TORCH_LAST_ERROR = re.compile(r"Last error:\s*(?P<text>[^\n]+)")
+
+
+def _named_by_nccl_warning(before: str, after: str, error: str) -> Cause | None:
+    """NCCL's last WARN before its ``error``, else torch's "Last error:" after it."""
+    for line in reversed(before.splitlines()):
+        warning = nccl_log.warning_text(line)
+        if warning:
+            return Cause(warning, f"NCCL's warning before its {error}")
+    last_error = _TORCH_LAST_ERROR.search(after)
+    if last_error:
+        return Cause(last_error["text"].strip(), f"NCCL's last error, behind its {error}")
+    return None
+
+
+def recognise(tail: str) -> Cause | None:
+    """The first known cause in the last lines of a rank's logs (oldest line first)."""
+    text = "\n".join(line[: nccl_log.MAX_LINE] for line in tail.splitlines())
+    for known in KNOWN_CAUSES:
+        found = known.pattern.search(text)
+        if found is None:
+            continue
+        if known.named_by_nccl_warning:
+            error = found.group(0).lower()
+            return _named_by_nccl_warning(text[: found.start()], text[found.end() :], error) or known.cause
+        return known.cause
+    return None
+
+
+def rank_cause(rank_path: Path) -> Cause | None:
+    """What the tails of a rank's ``nccl.log`` and ``stderr.log`` say it died of, if it is a known cause.
+
+    NCCL's log comes first: NCCL warns before the error it returns reaches torch's traceback.
+    Only its WARN lines are read; its INFO lines narrate retries that succeeded.
+    """
+    nccl = casefiles.tail(rank_path / casefiles.NCCL_LOG, TAIL_LINES, TAIL_BYTES)
+    warnings = [line for line in nccl.splitlines() if "NCCL WARN" in line]
+    stderr = casefiles.tail(rank_path / casefiles.STDERR, TAIL_LINES, TAIL_BYTES)
+    return recognise("\n".join([*warnings, stderr]))

@@ -1,0 +1,189 @@
+"""A run that did not finish its plan says so everywhere; every run gets a folder of its own."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.record.coverage import Coverage
+from conformance.record.records import RunEnd, RunFacts
+from conformance.record.results import claim_run_folder
+from conftest import scenario_text
+
+SUITE = """
+from conformance.plan.matrix import DeviceSet
+
+def _all(conformance):
+    return DeviceSet(conformance.topology.devices, "all")
+
+def test_1_all_reduce(conformance_case, conformance):
+    conformance_case("all_reduce", _all(conformance), sizes=[4])
+
+def test_2_barrier(conformance_case, conformance):
+    conformance_case("barrier", _all(conformance))
+
+def test_3_broadcast(conformance_case, conformance):
+    conformance_case("broadcast", _all(conformance), sizes=[4])
+"""
+BARRIER_HANGS = scenario_text('effect = "hang"\nprobes = ["barrier"]')
+OPTIONS = ("--virtual-devices=2", "--step-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1")
+
+
+def run_json(reports_dir: Path, run: str = "latest") -> dict:
+    return json.loads((reports_dir / run / "run.json").read_text())
+
+
+def conformance_command(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True, timeout=60)
+
+
+def interrupt_when_hanging(pytester: pytest.Pytester, reports_dir: Path, scenario: Path, earlier: str) -> str:
+    """Run the suite; Ctrl-C (SIGINT) once the barrier hangs in both ranks. Returns pytest's output.
+
+    ``earlier``: the run that ``latest`` points at before this one starts.
+    """
+    command = [
+        sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+        f"--reports-dir={reports_dir}", f"--scenario={scenario}", *OPTIONS, "test_s.py",
+    ]  # fmt: skip
+    output = pytester.path / "interrupted.txt"
+    with output.open("w") as out:
+        proc = subprocess.Popen(command, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        hang_dir = reports_dir / "latest" / "cases" / "test_s.py--test_2_barrier"
+        begun = time.monotonic()
+        while time.monotonic() - begun < 60:
+            phases = [hang_dir / f"rank{r}" / "phase.jsonl" for r in range(2)]
+            this_run = (reports_dir / "latest").resolve().name != earlier
+            if this_run and all(p.exists() and '"phase": "probe"' in p.read_text() for p in phases):
+                break
+            assert proc.poll() is None, output.read_text()
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the hanging case never started:\n{output.read_text()}")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == pytest.ExitCode.INTERRUPTED, output.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return output.read_text()
+
+
+def test_an_interrupted_run_says_incomplete_everywhere(
+    pytester: pytest.Pytester, run_suite, reports_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_s=SUITE)
+    complete = run_suite(*OPTIONS)
+    assert complete.ret == pytest.ExitCode.OK, complete.stdout.str()
+    baseline = (reports_dir / "latest").resolve().name
+    assert run_json(reports_dir)["end"] == {"state": "complete", "planned": 3, "ran": 3, "stopped_by": None}
+
+    scenario = pytester.makefile(".toml", scen=BARRIER_HANGS)
+    text = interrupt_when_hanging(pytester, reports_dir, scenario, baseline)
+    end = run_json(reports_dir)["end"]
+    assert end["state"] == "incomplete" and end["stopped_by"] == "interrupted", end
+    assert end["planned"] == 3 and end["ran"] == 1, end  # the interrupted test is not counted as run
+    assert "conformance: INCOMPLETE RUN (interrupted: " in text, text
+    assert "no recommendation: the run is incomplete (interrupted: " in text, text
+    env = (reports_dir / "latest" / "recommended.env").read_text()
+    assert "# no recommendation: the run is incomplete (interrupted: " in env, env
+    assert not [line for line in env.splitlines() if line and not line.startswith("#")], env  # no VAR=VALUE
+
+    monkeypatch.chdir(pytester.path)
+    recommended = conformance_command("recommend", "--reports-dir", str(reports_dir))
+    assert "no recommendation: the run is incomplete" in recommended.stdout, recommended
+    assert recommended.returncode == 1, recommended
+    compared = conformance_command("compare", "--reports-dir", str(reports_dir), baseline, "latest")
+    assert compared.returncode == 1, compared
+    assert compared.stdout.splitlines()[-1].startswith("INCOMPLETE: the current run is incomplete (interrupted: ")
+    as_json = conformance_command("compare", "--json", "--reports-dir", str(reports_dir), baseline, "latest")
+    assert json.loads(as_json.stdout)["incomplete"].startswith("interrupted: "), as_json
+    # the other way round, the complete run is judged, with a warning about the incomplete baseline
+    reverse = conformance_command("compare", "--reports-dir", str(reports_dir), "latest", baseline)
+    assert reverse.stdout.splitlines()[-1].startswith("no regressions"), reverse
+    assert "compare: warning: the baseline run is incomplete (interrupted: " in reverse.stderr, reverse
+    reported = conformance_command("report", "--reports-dir", str(reports_dir))
+    html = Path(reported.stdout.strip()).read_text()
+    assert "<b>INCOMPLETE RUN</b>: interrupted: " in html and "(INCOMPLETE)</title>" in html
+
+
+def test_a_run_stopped_by_maxfail_is_incomplete(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:
+    pytester.makepyfile(test_s=SUITE)
+    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "error"\nprobes = ["all_reduce"]'))
+    result = run_suite(*OPTIONS, f"--scenario={scenario}", "-x")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    end = run_json(reports_dir)["end"]
+    assert end == {"state": "incomplete", "planned": 3, "ran": 1, "stopped_by": end["stopped_by"]}, end
+    assert end["stopped_by"].startswith("stopped early ("), end
+    result.stdout.fnmatch_lines(["conformance: INCOMPLETE RUN (stopped early (*): 1 of 3 tests ran)*"])
+
+
+def test_a_deselected_test_is_not_missing(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:
+    """The plan is what was collected to run: -k narrows it, and the run is still complete."""
+    pytester.makepyfile(test_s=SUITE)
+    result = run_suite(*OPTIONS, "-k", "not barrier", "-n", "2")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert run_json(reports_dir)["end"] == {"state": "complete", "planned": 2, "ran": 2, "stopped_by": None}
+    assert "INCOMPLETE" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("end", "says"),
+    [
+        (RunEnd(), "it never reached its end: killed, or still running"),
+        (RunEnd("incomplete", 753, 22, "interrupted"), "interrupted: 22 of 753 tests ran"),
+        (RunEnd("complete", 3, 3), None),
+        (None, None),  # an older run.json: not known, counted as finished
+    ],
+)
+def test_what_an_end_says(end: RunEnd | None, says: str | None) -> None:
+    facts = RunFacts.from_json(RunFacts(run_id="r", end=end).to_json())
+    assert facts.end == end
+    assert facts.incomplete == says
+
+
+def test_coverage_counts_what_got_an_outcome() -> None:
+    coverage = Coverage()
+    coverage.collected(3)
+    coverage.collected(5)  # a second xdist worker's collection: the first one counts
+    for nodeid in ("a", "a", "b"):
+        coverage.reported(nodeid)
+    assert coverage.end(1, False) == RunEnd("incomplete", 3, 2, "ended with tests not run")
+    assert coverage.end(2, False).stopped_by == "interrupted"
+    assert coverage.end(1, "stopping after 1 failures").stopped_by == "stopped early (stopping after 1 failures)"
+    coverage.reported("c")
+    assert coverage.end(2, False) == RunEnd("complete", 3, 3)  # Ctrl-C after the last test: all ran
+
+
+def test_a_taken_run_id_gets_another_folder(tmp_path: Path) -> None:
+    taken = tmp_path / "20261124-101010-abcd"
+    taken.mkdir(parents=True)
+    (taken / "ladder.jsonl").write_text("theirs\n")
+    claimed = claim_run_folder(tmp_path, taken.name)
+    assert claimed != taken.name and (tmp_path / claimed).is_dir()
+    assert (taken / "ladder.jsonl").read_text() == "theirs\n"
+
+
+def _claim(reports_dir: Path, run_id: str, queue: multiprocessing.Queue) -> None:
+    queue.put(claim_run_folder(reports_dir, run_id))
+
+
+def test_runs_started_together_with_one_id_get_a_folder_each(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue = context.Queue()
+    claims = [context.Process(target=_claim, args=(tmp_path, "20261124-101010-abcd", queue)) for _ in range(6)]
+    for process in claims:
+        process.start()
+    for process in claims:
+        process.join(30)
+    ids = [queue.get(timeout=5) for _ in claims]
+    assert len(set(ids)) == 6 and "20261124-101010-abcd" in ids
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ids)
