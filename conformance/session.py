@@ -367,8 +367,11 @@ class ConformanceSession:
     ) -> Pending | PartOf:
         """Start the item's case; with ``share``, later declared collectives on its devices join it."""
         spec = self.case_spec(item, probe, device_set, dict(params))
-        self._started.add(self.plan.step(item, device_set).key)
+        step = self.plan.step(item, device_set)
+        self._started.add(step.key)
         together = self._together(item, device_set, call) if share else []
+        for claimed in [step, *(self.plan.step(later, device_set) for later, _, _ in together)]:
+            self.book.claim(claimed)
         parts = [Part(spec), *(Part(self.case_spec(it, p, device_set, dict(pp))) for it, p, pp in together)]
         runner = self.runner
         pending = Pending(item.nodeid, call, frozenset(d.name for d in device_set.devices))

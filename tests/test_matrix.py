@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,7 +23,7 @@ from typing import Any
 import pytest
 
 from conformance.common.deadlines import Deadlines
-from conformance.plan.ladder import LadderBook, RungDecision, Step
+from conformance.plan.ladder import CLAIMS_FILE, OUT_OF_ORDER, LadderBook, RungDecision, Step
 from conformance.plan.matrix import (
     BUILTIN_LADDER,
     INHERITED,
@@ -997,3 +1000,31 @@ def test_ladder_book_first_rung_confirms_only_after_the_leader_hung(tmp_path: Pa
 @pytest.mark.parametrize(("step_timeout", "confirm"), [(60, 10.0), (20, 5.0), (4, 2.0), (1.5, 1.5)])
 def test_confirm_wait_is_short_and_never_beyond_the_step_deadline(step_timeout: float, confirm: float) -> None:
     assert Deadlines(1.0, 1.0, 600.0, 1.0, step_timeout=step_timeout).confirm_wait == confirm
+
+
+def test_a_rung_whose_runner_died_is_given_up_at_once(tmp_path: Path) -> None:
+    """A claim by a process that is gone ends the wait now, not at the decision deadline; a live one waits."""
+    book = LadderBook(tmp_path / "ladder.jsonl", BUILTIN_LADDER, "adaptive", decision_wait=lambda k: 60.0)
+    key = "test_p[gpu0-gpu1-SYS]"
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    LadderBook(tmp_path / "ladder.jsonl", BUILTIN_LADDER, "adaptive", lambda k: 0.0).claim(step(key, "inherited"))
+    claims = (tmp_path / CLAIMS_FILE).read_text().replace(str(os.getpid()), str(dead.pid))
+    (tmp_path / CLAIMS_FILE).write_text(claims)  # as the dead process would have written it
+    begun = time.monotonic()
+    decision = book.decide(step(key, "clean"), {"NCCL_DEBUG": "INFO"})
+    assert time.monotonic() - begun < 10  # not the 60 s decision deadline
+    assert decision == RungDecision(True, f"rung inherited of {key} {NEVER_DECIDED}")
+    (given_up,) = lines_of(book)
+    assert given_up["reason"] == f"its worker (pid {dead.pid}) died running it"
+    # a worker of the run has died: a rung nobody has started is not waited for either (out of order now)
+    other = "test_p[gpu0-gpu2-SYS]"
+    assert book.decide(step(other, "clean"), {"NCCL_DEBUG": "INFO"}).reason.endswith(NEVER_DECIDED)
+    assert time.monotonic() - begun < 10
+    assert lines_of(book)[1]["reason"] == OUT_OF_ORDER
+    # a rung claimed by a live process (this one) is waited for until its deadline
+    (tmp_path / "live").mkdir()
+    book = LadderBook(tmp_path / "live" / "ladder.jsonl", BUILTIN_LADDER, "adaptive", decision_wait=lambda k: 0.5)
+    book.claim(step(key, "inherited"))
+    assert book.decide(step(key, "clean"), {"NCCL_DEBUG": "INFO"}).reason.endswith(NEVER_DECIDED)
+    assert lines_of(book)[0]["reason"].startswith("not decided within")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -26,3 +27,12 @@ def die_with_parent(expected_parent: int) -> bool:
     except (OSError, AttributeError):  # not Linux: the session's own sweep still covers it
         pass
     return os.getppid() == expected_parent
+
+
+def process_gone(pid: int) -> bool:
+    """No process ``pid`` is running on this host (none at all, or only its zombie left to be reaped)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")

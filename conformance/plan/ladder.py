@@ -14,6 +14,7 @@ first, so everything a decision waits for comes earlier in every worker's queue.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,11 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.common.jsonl import JsonlFollower, append_line
+from conformance.common.lifetime import process_gone
 from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
 from conformance.plan.relevance import cannot_change
 
 LADDER_FILE = "ladder.jsonl"
+# After a worker died, xdist hands its items to the others in no rung order: an outcome not yet
+# started may come after the case waiting for it, in any worker or still in the controller's queue.
+OUT_OF_ORDER = "not started, and a worker of this run died: its items may now come in any order"
+# Which process started each rung's case (its pid), so a wait for a dead process's outcome ends at once.
+CLAIMS_FILE = "ladder-claims.jsonl"
 # The outcome a waiting case records for a rung nobody decided within its wait.
 UNDECIDED = "undecided"
 # The outcome of a rung the ladder skipped (no case ran); ``Verdict.SKIP`` is a case that does not apply.
@@ -83,6 +90,14 @@ class LadderBook:
         self._lines = JsonlFollower(path)
         self._known: dict[tuple[str, str], str] = {}
         self._stuck: dict[tuple[str, str], str] = {}  # where a hung case's ranks were stopped
+        self._claim_lines = JsonlFollower(path.with_name(CLAIMS_FILE))
+        self._claims: dict[tuple[str, str], int] = {}  # the pid of the process running that rung's case
+        self._worker_lost = False
+
+    def claim(self, step: Step) -> None:
+        """Say that this process starts the case of ``step``: a wait for its outcome ends at once if it dies."""
+        line = {"key": step.key, "rung": self.ladder[step.rung_index].name, "pid": os.getpid()}
+        append_line(self.path.with_name(CLAIMS_FILE), line, durable=False)
 
     def record(self, step: Step, outcome: str, reason: str = "", final: bool = False, stuck: str = "") -> None:
         """Record a rung's outcome.
@@ -112,7 +127,9 @@ class LadderBook:
         """Outcomes of ``wanted`` (key, rung) pairs, waiting until ``deadline`` while other items decide them.
 
         What is still missing at the deadline is recorded ``UNDECIDED``, so no other case waits for it again
-        (a replacement worker included); the real outcome, if it ever comes, takes its place.
+        (a replacement worker included); the real outcome, if it ever comes, takes its place.  Nor is a
+        rung waited for whose case died with its process, or, once a process of the run has died that
+        way, one that nobody has started (``OUT_OF_ORDER``).
         """
         begun = time.monotonic()
         while True:
@@ -120,13 +137,34 @@ class LadderBook:
             missing = [w for w in wanted if w not in known]
             if not missing:
                 return known
+            self._read_claims()
+            orphans = {w: f"its worker (pid {self._claims[w]}) died running it" for w in missing if self._orphaned(w)}
+            if self._lost_a_worker(known):
+                orphans.update({w: OUT_OF_ORDER for w in missing if w not in self._claims and w not in orphans})
             if time.monotonic() > deadline:
                 waited = f"not decided within {time.monotonic() - begun:.0f}s of waiting (its worker died?)"
-                for key, rung in missing:
-                    self._append(key, rung, UNDECIDED, waited)
-                    known[(key, rung)] = UNDECIDED
+                orphans.update({w: waited for w in missing if w not in orphans})
+            for (key, rung), why in orphans.items():
+                self._append(key, rung, UNDECIDED, why)
+                known[(key, rung)] = UNDECIDED
+            if len(orphans) == len(missing):
                 return known
             time.sleep(POLL_SECONDS)
+
+    def _lost_a_worker(self, known: Mapping[tuple[str, str], str]) -> bool:
+        """A process of this run died with a case unfinished (found once, it stays so)."""
+        if not self._worker_lost:
+            self._worker_lost = any(w not in known and self._orphaned(w) for w in self._claims)
+        return self._worker_lost
+
+    def _read_claims(self) -> None:
+        for line in self._claim_lines.new_objects():
+            self._claims[(line["key"], line["rung"])] = int(line["pid"])
+
+    def _orphaned(self, where: tuple[str, str]) -> bool:
+        """The process that started this rung's case is gone without recording its outcome."""
+        claimer = self._claims.get(where)
+        return claimer is not None and claimer != os.getpid() and process_gone(claimer)
 
     def decide(self, step: Step, environ: Mapping[str, str], selected: Selected = None) -> RungDecision:
         """Run this rung, or skip it with the reason.
