@@ -99,6 +99,7 @@ FALLBACKS = [  # cumem_off and nvls_off cannot change a case over SYS: not tried
 ]
 
 
+@pytest.mark.slow
 def test_real_runs_in_every_input_form(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

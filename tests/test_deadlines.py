@@ -225,6 +225,7 @@ def phase_lines(record: dict) -> dict[int, list[casefiles.PhaseLine]]:
     return {r["rank"]: casefiles.read_phases(casefiles.rank_dir(case_dir, r["rank"])) for r in record["ranks"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("probe", ["all_reduce", "broadcast"])
 def test_slow_but_progressing_eight_rank_case_is_not_a_hang(pytester: pytest.Pytester, run_suite, probe: str) -> None:
     """8 ranks, 64 MiB, each check slowed by 4 s (a loaded CPU): longer than the step deadline in all, never stalled."""
@@ -240,6 +241,7 @@ def test_slow_but_progressing_eight_rank_case_is_not_a_hang(pytester: pytest.Pyt
     assert parts[:16] == [f"{i}/16" for i in range(1, 17)], parts  # 64 MiB in 4 MiB parts, each reported
 
 
+@pytest.mark.slow
 def test_stalled_step_is_a_hang_within_the_step_deadline(pytester: pytest.Pytester, run_suite) -> None:
     """Steps progress for longer than the step deadline, then rank 1 stops in teardown: a hang a step deadline later."""
     pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce").replace("sizes=[4]", "sizes=[4, 64, 1024]"))

@@ -81,6 +81,7 @@ def test_one_node_passes_with_1024_open_files_and_records_both_limits(pytester: 
     assert (record["nodeid"].split("::")[1], record["verdict"]) == ("test_open_file_limit", "pass")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("soft", "passes"), [(2048, False), (4096, True)])
 def test_two_nodes_need_4096_open_files(pytester: pytest.Pytester, soft: int, passes: bool) -> None:
     files = copy_suites(pytester, "test_environment.py")

@@ -77,6 +77,7 @@ def interrupt_when_hanging(pytester: pytest.Pytester, reports_dir: Path, scenari
     return output.read_text()
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_says_incomplete_everywhere(
     pytester: pytest.Pytester, run_suite, reports_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,6 +66,7 @@ def run_suite_properties(run_id: str) -> list[tuple[str, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_merge_two_real_runs(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

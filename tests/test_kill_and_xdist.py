@@ -227,6 +227,7 @@ def header_run_id(result: pytest.RunResult) -> str:
     return lines[0].split()[2].rstrip(",")
 
 
+@pytest.mark.slow
 def test_xdist_gives_the_same_verdicts(pytester: pytest.Pytester, run_suite, reports_dir: Path, run_tag: str) -> None:
     pytester.makepyfile(test_mix=MIXED_SUITE)
     scenario = pytester.makefile(".toml", scen=scenario_text(*MIXED_RULES))
@@ -304,6 +305,7 @@ def parent_of(pid: int) -> int:
     return int(stat_fields(Path("/proc") / str(pid))[1])
 
 
+@pytest.mark.slow
 def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
     """-n 2: the leader's worker is killed mid-case; no other worker is harmed.
 

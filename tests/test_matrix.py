@@ -833,6 +833,7 @@ def expected_leader_ladder() -> dict[tuple[str, str], tuple[str, str]]:
     return expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["serial", "xdist"])
 def test_class_leader_searches_and_followers_jump(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, workers: tuple[str, ...]
@@ -953,6 +954,7 @@ GPU0_HANGS = 'effect = "hang"\nphase = "probe"\nprobes = ["pair_exchange"]\ndevi
 SLOW_TIMEOUTS = ("--step-timeout=8", "--op-timeout=7", "--init-timeout=7", "--grace=1")  # confirm after 2 s
 
 
+@pytest.mark.slow
 def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
 ) -> None:

@@ -19,7 +19,7 @@ from conformance.plan.parametrize import Plan
 from conformance.verdict.decision import Decision, decide_across_nodes
 from conftest import copy_suites, free_port, scenario_text, start_node
 
-pytestmark = pytest.mark.usefixtures("isolated_env", "run_tag")
+pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag"), pytest.mark.slow]
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=20")
 
 

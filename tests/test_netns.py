@@ -27,6 +27,8 @@ import pytest
 
 from conftest import Node, copy_suites, free_port, read_records, start_node, tagged_processes
 
+pytestmark = pytest.mark.slow  # two nodes in network namespaces, a whole suite each
+
 IFNAME = "cfnet0"
 INHERITED = "inherited"
 FALLBACK = f"socket_ifname_{IFNAME}"

@@ -30,7 +30,7 @@ TIMEOUTS = ("--step-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1
 SAME_ENV = "same environment as rung inherited here"
 
 
-pytestmark = pytest.mark.usefixtures("isolated_env")
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
 
 
 def scenario_args(name: str) -> tuple[Path, tuple[str, ...]]:

@@ -45,6 +45,7 @@ def test_collectives_over_one_device_set_run_in_one_case(pytester: pytest.Pytest
     assert all(r["seconds"] > 0 for r in records.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("failing", "effect", "verdict"),
     [("broadcast", "error", "error"), ("all_gather", "hang", "hang")],

@@ -82,6 +82,7 @@ def test_pairs_are_planned_in_rounds_of_disjoint_pairs() -> None:
     assert rounds[0] == [("gpu0", "gpu1"), ("gpu2", "gpu3"), ("gpu4", "gpu5"), ("gpu6", "gpu7")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_disjoint_sets_overlap_and_timed_transfers_run_alone(
     pytester: pytest.Pytester, run_suite, reports_dir: Path, xdist: list[str]

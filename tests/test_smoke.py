@@ -17,6 +17,7 @@ from conftest import REPO
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
+@pytest.mark.slow
 def test_smoke_on_a_machine_without_gpu(tmp_path: Path) -> None:
     """The suite runs and passes; every GPU check says NOT RUN with the reason; the exit status is 1."""
     out = tmp_path / "smoke"
