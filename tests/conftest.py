@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -63,6 +64,19 @@ def wait_until_gone(tag: str, seconds: float = 5.0) -> list[int]:
         time.sleep(0.1)
         left = tagged_processes(tag)
     return left
+
+
+def wait_while_running(
+    proc: subprocess.Popen[bytes], output: Path, ready: Callable[[], bool], what: str, seconds: float = 60.0
+) -> None:
+    """Poll ``ready`` until it holds; fail, with pytest's output, if pytest ends first or ``seconds`` pass."""
+    begun = time.monotonic()
+    while time.monotonic() - begun < seconds:
+        if ready():
+            return
+        assert proc.poll() is None, output.read_text()
+        time.sleep(0.1)
+    pytest.fail(f"{what}:\n{output.read_text()}")
 
 
 def read_records(reports_dir: Path) -> list[dict[str, Any]]:

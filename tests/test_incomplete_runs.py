@@ -7,7 +7,6 @@ import multiprocessing
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from conformance.record.coverage import Coverage
 from conformance.record.records import RunEnd, RunFacts
 from conformance.record.results import claim_run_folder
-from conftest import scenario_text
+from conftest import scenario_text, wait_while_running
 
 SUITE = """
 from conformance.plan.matrix import DeviceSet
@@ -58,16 +57,13 @@ def interrupt_when_hanging(pytester: pytest.Pytester, reports_dir: Path, scenari
         proc = subprocess.Popen(command, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT)
     try:
         hang_dir = reports_dir / "latest" / "cases" / "test_s.py--test_2_barrier"
-        begun = time.monotonic()
-        while time.monotonic() - begun < 60:
+
+        def hanging() -> bool:
             phases = [hang_dir / f"rank{r}" / "phase.jsonl" for r in range(2)]
             this_run = (reports_dir / "latest").resolve().name != earlier
-            if this_run and all(p.exists() and '"phase": "probe"' in p.read_text() for p in phases):
-                break
-            assert proc.poll() is None, output.read_text()
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"the hanging case never started:\n{output.read_text()}")
+            return this_run and all(p.exists() and '"phase": "probe"' in p.read_text() for p in phases)
+
+        wait_while_running(proc, output, hanging, "the hanging case never started")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == pytest.ExitCode.INTERRUPTED, output.read_text()
     finally:

@@ -21,10 +21,13 @@ from conftest import (
     stat_fields,
     tagged_processes,
     wait_until_gone,
+    wait_while_running,
 )
 
 TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
 TWO_RANKS = "--virtual-devices=2"
+# No process of a run is alive this long after any kill of any of them (PR_SET_PDEATHSIG all the way down).
+KILL_AFTERMATH_SECONDS = 3.0
 
 KILL_SUITE = """
 from conformance.plan.matrix import DeviceSet
@@ -64,31 +67,36 @@ def raw_lines(reports_dir: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
-    pytester.makepyfile(test_k=KILL_SUITE)
+def start_barrier_hang_run(
+    pytester: pytest.Pytester, reports_dir: Path, *options: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start pytest on ``test_k.py`` with its barrier hanging until killed; returns it and its output file."""
     scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nprobes = ["barrier"]'))
     output = pytester.path / "pytest-output.txt"
     with output.open("w") as out:
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
-                f"--reports-dir={reports_dir}", f"--scenario={scenario}", TWO_RANKS,
+                f"--reports-dir={reports_dir}", f"--scenario={scenario}", TWO_RANKS, *options,
                 "--step-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1", "test_k.py",
             ],
             cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
+    return proc, output
+
+
+def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
+    pytester.makepyfile(test_k=KILL_SUITE)
+    proc, output = start_barrier_hang_run(pytester, reports_dir)
     try:
         hang_dir = reports_dir / "latest" / "cases" / "test_k.py--test_4_barrier_hangs"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def hanging() -> bool:
             phases = [(hang_dir / f"rank{r}" / "phase.jsonl") for r in range(2)]
             in_probe = all(p.exists() and '"phase": "probe"' in p.read_text() for p in phases)
-            if len(raw_lines(reports_dir)) == 3 and in_probe:
-                break
-            assert proc.poll() is None, output.read_text()
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"the hanging case never started:\n{output.read_text()}")
+            return len(raw_lines(reports_dir)) == 3 and in_probe
+
+        wait_while_running(proc, output, hanging, "the hanging case never started")
 
         # the pytest process, its forkserver and the two ranks of the hanging case
         servers = children(proc.pid)
@@ -102,7 +110,7 @@ def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, report
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert wait_until_gone(run_tag, 5.0) == []
+    assert wait_until_gone(run_tag, KILL_AFTERMATH_SECONDS) == []
 
     lines = raw_lines(reports_dir)
     assert len(lines) == 3, lines
@@ -123,38 +131,20 @@ def test_pytest_killed_mid_case_leaves_nothing(pytester: pytest.Pytester, report
     assert "no recommendation: the run is incomplete (it never reached its end: killed" in recommended.stdout
 
 
-# The issue's bound: no process of a run alive this long after any kill of any of them.
-KILL_AFTERMATH_SECONDS = 3.0
-
-
 def test_killed_xdist_controller_leaves_nothing(pytester: pytest.Pytester, reports_dir: Path, run_tag: str) -> None:
     """SIGKILL the controller while a worker's case hangs: every process of the run is gone within the bound.
 
     The workers, their forkservers and the ranks.
     """
     pytester.makepyfile(test_k=KILL_SUITE.replace("test_4_barrier_hangs", "test_0_barrier_hangs"))
-    scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nprobes = ["barrier"]'))
-    output = pytester.path / "pytest-output.txt"
-    with output.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
-                f"--reports-dir={reports_dir}", f"--scenario={scenario}", TWO_RANKS, "-n", "2", "--dist", "load",
-                "--step-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1", "test_k.py",
-            ],
-            cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+    proc, output = start_barrier_hang_run(pytester, reports_dir, "-n", "2", "--dist", "load")
     try:
-        begun = time.monotonic()
         hang_dir = reports_dir / "latest" / "cases" / "test_k.py--test_0_barrier_hangs"
-        while time.monotonic() - begun < 120:
-            ranks = case_rank_pids(hang_dir.resolve()) if hang_dir.exists() else set()
-            if len(ranks) == 2:
-                break
-            assert proc.poll() is None, output.read_text()
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"the hanging case never started:\n{output.read_text()}")
+
+        def hanging() -> bool:
+            return hang_dir.exists() and len(case_rank_pids(hang_dir.resolve())) == 2
+
+        wait_while_running(proc, output, hanging, "the hanging case never started", 120)
         workers = children(proc.pid)
         assert len(workers) == 2, workers
         os.kill(proc.pid, signal.SIGKILL)
