@@ -250,6 +250,17 @@ REFUSALS: dict[str, Refusal] = {
         {**MERGE_RUN_A, "reports/run-a/run.json": "garbage"},
     ),
     # topology
+    # smoke: where it writes
+    "smoke-out-under-a-file": Refusal(
+        ("smoke", "--skip-suite", "--out", "{d}/afile/x"),
+        "--out {d}/afile/x: cannot make the folder: Not a directory",
+        {"afile": "x"},
+    ),
+    "smoke-out-is-a-file": Refusal(
+        ("smoke", "--skip-suite", "--out", "{d}/afile"),
+        "--out {d}/afile: cannot make the folder: File exists",
+        {"afile": "x"},
+    ),
     "topology-missing-file": Refusal(
         ("topology", "--topology-file", "{d}/missing.json"),
         "--topology-file: topology file '{d}/missing.json' cannot be read: No such file or directory",

@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from conformance.cli.common import fail
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines
 from conformance.discover.topology import Topology, TopologyError, discover
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
@@ -214,7 +215,10 @@ def gpu_topology() -> tuple[Topology | None, str]:
 
 
 def run(out: Path, skip_suite: bool) -> int:
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return fail("smoke", f"--out {out}: cannot make the folder: {exc.strerror or exc}")
     found = versions()
     print("versions: " + ", ".join(f"{k} {v or 'n/a'}" for k, v in found.items()))
     print(show_topology(out))
