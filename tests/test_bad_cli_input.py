@@ -300,6 +300,20 @@ REFUSALS: dict[str, Refusal] = {
         "--topology-file: topology file '{d}/box.json' is not a topology: no \"links\" for its 2 GPUs",
         {"box.json": json.dumps({"kind": "gpu", "devices": TWO_GPUS})},
     ),
+    "topology-link-to-no-device": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' has link 'gpu0-gpu9', which is not a pair of its devices",
+        {"box.json": json.dumps({"kind": "gpu", "devices": TWO_GPUS, "links": {"gpu0-gpu9": "NV4"}})},
+    ),
+    "topology-link-written-backwards": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' has link 'gpu1-gpu0', which is not a pair of its devices",
+        {
+            "box.json": json.dumps(
+                {"kind": "gpu", "devices": TWO_GPUS, "links": {"gpu0-gpu1": "NV4", "gpu1-gpu0": "SYS"}}
+            )
+        },
+    ),
     "topology-links-a-list": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
         "--topology-file: topology file '{d}/box.json' is not a topology: \"links\" is [], not an object",

@@ -189,6 +189,22 @@ def _content_problem(topology: Topology, data: Mapping[str, Any]) -> str:
     if topology.kind == "gpu" and count > 1 and "links" not in data:
         example = '{"gpu0-gpu1": "NV4"}'
         return f'is not a topology: no "links" for its {count} GPUs (each pair\'s link class, e.g. {example})'
+    return _link_problem(topology) if topology.kind == "gpu" else ""
+
+
+def _link_problem(topology: Topology) -> str:
+    """A link key that names no pair of the file's devices, or a pair with no link class ("" when none)."""
+    devices = topology.devices
+    pairs = [pair_key(a, b) for i, a in enumerate(devices) for b in devices[i + 1 :]]
+    for key in topology.links:
+        if key not in pairs:
+            return (
+                f"has link {key!r}, which is not a pair of its devices written lower index first as the suite "
+                f"reads it (e.g. {pairs[0]!r})"
+            )
+    missing = [pair for pair in pairs if pair not in topology.links]
+    if missing and topology.links:
+        return f"has no link class for {missing[0]} ({len(missing)} of its {len(pairs)} pairs have none)"
     return ""
 
 
