@@ -13,7 +13,7 @@ import pytest
 
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
-from conformance.nodes.group import collection_difference
+from conformance.nodes.group import SILENCE_LIMIT, collection_difference
 from conformance.plan.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rungs
 from conformance.plan.parametrize import Plan
 from conformance.verdict.decision import Decision, decide_across_nodes
@@ -167,6 +167,23 @@ def test_a_node_that_never_starts_is_a_hang_after_the_rendezvous_deadline(pytest
     }
     assert all(r["verdict"] == "pass" for r in records if not r.get("nodes"))  # this node's own cases still ran
     assert "node 1: records missing: node 1 never arrived within 3s" in node0.output
+
+
+# Longer than the silence that makes a node that did beat "gone": a node that never beat yet is not gone.
+LATE_START_SECONDS = SILENCE_LIMIT + 5.0
+
+
+def test_a_node_that_starts_late_within_the_rendezvous_deadline_takes_part(pytester: pytest.Pytester) -> None:
+    files = copy_suites(pytester, "test_multinode.py")
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=60")
+    node0 = start_node(pytester.path, 0, 2, port, *args)
+    time.sleep(LATE_START_SECONDS)
+    node1 = start_node(pytester.path, 1, 2, port, *args)
+    for node in (node0, node1):
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.OK, node.output
+    crossing = across(gathered(node0.reports))
+    assert crossing and all(r["verdict"] == "pass" for r in crossing), crossing
 
 
 def test_node_0_that_never_starts_is_named_by_the_others(pytester: pytest.Pytester) -> None:

@@ -172,7 +172,7 @@ class NodeGroup:
             return known
         with self._lock:
             heard = self.heard[node]
-            silent = time.monotonic() - heard.beat if heard.count >= 0 else 0.0  # never heard: deadlines decide
+            silent = time.monotonic() - heard.beat if heard.count > 0 else 0.0  # never beat yet: deadlines decide
         if silent > SILENCE_LIMIT:
             last = self.where(node)
             self.gone[node] = f"node {node} stopped answering: no heartbeat for {silent:.0f}s (last at {last})"
