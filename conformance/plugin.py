@@ -14,7 +14,7 @@ from conformance.common.lifetime import die_with_parent
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
 from conformance.launch.case import CaseResult, failure_text
-from conformance.nodes.layout import NodeError, NodeSetup, node_setup
+from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, node_setup
 from conformance.plan.matrix import (
     DeviceSet,
     Rung,
@@ -102,6 +102,8 @@ def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
     explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
     try:
         setup = node_setup(explicit, os.environ)
+    except LauncherError as exc:  # it names the variable; the settings given are not what is wrong
+        raise SettingError(str(exc)) from None
     except NodeError as exc:
         sources = ", ".join(f"{settings.source(n)}" for n in NODE_LAYOUT if explicit[n] is not None)
         raise SettingError(f"{exc}" + (f" (from {sources})" if sources else "")) from None

@@ -279,3 +279,19 @@ def test_node_rungs_and_node_pairs() -> None:
     assert [s.base_id for s in node_pairs(topology, 3)] == ["node0-node1", "node0-node2", "node1-node2"]
     plan = Plan(topology, (*BUILTIN_LADDER, *rungs), "full", nnodes=2)
     assert not any(r.across_nodes for r in plan.local_rungs) and plan.rungs[-3:] == rungs
+
+
+def test_two_tasks_per_node_are_refused_naming_srun(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With srun --ntasks-per-node=2 the second task is refused naming SLURM's variable, not a setting given."""
+    files = copy_suites(pytester, "test_multinode.py")
+    slurm = {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "localhost,other"}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    result = pytester.runpytest_subprocess(
+        "-p", "conformance.plugin", "-p", "no:cacheprovider", *files, "--master-port=29600"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert [line for line in result.stderr.lines if line] == [
+        "ERROR: conformance: SLURM started more than one task on this node (SLURM_LOCALID=1); "
+        "the suite is one pytest per node: srun --ntasks-per-node=1"
+    ]

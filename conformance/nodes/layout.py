@@ -41,6 +41,10 @@ class NodeError(ValueError):
     """The node layout is inconsistent; the message names the values and where they came from."""
 
 
+class LauncherError(NodeError):
+    """What a launcher (SLURM, torchrun) put in the environment is unusable; the message names the variable."""
+
+
 @dataclass(frozen=True)
 class NodeSetup:
     nnodes: int = 1
@@ -58,7 +62,7 @@ def first_host(nodelist: str) -> str:
     """The first host of a SLURM node list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
     head = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if not head or not head.group(1):
-        raise NodeError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+        raise LauncherError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
     prefix, ranges = head.group(1), head.group(2)
     if not ranges:
         return prefix
@@ -70,14 +74,14 @@ def _int(value: str, name: str, minimum: int) -> int:
     try:
         return values.whole_number(value, minimum=minimum)
     except values.BadValue as exc:
-        raise NodeError(f"{name}: {exc}") from None
+        raise LauncherError(f"{name}: {exc}") from None
 
 
 def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
     if "SLURM_NNODES" not in environ or "SLURM_NODEID" not in environ:
         return None
     if environ.get("SLURM_LOCALID", "0") != "0":
-        raise NodeError(
+        raise LauncherError(
             f"SLURM started more than one task on this node (SLURM_LOCALID={environ['SLURM_LOCALID']}); "
             "the suite is one pytest per node: srun --ntasks-per-node=1"
         )
