@@ -14,7 +14,7 @@ from conformance.common.lifetime import die_with_parent
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
 from conformance.launch.case import CaseResult, failure_text
-from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, node_setup
+from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, extra_local_process, node_setup
 from conformance.plan.matrix import (
     DeviceSet,
     Rung,
@@ -132,6 +132,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance_gpu: the case needs the NCCL backend and GPUs")
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", host_checks.MARKER_HELP)
+    extra = extra_local_process(os.environ)
+    if extra is not None:  # exit 0: torchrun would stop the node's real pytest if this one failed
+        pytest.exit(f"conformance: {extra}", returncode=0)
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
         _die_with_controller(workerinput)

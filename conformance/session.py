@@ -437,7 +437,7 @@ class ConformanceSession:
             cross_node=CrossNode(
                 host=setup.master_addr or "",
                 port=setup.master_port or 0,
-                prefix=f"{prefix}/ranks",
+                prefix=setup.store_key(f"{prefix}/ranks"),  # the ranks connect to the store itself
                 rank_offset=nodes.index(group.me) * per_node,
                 world_size=len(nodes) * per_node,
                 node_rank=group.me,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from conformance.nodes.group import SILENCE_LIMIT, collection_difference
 from conformance.plan.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rungs
 from conformance.plan.parametrize import Plan
 from conformance.verdict.decision import Decision, decide_across_nodes
-from conftest import copy_suites, free_port, scenario_text, start_node
+from conftest import Node, copy_suites, free_port, scenario_text, start_node
 
 pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag"), pytest.mark.slow]
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=20")
@@ -295,3 +297,64 @@ def test_two_tasks_per_node_are_refused_naming_srun(pytester: pytest.Pytester, m
         "ERROR: conformance: SLURM started more than one task on this node (SLURM_LOCALID=1); "
         "the suite is one pytest per node: srun --ntasks-per-node=1"
     ]
+
+
+def start_torchrun(folder: Path, name: str, launcher: tuple[str, ...], *args: str) -> Node:
+    """``torchrun LAUNCHER -m pytest ARGS`` (as ``python -m torch.distributed.run``), its output in ``name``.log."""
+    reports, log = folder / f"reports-{name}", folder / f"{name}.log"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "pytest", "-p", "conformance.plugin",
+        "-p", "no:cacheprovider", "-p", "no:warnings", f"--reports-dir={reports}", *args,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT)
+    return Node(process, log, reports, time.monotonic())
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_torchrun_as_people_type_it(pytester: pytest.Pytester, rendezvous: str) -> None:
+    """Two torchrun invocations, one pytest each: the layout is torchrun's, its store is shared under a prefix."""
+    files = copy_suites(pytester, "test_multinode.py")
+    port = free_port()
+    common = ("--nnodes", "2", "--nproc-per-node", "1")
+    static = ("--master-addr", "127.0.0.1", "--master-port", str(port))
+    c10d = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job42")
+    launchers = [
+        (*common, "--node-rank", str(r), *static) if rendezvous == "static" else (*common, *c10d) for r in (0, 1)
+    ]
+    nodes = [
+        start_torchrun(pytester.path, f"node{i}", launchers[i], *files, *FAST, "--virtual-devices=1") for i in (0, 1)
+    ]
+    outputs = []
+    for node in nodes:
+        code, _ = node.wait()
+        assert code == 0, node.output
+        outputs.append(node.output)
+    headers = sorted(line for text in outputs for line in text.splitlines() if "(layout from torchrun)" in line)
+    assert [h.split(" (")[0] for h in headers] == ["conformance: node 0 of 2", "conformance: node 1 of 2"], headers
+    first = next(node for node, text in zip(nodes, outputs, strict=True) if "node 0 of 2" in text)
+    crossing = across(gathered(first.reports))
+    assert {r["node_rank"] for r in crossing} == {0, 1} and all(r["verdict"] == "pass" for r in crossing), crossing
+
+
+def test_torchrun_with_two_processes_per_node_runs_one_pytest(pytester: pytest.Pytester) -> None:
+    """--nproc-per-node 2: the second process says why and leaves (exit 0, so torchrun keeps the first one)."""
+    files = copy_suites(pytester, "test_multinode.py")
+    launcher = (
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+    )
+    node = start_torchrun(pytester.path, "node0", launcher, *files, *FAST, "--virtual-devices=1")
+    code, _ = node.wait()
+    assert code == 0, node.output
+    assert (
+        "torchrun started 2 processes on this node; the suite is one pytest per node, so this one (LOCAL_RANK=1)"
+        in node.output
+    )
+    assert node.output.count("conformance: run ") == 1, node.output  # one session header: one pytest ran the node

@@ -10,6 +10,7 @@ from conformance.nodes.layout import (
     NodeError,
     NodeSetup,
     compare_fingerprints,
+    extra_local_process,
     first_host,
     network_interfaces,
     node_setup,
@@ -37,9 +38,36 @@ def test_slurm_fills_the_layout() -> None:
     assert node_setup(NONE, {**env, "MASTER_PORT": "31000"}).master_port == 31000
 
 
-def test_torchrun_variables_fill_the_layout() -> None:
+def test_node_variables_fill_the_layout() -> None:
     env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
-    assert node_setup(NONE, env) == NodeSetup(2, 1, "10.0.0.1", 29400, "torchrun variables")
+    assert node_setup(NONE, env) == NodeSetup(2, 1, "10.0.0.1", 29400, "NNODES/NODE_RANK variables")
+
+
+# What torch's elastic agent gives each worker (torch/distributed/elastic/agent/server/local_elastic_agent.py).
+TORCHRUN = {
+    "RANK": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2", "GROUP_RANK": "1",
+    "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "job7",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+}  # fmt: skip
+
+
+def test_torchrun_gives_the_layout_and_its_store_under_a_prefix() -> None:
+    setup = node_setup(NONE, TORCHRUN)
+    assert (setup.nnodes, setup.node_rank, setup.master_addr, setup.master_port) == (2, 1, "10.0.0.1", 29400)
+    assert (setup.source, setup.store_prefix, setup.launcher_hosts_store) == ("torchrun", "conformance/job7", True)
+    assert setup.store_key("case/ranks") == "conformance/job7/case/ranks"
+    # torchrun's variables win over hand-set NNODES/NODE_RANK, which it does not set
+    assert node_setup(NONE, {**TORCHRUN, "NNODES": "5", "NODE_RANK": "3"}).nnodes == 2
+    # static rendezvous without the agent's store: node 0 hosts the store torchrun reserved the port for
+    assert not node_setup(NONE, {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "False"}).launcher_hosts_store
+
+
+def test_a_second_torchrun_process_on_a_node_leaves_it_to_the_first() -> None:
+    assert extra_local_process(TORCHRUN) is None
+    assert extra_local_process({"LOCAL_RANK": "1"}) is None  # not torchrun
+    why = extra_local_process({**TORCHRUN, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert why is not None and why.startswith("torchrun started 2 processes on this node; the suite is one pytest")
+    assert why.endswith("(LOCAL_RANK=1) leaves the node to LOCAL_RANK 0: use torchrun --nproc-per-node 1")
 
 
 def test_explicit_settings_win_over_slurm() -> None:

@@ -67,15 +67,17 @@ class StartCheck:
 
 
 def _store(setup: NodeSetup, host: bool, timeout: float) -> Any:
+    """The run's store: node 0 hosts it unless the launcher does; under the run's prefix when it has one."""
     import torch.distributed as dist
 
-    return dist.TCPStore(  # type: ignore[attr-defined]
+    store = dist.TCPStore(  # type: ignore[attr-defined]
         setup.master_addr or "",
         setup.master_port or 0,
-        is_master=host,
+        is_master=host and not setup.launcher_hosts_store,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
     )
+    return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
 
 
 class NodeGroup:

@@ -2,9 +2,13 @@
 
 The node layout comes, from high to low priority, from the suite's own settings (``--nnodes``,
 ``--node-rank``, ``--master-addr``, ``--master-port`` and their ini / CONFORMANCE_* twins), from
-SLURM (``SLURM_NNODES``, ``SLURM_NODEID``, the first host of ``SLURM_JOB_NODELIST``), or from
-torchrun-style variables (``NNODES``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``).  One node
-is the default.
+SLURM (``SLURM_NNODES``, ``SLURM_NODEID``, the first host of ``SLURM_JOB_NODELIST``), from
+torchrun (``GROUP_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: what torch's elastic
+agent gives its workers), or from hand-set ``NNODES``/``NODE_RANK``.  One node is the default.
+
+Under torchrun the run's store is torchrun's own (``TORCHELASTIC_USE_AGENT_STORE``: its agent
+hosts it, every node is a client) or the one torchrun reserved for its workers, always under the
+prefix ``conformance/<TORCHELASTIC_RUN_ID>``, so the suite's keys never meet torchrun's.
 
 Fingerprints: each node describes what must match across nodes (GPU count, NCCL, torch, the
 suite's version) and what may differ (host, interface names); :func:`compare_fingerprints` turns
@@ -52,10 +56,16 @@ class NodeSetup:
     master_addr: str | None = None
     master_port: int | None = None
     source: str = "default"  # where the layout came from
+    store_prefix: str = ""  # every key of the run's store lives under it (a launcher's store is shared)
+    launcher_hosts_store: bool = False  # the launcher serves the store at master_port: node 0 is a client too
 
     @property
     def multi_node(self) -> bool:
         return self.nnodes > 1
+
+    def store_key(self, key: str) -> str:
+        """``key`` as it is written in the store itself (``PrefixStore``'s spelling)."""
+        return f"{self.store_prefix}/{key}" if self.store_prefix else key
 
 
 def first_host(nodelist: str) -> str:
@@ -96,6 +106,33 @@ def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
 
 
 def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
+    """The layout torch's elastic agent gives its workers (torchrun); None when not started by it."""
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    return NodeSetup(
+        nnodes=_int(environ.get("GROUP_WORLD_SIZE", "1"), "GROUP_WORLD_SIZE", 1),
+        node_rank=_int(environ.get("GROUP_RANK", "0"), "GROUP_RANK", 0),
+        master_addr=environ.get("MASTER_ADDR"),
+        master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
+        source="torchrun",
+        store_prefix=f"conformance/{run_id}",
+        launcher_hosts_store=environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+    )
+
+
+def extra_local_process(environ: Mapping[str, str]) -> str | None:
+    """Why this process leaves its node to another (torchrun --nproc-per-node above 1), or None."""
+    if "TORCHELASTIC_RUN_ID" not in environ or environ.get("LOCAL_RANK", "0") == "0":
+        return None
+    return (
+        f"torchrun started {environ.get('LOCAL_WORLD_SIZE', '?')} processes on this node; the suite is one pytest "
+        f"per node, so this one (LOCAL_RANK={environ['LOCAL_RANK']}) leaves the node to LOCAL_RANK 0: "
+        "use torchrun --nproc-per-node 1"
+    )
+
+
+def _from_node_variables(environ: Mapping[str, str]) -> NodeSetup | None:
     if "NNODES" not in environ and "NODE_RANK" not in environ:
         return None
     return NodeSetup(
@@ -103,13 +140,13 @@ def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
         node_rank=_int(environ.get("NODE_RANK", "0"), "NODE_RANK", 0),
         master_addr=environ.get("MASTER_ADDR"),
         master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
-        source="torchrun variables",
+        source="NNODES/NODE_RANK variables",
     )
 
 
 def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSetup:
-    """The layout: explicit settings (only those given) over SLURM over torchrun variables."""
-    found = _from_slurm(environ) or _from_torchrun(environ) or NodeSetup()
+    """The layout: explicit settings (only those given) over SLURM over torchrun over NNODES/NODE_RANK."""
+    found = _from_slurm(environ) or _from_torchrun(environ) or _from_node_variables(environ) or NodeSetup()
     values = {**asdict(found), **{k: v for k, v in explicit.items() if v is not None}}
     if any(v is not None for v in explicit.values()):
         values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
