@@ -358,3 +358,19 @@ def test_torchrun_with_two_processes_per_node_runs_one_pytest(pytester: pytest.P
         in node.output
     )
     assert node.output.count("conformance: run ") == 1, node.output  # one session header: one pytest ran the node
+
+
+def test_a_salloc_shell_of_two_nodes_is_refused_in_one_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain pytest in `salloc -N2`'s shell would test one node and pass: it says to use srun instead."""
+    files = copy_suites(pytester, "test_multinode.py")
+    for name, value in {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2"}.items():
+        monkeypatch.setenv(name, value)
+    result = pytester.runpytest_subprocess("-p", "conformance.plugin", "-p", "no:cacheprovider", *files)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert [line for line in result.stderr.lines if line] == [
+        "ERROR: conformance: this pytest runs in SLURM job 77 of 2 nodes, but outside any job step (salloc's shell, "
+        "or an sbatch script without srun): start one pytest per node with `srun --ntasks-per-node=1 pytest suites/` "
+        "(or say --nnodes 1 to test this node alone)"
+    ]

@@ -137,3 +137,40 @@ def test_fingerprints_travel_as_json_and_shared_interfaces_leave_loopback_out() 
     assert shared_interfaces([a, b]) == ["eth0"]
     assert shared_interfaces([]) == []
     assert "lo" in network_interfaces()  # this host's own, read through the kernel
+
+
+# What SLURM puts in the environment of a job of two nodes (sbatch(1), salloc(1), srun(1) "OUTPUT ENVIRONMENT").
+JOB = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
+SRUN_STEP = {**JOB, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        (JOB, "outside any job step (salloc's shell, or an sbatch script without srun)"),
+        ({**JOB, "SLURM_NODEID": "0", "SLURM_STEP_ID": "4294967294"}, "outside any job step"),  # the batch step
+        (
+            {**SRUN_STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0"},
+            "in a job step of one task",
+        ),
+        (SRUN_STEP, None),
+        ({**JOB, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1"}, None),  # a one-node job: a one-node run
+    ],
+    ids=["salloc-shell", "sbatch-without-srun", "srun-one-task", "srun-a-task-per-node", "one-node-job"],
+)
+def test_a_job_of_several_nodes_runs_under_srun(env: dict[str, str], refused: str | None) -> None:
+    if refused is None:
+        node_setup(NONE, env)
+        return
+    with pytest.raises(NodeError) as caught:
+        node_setup(NONE, env)
+    assert refused in str(caught.value)
+    assert str(caught.value).startswith("this pytest runs in SLURM job 77 of 2 nodes, but ")
+    assert "srun --ntasks-per-node=1 pytest suites/" in str(caught.value)
+    assert node_setup({**NONE, "nnodes": 1}, env).nnodes == 1  # testing this node alone, said so
+
+
+def test_a_step_that_skips_the_jobs_first_node_meets_on_its_own_first_node() -> None:
+    """After salloc -N3, srun -N2 -r1 runs on n2 and n3: n2 hosts the run's store, not the job's first node."""
+    env = {**SRUN_STEP, "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_NODELIST": "n[2-3]"}
+    assert node_setup(NONE, env).master_addr == "n2"

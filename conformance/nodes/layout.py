@@ -80,11 +80,33 @@ def first_host(nodelist: str) -> str:
     return prefix + first
 
 
+# Step ids of a job that are not srun's task steps: the batch script's and the interactive / extern ones.
+SLURM_NOT_TASK_STEPS = frozenset({"batch", "extern", "interactive", "4294967294", "4294967295", "4294967293"})
+
+
 def _int(value: str, name: str, minimum: int) -> int:
     try:
         return values.whole_number(value, minimum=minimum)
     except values.BadValue as exc:
         raise LauncherError(f"{name}: {exc}") from None
+
+
+def not_a_step(environ: Mapping[str, str]) -> str | None:
+    """Why a pytest inside a SLURM job of several nodes is not one of one-per-node (salloc, sbatch without srun)."""
+    nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
+    if "SLURM_JOB_ID" not in environ or nodes is None or _int(nodes, "SLURM_JOB_NUM_NODES", 1) < 2:
+        return None
+    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    if step is None or step in SLURM_NOT_TASK_STEPS:
+        where = "outside any job step (salloc's shell, or an sbatch script without srun)"
+    elif environ.get("SLURM_STEP_NUM_TASKS") == "1":
+        where = "in a job step of one task (SLURM_STEP_NUM_TASKS=1)"
+    else:
+        return None
+    return (
+        f"this pytest runs in SLURM job {environ['SLURM_JOB_ID']} of {nodes} nodes, but {where}: start one pytest per "
+        "node with `srun --ntasks-per-node=1 pytest suites/` (or say --nnodes 1 to test this node alone)"
+    )
 
 
 def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
@@ -95,7 +117,8 @@ def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
             f"SLURM started more than one task on this node (SLURM_LOCALID={environ['SLURM_LOCALID']}); "
             "the suite is one pytest per node: srun --ntasks-per-node=1"
         )
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    # The step's own nodes: a step need not start on the job's first node (salloc -N3; srun -N2 -r1).
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     return NodeSetup(
         nnodes=_int(environ["SLURM_NNODES"], "SLURM_NNODES", 1),
         node_rank=_int(environ["SLURM_NODEID"], "SLURM_NODEID", 0),
@@ -146,6 +169,9 @@ def _from_node_variables(environ: Mapping[str, str]) -> NodeSetup | None:
 
 def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSetup:
     """The layout: explicit settings (only those given) over SLURM over torchrun over NNODES/NODE_RANK."""
+    outside = not_a_step(environ) if explicit.get("nnodes") is None else None
+    if outside:
+        raise LauncherError(outside)
     found = _from_slurm(environ) or _from_torchrun(environ) or _from_node_variables(environ) or NodeSetup()
     values = {**asdict(found), **{k: v for k, v in explicit.items() if v is not None}}
     if any(v is not None for v in explicit.values()):
