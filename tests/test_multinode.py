@@ -213,6 +213,10 @@ def test_one_node_skips_cross_node_cases_with_the_reason(pytester: pytest.Pytest
         (("--master-port=70000",), "command-line option --master-port: '70000' is not a TCP port"),
         (("--node-rank=-1",), "command-line option --node-rank: '-1' must be 0 or more"),
         (("--nnodes=2", "--master-addr=127.0.0.1", "-n", "2"), "a multi-node run is one pytest process per node"),
+        (
+            ("--nnodes=2", "--node-rank=1", "--master-addr=no-such-host.invalid", "--rendezvous-timeout=60"),
+            "node 0's address 'no-such-host.invalid' (settings) does not resolve: ",
+        ),
     ],
 )
 def test_bad_node_settings_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:

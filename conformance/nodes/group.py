@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -80,6 +81,15 @@ def _store(setup: NodeSetup, host: bool, timeout: float) -> Any:
     return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
 
 
+def _unresolved(name: str) -> str:
+    """Why ``name`` does not resolve to an address ("" when it does)."""
+    try:
+        socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        return str(exc)
+    return ""
+
+
 class NodeGroup:
     """A node's part in a multi-node run: the store, the heartbeats, the meeting points."""
 
@@ -104,6 +114,10 @@ class NodeGroup:
         """Node 0 starts the store; the others connect to it, waiting up to ``timeout``."""
         host = setup.node_rank == 0
         where = f"{setup.master_addr}:{setup.master_port}"
+        unresolved = _unresolved(setup.master_addr or "")
+        if unresolved:  # else torch's store client retries the name for about twice the timeout
+            address = f"node 0's address {setup.master_addr!r} ({setup.source})"
+            raise NodeGroupError(f"{address} does not resolve: {unresolved}")
         try:
             store = _store(setup, host, timeout)
         except RuntimeError as exc:
