@@ -601,6 +601,8 @@ class ConformanceSession:
             self.node_notes.append(f"node {node}: {len(lines)} records gathered into {self.results_path}")
         for node, reason in sorted(gone.items()):
             self.node_notes.append(f"node {node}: records missing: {reason}")
+        for stranger in group.strangers():
+            self.node_notes.append(f"turned away a node of another run ({stranger}); none of its records entered")
 
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if self.is_worker:

@@ -378,3 +378,41 @@ def test_a_salloc_shell_of_two_nodes_is_refused_in_one_line(
         "or an sbatch script without srun): start one pytest per node with `srun --ntasks-per-node=1 pytest suites/` "
         "(or say --nnodes 1 to test this node alone)"
     ]
+
+
+def slurm_step(job: str, node: int) -> dict[str, str]:
+    """What srun gives a task of step 0 of a two-node job."""
+    return {
+        "SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
+        "SLURM_NODEID": str(node), "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "2",
+    }  # fmt: skip
+
+
+def test_a_node_of_another_job_on_the_same_port_is_turned_away(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job 200's node 1 reaches job 100's store: it says so and leaves; job 100 passes, says so, keeps no record."""
+    files = copy_suites(pytester, "test_multinode.py")
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=30")
+
+    def start(job: str, rank: int) -> Node:
+        folder = pytester.path / f"job{job}"  # each job's nodes write their own reports and logs
+        if not folder.exists():
+            folder.mkdir()
+            (folder / "suites").symlink_to(pytester.path / "suites")
+        for variable, value in slurm_step(job, rank).items():
+            monkeypatch.setenv(variable, value)
+        return start_node(folder, rank, 2, port, *args)
+
+    a0 = start("100", 0)
+    b1 = start("200", 1)
+    code, _ = b1.wait()
+    assert code == pytest.ExitCode.USAGE_ERROR, b1.output
+    assert "serves another run (SLURM job 100 step 0), not this one (SLURM job 200 step 0)" in b1.output
+    a1 = start("100", 1)
+    for node in (a0, a1):
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.OK, node.output
+    assert "turned away a node of another run (SLURM job 200 step 0, node 1, host " in a0.output
+    crossing = across(gathered(a0.reports))
+    assert crossing and all(r["verdict"] == "pass" for r in crossing), crossing

@@ -6,6 +6,7 @@ import pytest
 
 from conformance.nodes.layout import (
     DEFAULT_MASTER_PORT,
+    SLURM_PORT_BASE,
     Fingerprint,
     NodeError,
     NodeSetup,
@@ -174,3 +175,12 @@ def test_a_step_that_skips_the_jobs_first_node_meets_on_its_own_first_node() -> 
     """After salloc -N3, srun -N2 -r1 runs on n2 and n3: n2 hosts the run's store, not the job's first node."""
     env = {**SRUN_STEP, "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_NODELIST": "n[2-3]"}
     assert node_setup(NONE, env).master_addr == "n2"
+
+
+def test_a_slurm_job_names_the_run_and_its_port() -> None:
+    """Two jobs on shared nodes get different ports unless MASTER_PORT says otherwise, and different identities."""
+    setup = node_setup(NONE, SRUN_STEP)
+    assert (setup.identity, setup.master_port) == ("SLURM job 77 step 0", SLURM_PORT_BASE + 77)
+    assert node_setup(NONE, {**SRUN_STEP, "SLURM_JOB_ID": "12077"}).master_port == SLURM_PORT_BASE + 77
+    assert node_setup(NONE, {**SRUN_STEP, "MASTER_PORT": "29500"}).master_port == 29500
+    assert node_setup(NONE, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "a"}).identity == ""  # by hand

@@ -26,6 +26,9 @@ from typing import Any
 from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
 
 HEARTBEAT_SECONDS = 0.5
+IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
+STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
+BY_HAND = "a run started by hand"
 SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone
 POLL_SECONDS = 0.1
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
@@ -126,8 +129,42 @@ class NodeGroup:
             lost = f"node 0's store at {where} never answered within {timeout:g}s (rendezvous deadline)"
             return cls(setup, timeout, progress_limit, None, lost)
         group = cls(setup, timeout, progress_limit, store)
+        try:
+            group._present_identity(where)
+        except NodeGroupError:
+            raise
+        except RuntimeError as exc:  # the store's own error: node 0 never said which run its store serves
+            group.lose(exc)
+            return group
         group._start_monitor()
         return group
+
+    def _present_identity(self, where: str) -> None:
+        """Node 0 says which run its store serves; another node joins only the same run (else NodeGroupError).
+
+        A node of another job that reaches the same address and port (shared nodes) leaves its name
+        under ``stranger/<n>`` for node 0 to report, and joins nothing: no key, no record of it enters.
+        """
+        mine = self.setup.identity or BY_HAND
+        if self.me == 0:
+            self.store.set(IDENTITY_KEY, mine)
+            return
+        theirs = self.store.get(IDENTITY_KEY).decode()
+        if theirs == mine:
+            return
+        number = self.store.add(STRANGER_COUNT_KEY, 1)
+        self.store.set(f"{STRANGER_COUNT_KEY}/{number}", f"{mine}, node {self.me}, host {socket.gethostname()}")
+        raise NodeGroupError(
+            f"node 0's store at {where} serves another run ({theirs}), not this one ({mine}): this node does not "
+            "join it; give each job its own --master-port"
+        )
+
+    def strangers(self) -> list[str]:
+        """Nodes of other runs that reached this run's store and were turned away (node 0)."""
+        if self.store is None or self.lost:
+            return []
+        count = self.store.add(STRANGER_COUNT_KEY, 0)
+        return [self.store.get(f"{STRANGER_COUNT_KEY}/{n}").decode() for n in range(1, count + 1)]
 
     # -- the heartbeat monitor ----------------------------------------------------------------
     def _start_monitor(self) -> None:

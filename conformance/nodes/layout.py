@@ -34,6 +34,9 @@ from conformance.discover.topology import Topology
 from conformance.discover.versions import nccl_wheel_version, package_version
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
+# Under SLURM without MASTER_PORT, the port comes from the job id, so two jobs on shared nodes do not
+# meet on one port: 20000-31999, below Linux's ephemeral ports (32768 and up).
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 12000
 
 # Fields that must be equal on every node, and fields that are shown but may differ.
 MUST_MATCH = ("gpu_count", "nccl", "torch", "suite")
@@ -57,6 +60,7 @@ class NodeSetup:
     master_port: int | None = None
     source: str = "default"  # where the layout came from
     store_prefix: str = ""  # every key of the run's store lives under it (a launcher's store is shared)
+    identity: str = ""  # the launcher's name for this run, which every node must present ("": run by hand)
     launcher_hosts_store: bool = False  # the launcher serves the store at master_port: node 0 is a client too
 
     @property
@@ -119,13 +123,20 @@ def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
         )
     # The step's own nodes: a step need not start on the job's first node (salloc -N3; srun -N2 -r1).
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    job = environ.get("SLURM_JOB_ID")
+    port = environ.get("MASTER_PORT")
     return NodeSetup(
         nnodes=_int(environ["SLURM_NNODES"], "SLURM_NNODES", 1),
         node_rank=_int(environ["SLURM_NODEID"], "SLURM_NODEID", 0),
         master_addr=first_host(nodelist) if nodelist else None,
-        master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
+        master_port=_int(port, "MASTER_PORT", 1) if port else _job_port(job) if job else None,
         source="SLURM",
+        identity=f"SLURM job {job} step {environ.get('SLURM_STEP_ID', '?')}" if job else "",
     )
+
+
+def _job_port(job: str) -> int:
+    return SLURM_PORT_BASE + _int(job.split("_")[0], "SLURM_JOB_ID", 0) % SLURM_PORT_SPAN
 
 
 def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
@@ -140,6 +151,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
         master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
         source="torchrun",
         store_prefix=f"conformance/{run_id}",
+        identity=f"torchrun run {run_id}",
         launcher_hosts_store=environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
     )
 
