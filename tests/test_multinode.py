@@ -16,7 +16,7 @@ import pytest
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
 from conformance.nodes.group import SILENCE_LIMIT, collection_difference
-from conformance.plan.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rungs
+from conformance.plan.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rounds, node_rungs
 from conformance.plan.parametrize import Plan
 from conformance.verdict.decision import Decision, decide_across_nodes
 from conftest import Node, copy_suites, free_port, scenario_text, start_node
@@ -282,7 +282,7 @@ def test_node_rungs_and_node_pairs() -> None:
     assert dict(rungs[1].set) == {"NCCL_SOCKET_IFNAME": "=eth-1", "GLOO_SOCKET_IFNAME": "eth-1"}
     assert all(r.across_nodes for r in rungs)
     topology = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
-    assert [s.base_id for s in node_pairs(topology, 3)] == ["node0-node1", "node0-node2", "node1-node2"]
+    assert [s.base_id for s in node_pairs(topology, 3)] == ["node1-node2", "node0-node2", "node0-node1"]  # rounds
     plan = Plan(topology, (*BUILTIN_LADDER, *rungs), "full", nnodes=2)
     assert not any(r.across_nodes for r in plan.local_rungs) and plan.rungs[-3:] == rungs
 
@@ -416,3 +416,15 @@ def test_a_node_of_another_job_on_the_same_port_is_turned_away(
     assert "turned away a node of another run (SLURM job 200 step 0, node 1, host " in a0.output
     crossing = across(gathered(a0.reports))
     assert crossing and all(r["verdict"] == "pass" for r in crossing), crossing
+
+
+@pytest.mark.parametrize("nnodes", range(2, 10))
+def test_node_pairs_run_in_rounds_of_disjoint_pairs(nnodes: int) -> None:
+    """Every pair once; within a round no node twice, so a round's pairs run at once (N-1 rounds, N if N is odd)."""
+    rounds = node_rounds(nnodes)
+    assert len(rounds) == (nnodes - 1 if nnodes % 2 == 0 else nnodes)
+    pairs = [pair for found in rounds for pair in found]
+    assert sorted(pairs) == [(a, b) for a in range(nnodes) for b in range(a + 1, nnodes)]
+    assert all(len({node for pair in found for node in pair}) == 2 * len(found) for found in rounds)
+    # the plan runs them in that order
+    assert [s.nodes for s in node_pairs(Topology("cpu", (Device("cpu0", 0, "cpu"),), "test"), nnodes)] == pairs

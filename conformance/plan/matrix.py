@@ -293,12 +293,31 @@ def across_nodes(topology: Topology, nnodes: int) -> list[DeviceSet]:
 
 
 def node_pairs(topology: Topology, nnodes: int) -> list[DeviceSet]:
-    """Each pair of nodes, one rank on each (this node's first device)."""
+    """Each pair of nodes, one rank on each (this node's first device), in rounds of disjoint pairs.
+
+    Every node runs the cases in this order and skips those it takes no part in, so the pairs of a
+    round run at once, each on its own two nodes: N-1 rounds for N nodes, not N(N-1)/2 cases in a row.
+    """
     return [
-        DeviceSet(topology.devices[:1], NET_LINK, kind="node_pair", links=(NET_LINK,), nodes=(a, b))
-        for a in range(nnodes)
-        for b in range(a + 1, nnodes)
+        DeviceSet(topology.devices[:1], NET_LINK, kind="node_pair", links=(NET_LINK,), nodes=pair)
+        for pairs in node_rounds(nnodes)
+        for pair in pairs
     ]
+
+
+def node_rounds(nnodes: int) -> list[list[tuple[int, int]]]:
+    """Every pair of nodes once, in rounds of disjoint pairs: the circle method (N-1 rounds; N rounds if N is odd).
+
+    Node 0 stays put while the others turn one place each round; an odd count gets a resting seat.
+    """
+    seats: list[int | None] = [*range(nnodes), *([None] if nnodes % 2 else [])]
+    rounds = []
+    for _ in range(len(seats) - 1):
+        half = len(seats) // 2
+        facing = zip(seats[:half], reversed(seats[half:]), strict=True)
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in facing if a is not None and b is not None))
+        seats = [seats[0], seats[-1], *seats[1:-1]]
+    return rounds
 
 
 DEVICE_SET_FIXTURES = {
