@@ -124,15 +124,18 @@ def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
     # The step's own nodes: a step need not start on the job's first node (salloc -N3; srun -N2 -r1).
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     job = environ.get("SLURM_JOB_ID")
-    port = environ.get("MASTER_PORT")
     return NodeSetup(
         nnodes=_int(environ["SLURM_NNODES"], "SLURM_NNODES", 1),
         node_rank=_int(environ["SLURM_NODEID"], "SLURM_NODEID", 0),
         master_addr=first_host(nodelist) if nodelist else None,
-        master_port=_int(port, "MASTER_PORT", 1) if port else _job_port(job) if job else None,
+        master_port=_master_port(environ) or (_job_port(job) if job else None),
         source="SLURM",
         identity=f"SLURM job {job} step {environ.get('SLURM_STEP_ID', '?')}" if job else "",
     )
+
+
+def _master_port(environ: Mapping[str, str]) -> int | None:
+    return _int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None
 
 
 def _job_port(job: str) -> int:
@@ -148,7 +151,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
         nnodes=_int(environ.get("GROUP_WORLD_SIZE", "1"), "GROUP_WORLD_SIZE", 1),
         node_rank=_int(environ.get("GROUP_RANK", "0"), "GROUP_RANK", 0),
         master_addr=environ.get("MASTER_ADDR"),
-        master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
+        master_port=_master_port(environ),
         source="torchrun",
         store_prefix=f"conformance/{run_id}",
         identity=f"torchrun run {run_id}",
@@ -174,7 +177,7 @@ def _from_node_variables(environ: Mapping[str, str]) -> NodeSetup | None:
         nnodes=_int(environ.get("NNODES", "1"), "NNODES", 1),
         node_rank=_int(environ.get("NODE_RANK", "0"), "NODE_RANK", 0),
         master_addr=environ.get("MASTER_ADDR"),
-        master_port=_int(environ["MASTER_PORT"], "MASTER_PORT", 1) if "MASTER_PORT" in environ else None,
+        master_port=_master_port(environ),
         source="NNODES/NODE_RANK variables",
     )
 
