@@ -130,31 +130,32 @@ class NodeGroup:
             return cls(setup, timeout, progress_limit, None, lost)
         group = cls(setup, timeout, progress_limit, store)
         try:
-            group._present_identity(where)
-        except NodeGroupError:
-            raise
+            refusal = group._present_identity(where)
         except RuntimeError as exc:  # the store's own error: node 0 never said which run its store serves
             group.lose(exc)
             return group
+        if refusal:
+            raise NodeGroupError(refusal)
         group._start_monitor()
         return group
 
-    def _present_identity(self, where: str) -> None:
-        """Node 0 says which run its store serves; another node joins only the same run (else NodeGroupError).
+    def _present_identity(self, where: str) -> str:
+        """Node 0 says which run its store serves; another node joins only the same run ("": it does).
 
         A node of another job that reaches the same address and port (shared nodes) leaves its name
         under ``stranger/<n>`` for node 0 to report, and joins nothing: no key, no record of it enters.
+        The store's errors (RuntimeError) are the caller's.
         """
         mine = self.setup.identity or BY_HAND
         if self.me == 0:
             self.store.set(IDENTITY_KEY, mine)
-            return
+            return ""
         theirs = self.store.get(IDENTITY_KEY).decode()
         if theirs == mine:
-            return
+            return ""
         number = self.store.add(STRANGER_COUNT_KEY, 1)
         self.store.set(f"{STRANGER_COUNT_KEY}/{number}", f"{mine}, node {self.me}, host {socket.gethostname()}")
-        raise NodeGroupError(
+        return (
             f"node 0's store at {where} serves another run ({theirs}), not this one ({mine}): this node does not "
             "join it; give each job its own --master-port"
         )

@@ -72,11 +72,11 @@ class NodeSetup:
         return f"{self.store_prefix}/{key}" if self.store_prefix else key
 
 
-def first_host(nodelist: str) -> str:
+def first_host(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> str:
     """The first host of a SLURM node list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
     head = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if not head or not head.group(1):
-        raise LauncherError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+        raise LauncherError(f"{variable}={nodelist!r} names no host")
     prefix, ranges = head.group(1), head.group(2)
     if not ranges:
         return prefix
@@ -84,6 +84,8 @@ def first_host(nodelist: str) -> str:
     return prefix + first
 
 
+# Where SLURM lists the nodes, the step's own first.
+NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 # Step ids of a job that are not srun's task steps: the batch script's and the interactive / extern ones.
 SLURM_NOT_TASK_STEPS = frozenset({"batch", "extern", "interactive", "4294967294", "4294967295", "4294967293"})
 
@@ -100,7 +102,7 @@ def not_a_step(environ: Mapping[str, str]) -> str | None:
     nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
     if "SLURM_JOB_ID" not in environ or nodes is None or _int(nodes, "SLURM_JOB_NUM_NODES", 1) < 2:
         return None
-    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    step = _step_id(environ)
     if step is None or step in SLURM_NOT_TASK_STEPS:
         where = "outside any job step (salloc's shell, or an sbatch script without srun)"
     elif environ.get("SLURM_STEP_NUM_TASKS") == "1":
@@ -122,16 +124,20 @@ def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
             "the suite is one pytest per node: srun --ntasks-per-node=1"
         )
     # The step's own nodes: a step need not start on the job's first node (salloc -N3; srun -N2 -r1).
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    listed = next((name for name in NODELISTS if environ.get(name)), None)
     job = environ.get("SLURM_JOB_ID")
     return NodeSetup(
         nnodes=_int(environ["SLURM_NNODES"], "SLURM_NNODES", 1),
         node_rank=_int(environ["SLURM_NODEID"], "SLURM_NODEID", 0),
-        master_addr=first_host(nodelist) if nodelist else None,
+        master_addr=first_host(environ[listed], listed) if listed else None,
         master_port=_master_port(environ) or (_job_port(job) if job else None),
         source="SLURM",
-        identity=f"SLURM job {job} step {environ.get('SLURM_STEP_ID', '?')}" if job else "",
+        identity=f"SLURM job {job} step {_step_id(environ) or '?'}" if job else "",
     )
+
+
+def _step_id(environ: Mapping[str, str]) -> str | None:
+    return environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
 
 
 def _master_port(environ: Mapping[str, str]) -> int | None:

@@ -190,6 +190,11 @@ class Recommendation:
 
     # -- derived ---------------------------------------------------------------------------
     @property
+    def withheld(self) -> bool:
+        """No environment is handed out: wrong data (unfit), or a run that did not cover its plan."""
+        return self.unfit or self.incomplete is not None
+
+    @property
     def fixed(self) -> list[ClassAdvice]:
         return [c for c in self.classes if c.rung is not None]
 
@@ -210,7 +215,7 @@ class Recommendation:
 
     def exports(self) -> list[str]:
         """The environment as shell lines; empty when nothing needs setting (or unfit, or incomplete)."""
-        if self.unfit or self.incomplete:
+        if self.withheld:
             return []
         lines = [rung_env_text(Rung("overall", unset_families=self.unset_families))] if self.unset_families else []
         return lines + [f"export {k}={v}" for k, v in sorted(self.env.items())]
@@ -334,8 +339,8 @@ class Recommendation:
             "wrong_data": [case.to_json() for case in self.wrong_data],
             "classes": {c.name: c.to_json() for c in self.classes},
             "unfixed": self.unfixed,
-            "env": {} if self.unfit or self.incomplete else dict(sorted(self.env.items())),
-            "unset_families": [] if self.unfit or self.incomplete else list(self.unset_families),
+            "env": {} if self.withheld else dict(sorted(self.env.items())),
+            "unset_families": [] if self.withheld else list(self.unset_families),
             "serves_every_class": bool(self.fixed) and self.serves_every_class,
             "conflicts": [c.to_json() for c in self.conflicts],
             "needed_by": self.needed_by,
