@@ -105,7 +105,12 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def copy_suites(pytester: pytest.Pytester, *names: str) -> list[str]:
     """Copy the repository's suite files into the pytester folder; return their relative paths."""
-    target = pytester.path / "suites"
+    return copy_suite_files(pytester.path, *names)
+
+
+def copy_suite_files(folder: Path, *names: str) -> list[str]:
+    """Copy the repository's suite files into ``folder``/suites; return their paths relative to ``folder``."""
+    target = folder / "suites"
     target.mkdir(exist_ok=True)
     for name in names:
         shutil.copy(REPO / "suites" / name, target / name)
