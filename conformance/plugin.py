@@ -101,7 +101,7 @@ def _node_setup(config: pytest.Config, settings: Settings) -> NodeSetup | None:
     """A multi-node run's layout, checked here; the session meets the other nodes when it starts."""
     explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
     try:
-        setup = node_setup(explicit, os.environ)
+        setup = node_setup(explicit, os.environ, settings.run_token)
     except LauncherError as exc:  # it names the variable; the settings given are not what is wrong
         raise SettingError(str(exc)) from None
     except NodeError as exc:

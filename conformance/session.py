@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -26,7 +26,17 @@ from conformance.launch.forkserver import ForkServerClient
 from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
 from conformance.nodes.layout import NodeSetup, local_fingerprint
 from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step, unchangeable
-from conformance.plan.matrix import NODE_SET_FIXTURES, DeviceSet, Rung, RungError, build_ladder, node_rungs
+from conformance.plan.matrix import (
+    NODE_SET_FIXTURES,
+    DeviceSet,
+    NodePairing,
+    Rung,
+    RungError,
+    as_node_pair,
+    build_ladder,
+    node_rungs,
+    recheck_partners,
+)
 from conformance.plan.parametrize import Plan, device_set_of
 from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
@@ -93,6 +103,7 @@ class ConformanceSession:
         self._runner: CaseRunner | None = None
         self._forkserver: ForkServerClient | None = None
         self._started: set[str] = set()  # ladder keys whose case has started in this process
+        self._partners: dict[str, dict[int, int | None]] = {}  # node-pair re-checks: suspect -> known-good node
         self.progress = CaseProgress(config)
         self.ahead = CasesAhead()
         self.coverage = Coverage()
@@ -107,7 +118,8 @@ class ConformanceSession:
         self.results_path = self.run_dir / results.RESULTS_FILE
         fallbacks_matter = self.backend == "nccl" or self.simulated
         nnodes = self.node_setup.nnodes if self.node_setup else 1
-        self.plan = Plan(self.topology, ladder, self.settings.matrix, fallbacks_matter=fallbacks_matter, nnodes=nnodes)
+        pairing = NodePairing.of(nnodes, self.settings.node_pairs, seed=run_id)
+        self.plan = Plan(self.topology, ladder, self.settings.matrix, fallbacks_matter, pairing)
         self.deadlines.check(rungs=len(self.plan.ladder))
         self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, self.deadlines.rung_wait)
 
@@ -292,19 +304,17 @@ class ConformanceSession:
         """Run one case for ``item`` (unless the ladder skips its rung) and record it when it ends."""
         step = self.plan.step(item, device_set)
         self.ensure_run_dir()
+        placed = device_set
+        if device_set.kind == "node_recheck":
+            device_set = self._recheck_pair(step, device_set)
         if device_set.nodes and self.node_rank not in device_set.nodes:
-            reason = f"node {self.node_rank} takes no part in {device_set.base_id}"
-            self.book.record(step, SKIPPED, reason)
-            pytest.skip(reason)
+            self._skip(step, f"node {self.node_rank} takes no part in {device_set.base_id}")
         gone = self.nodes.absent(device_set.nodes) if self.nodes and device_set.nodes else None
         if gone is not None and step.rung_index > 0:
-            reason = f"no environment rung brings a node back: {gone.reason}"
-            self.book.record(step, SKIPPED, reason)
-            pytest.skip(reason)
+            self._skip(step, f"no environment rung brings a node back: {gone.reason}")
         decision = self._rung_decision(step)
         if not decision.run:
-            self.book.record(step, SKIPPED, decision.reason)
-            pytest.skip(decision.reason)
+            self._skip(step, decision.reason)
         outcome, final_reason, stuck = Verdict.ERROR.value, "", ""
         try:
             if device_set.nodes:
@@ -317,6 +327,8 @@ class ConformanceSession:
                 final_reason = result.decision.summary
         finally:
             self.book.record(step, outcome, final_reason, final=bool(final_reason), stuck=stuck)
+        if self.nodes and placed.kind == "node_pair" and step.rung_index == 0 and self.plan.pairing.rechecks:
+            self.nodes.publish_first_pass(step.key, result.verdict)
         record = results.case_record(result, self.run_id, expect, step.key)
         results.append_case(self.results_path, record)
         item.user_properties.extend(junit_properties(record))
@@ -420,6 +432,35 @@ class ConformanceSession:
             return False
         return self.book.ready(step, self.plan.selected) and self._rung_decision(step).run
 
+    def _skip(self, step: Step, reason: str) -> NoReturn:
+        self.book.record(step, SKIPPED, reason)
+        pytest.skip(reason)
+
+    def _recheck_pair(self, step: Step, placeholder: DeviceSet) -> DeviceSet:
+        """The node pair a re-check runs: its node with a node known good; skipped, saying why, where none is due."""
+        node = placeholder.nodes[0]
+        partners = self._recheck_partners(step, placeholder)
+        if node not in partners:
+            self._skip(step, f"node {node} passed in the first pass: nothing to re-check")
+        partner = partners[node]
+        if partner is None:
+            self._skip(step, f"node {node}: no pair of the first pass passed: no node known good to re-check with")
+        return as_node_pair(placeholder, (node, partner))
+
+    def _recheck_partners(self, step: Step, placeholder: DeviceSet) -> dict[int, int | None]:
+        """The first pass of this test, as every node saw it (waited for), and who re-checks whom."""
+        test = step.key.replace(placeholder.base_id, "recheck")
+        if test not in self._partners:
+            if self.nodes is None:
+                raise RuntimeError(f"{step.key}: a re-check of node pairs in a one-node run")
+            passed = {}
+            for pair in self.plan.pairing.first_pass():
+                key = step.key.replace(placeholder.base_id, as_node_pair(placeholder, pair).base_id)
+                if self.plan.selected is None or (key, 0) in self.plan.selected:
+                    passed[pair] = self.nodes.first_pass_passed(key, pair, self.deadlines.node_progress_limit)
+            self._partners[test] = recheck_partners(passed, self.plan.pairing.nnodes)
+        return self._partners[test]
+
     def _run_across_nodes(self, spec: CaseSpec, device_set: DeviceSet) -> CaseResult:
         """Meet the other nodes at this case, run this node's ranks, then agree on one verdict."""
         group = self.nodes
@@ -499,6 +540,10 @@ class ConformanceSession:
             f"run store on {setup.master_addr}:{setup.master_port}; shared interfaces: "
             f"{', '.join(self.start.interfaces) or 'none'}"
         ]
+        identity = setup.identity or "none (by hand: --run-token gives one)"
+        pairing = self.plan.pairing
+        first = "every pair in rounds" if pairing.mode == "all" else "one random round, then re-checks"
+        lines.append(f"conformance: run identity {identity}; node pairs {pairing.mode} ({first})")
         lines += [f"conformance: {reason}" for reason in self.start.missing.values()]
         if self.start.check is not None and self.start.check.differing:
             differing = ", ".join(self.start.check.differing)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 BACKENDS = ("auto", "gloo", "nccl")
 MATRIX_MODES = ("adaptive", "full", "inherited")
+NODE_PAIR_MODES = ("auto", "all", "quick")
+ALL_NODE_PAIRS_UP_TO = 8  # auto: every pair up to 8 nodes (7 rounds); beyond, the quick pass
 T = TypeVar("T")
 
 
@@ -67,6 +69,13 @@ def _choice(what: str, choices: tuple[str, ...]) -> Callable[[str, str], str]:
 
 def _text(raw: str, where: str) -> str:
     return raw
+
+
+def _token(raw: str, where: str) -> str:
+    value = raw.strip()
+    if not value or not value.isprintable():
+        raise SettingError(f"{where}: run token {raw!r} must be printable text, not empty")
+    return value
 
 
 def _flag(raw: str, where: str) -> bool:
@@ -127,6 +136,14 @@ NNODES_HELP = "Nodes in a multi-node run (one pytest per node). Default: SLURM_N
 NODE_RANK_HELP = "This node's rank, 0 for the node hosting the run's store. Default: SLURM_NODEID, NODE_RANK."
 MASTER_ADDR_HELP = "Address of node 0, whose TCPStore serves the run. Default: SLURM_JOB_NODELIST, MASTER_ADDR."
 MASTER_PORT_HELP = "TCP port of the run's store on node 0. Default: MASTER_PORT, else 29500."
+NODE_PAIRS_HELP = (
+    "Pairs of nodes to test: all (every pair, N-1 rounds), quick (one random round, then each node of a failed "
+    f"pair re-paired with a node known good, naming the bad node), auto (all up to {ALL_NODE_PAIRS_UP_TO} nodes)."
+)
+RUN_TOKEN_HELP = (
+    "Text every node of a run must present (the same on each), so a node of another run on the same port is "
+    "turned away; runs by hand have no other identity (SLURM's job and step, torchrun's run id)."
+)
 RENDEZVOUS_TIMEOUT_HELP = "Seconds the nodes wait for each other at the start before a missing node is a hang."
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
@@ -152,6 +169,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("master_addr", MASTER_ADDR_HELP, None, _host),
     Setting("master_port", MASTER_PORT_HELP, None, _port),
     Setting("rendezvous_timeout", RENDEZVOUS_TIMEOUT_HELP, "60", _positive_number),
+    Setting("node_pairs", NODE_PAIRS_HELP, "auto", _choice("node pairs mode", NODE_PAIR_MODES)),
+    Setting("run_token", RUN_TOKEN_HELP, None, _token),
 )
 NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
@@ -181,6 +200,8 @@ class Settings:
     master_addr: str | None
     master_port: int | None
     rendezvous_timeout: float
+    node_pairs: str
+    run_token: str | None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def source(self, name: str) -> str:

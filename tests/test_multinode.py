@@ -15,13 +15,14 @@ import pytest
 
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
-from conformance.nodes.group import SILENCE_LIMIT, collection_difference
-from conformance.plan.matrix import BUILTIN_LADDER, GDR_OFF, NET_LINK, node_pairs, node_rounds, node_rungs
-from conformance.plan.parametrize import Plan
-from conformance.verdict.decision import Decision, decide_across_nodes
+from conformance.nodes.group import SILENCE_LIMIT
+from conformance.plan.matrix import (
+    NET_LINK,
+)
 from conftest import Node, copy_suites, free_port, scenario_text, start_node
 
 pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag"), pytest.mark.slow]
+ONE_CPU = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=20")
 
 
@@ -217,6 +218,8 @@ def test_one_node_skips_cross_node_cases_with_the_reason(pytester: pytest.Pytest
             ("--nnodes=2", "--node-rank=1", "--master-addr=no-such-host.invalid", "--rendezvous-timeout=60"),
             "node 0's address 'no-such-host.invalid' (settings) does not resolve: ",
         ),
+        (("--node-pairs=some",), "command-line option --node-pairs: unknown node pairs mode 'some'; choose one of"),
+        (("--run-token= ",), "command-line option --run-token: run token ' ' must be printable text, not empty"),
     ],
 )
 def test_bad_node_settings_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
@@ -240,51 +243,6 @@ def test_node_layout_from_slurm_variables(pytester: pytest.Pytester, monkeypatch
 
 
 # -- pieces ---------------------------------------------------------------------------------
-
-
-def test_cross_node_verdict_names_the_node_with_the_real_failure() -> None:
-    local = Decision("hang", None, [], "ranks 0,1 all stuck in probe (all_reduce 4B)")
-    verdicts = {
-        0: {"verdict": "hang", "summary": local.summary},
-        1: {"verdict": "error", "summary": "rank 0 (cpu0) in probe: RuntimeError: boom"},
-    }
-    decision, node = decide_across_nodes(0, local, verdicts, None)
-    assert (decision.verdict, node) == ("error", 1)
-    assert decision.summary == "node 1: rank 0 (cpu0) in probe: RuntimeError: boom"
-    decision, node = decide_across_nodes(0, local, {**verdicts, 1: {"verdict": "fail", "summary": "x"}}, None)
-    assert (decision.verdict, node, decision.summary) == ("fail", 1, "node 1: x")
-    decision, node = decide_across_nodes(0, local, verdicts, (1, "node 1 stopped answering"))
-    assert (decision.verdict, node, decision.summary) == ("hang", 1, "hang across nodes: node 1 stopped answering")
-    passed = {n: {"verdict": "pass", "summary": ""} for n in (0, 1)}
-    assert decide_across_nodes(0, Decision("pass", None, [], ""), passed, None) == (
-        Decision("pass", None, [], ""),
-        None,
-    )
-
-
-def test_collection_difference_lines() -> None:
-    assert collection_difference(["a", "b"], ["a", "b"], 1) == []
-    assert collection_difference(["a", "b", "c"], ["a", "d"], 2) == [
-        "node 2 collected 2 tests, node 0 collected 3",
-        "  only on node 0: b",
-        "  only on node 0: c",
-        "  only on node 2: d",
-    ]
-    assert collection_difference(["a", "b"], ["b", "a"], 1)[-1] == (
-        "  same tests in another order; first difference at position 1: a"
-    )
-
-
-def test_node_rungs_and_node_pairs() -> None:
-    rungs = node_rungs(["ib0", "eth-1"])
-    assert [r.name for r in rungs] == ["gdr_off", "socket_ifname_eth_1", "socket_ifname_ib0"]
-    assert rungs[0] is GDR_OFF and dict(GDR_OFF.set) == {"NCCL_NET_GDR_LEVEL": "LOC"}
-    assert dict(rungs[1].set) == {"NCCL_SOCKET_IFNAME": "=eth-1", "GLOO_SOCKET_IFNAME": "eth-1"}
-    assert all(r.across_nodes for r in rungs)
-    topology = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
-    assert [s.base_id for s in node_pairs(topology, 3)] == ["node1-node2", "node0-node2", "node0-node1"]  # rounds
-    plan = Plan(topology, (*BUILTIN_LADDER, *rungs), "full", nnodes=2)
-    assert not any(r.across_nodes for r in plan.local_rungs) and plan.rungs[-3:] == rungs
 
 
 def test_two_tasks_per_node_are_refused_naming_srun(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -418,13 +376,55 @@ def test_a_node_of_another_job_on_the_same_port_is_turned_away(
     assert crossing and all(r["verdict"] == "pass" for r in crossing), crossing
 
 
-@pytest.mark.parametrize("nnodes", range(2, 10))
-def test_node_pairs_run_in_rounds_of_disjoint_pairs(nnodes: int) -> None:
-    """Every pair once; within a round no node twice, so a round's pairs run at once (N-1 rounds, N if N is odd)."""
-    rounds = node_rounds(nnodes)
-    assert len(rounds) == (nnodes - 1 if nnodes % 2 == 0 else nnodes)
-    pairs = [pair for found in rounds for pair in found]
-    assert sorted(pairs) == [(a, b) for a in range(nnodes) for b in range(a + 1, nnodes)]
-    assert all(len({node for pair in found for node in pair}) == 2 * len(found) for found in rounds)
-    # the plan runs them in that order
-    assert [s.nodes for s in node_pairs(Topology("cpu", (Device("cpu0", 0, "cpu"),), "test"), nnodes)] == pairs
+BAD_NODE = scenario_text(
+    'effect = "error"\nphase = "probe"\nsets = ["node_pair"]\nmessage = "bad NIC"', name="bad node"
+)
+
+
+def test_the_quick_pass_names_the_bad_node_of_four(pytester: pytest.Pytester) -> None:
+    """Node 2 fails every node pair (a scenario on node 2 only), and node 0's summary names it.
+
+    One random round, then the failed pair's two nodes re-checked with nodes known good.  The matrix
+    is the inherited rung alone: a scenario gives its node the NCCL rungs (simulated), the others not.
+    """
+    files = copy_suites(pytester, "test_multinode.py")
+    pytester.makefile(".toml", bad=BAD_NODE)
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "--node-pairs=quick", "--matrix=inherited")
+    nodes = [
+        start_node(pytester.path, rank, 4, port, *args, *(("--scenario=bad.toml",) if rank == 2 else ()))
+        for rank in range(4)
+    ]
+    for node in nodes:  # node 2 failed every pair; another node fails only where it paired with node 2
+        code, _ = node.wait()
+        assert code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), node.output
+    assert nodes[2].process.returncode == pytest.ExitCode.TESTS_FAILED
+    records = [
+        r for r in gathered(nodes[0].reports) if r["set_kind"] == "node_pair" and r["node_rank"] == min(r["nodes"])
+    ]
+    first = [r for r in records if "recheck" not in r["nodeid"]]
+    rechecks = [r for r in records if "recheck" in r["nodeid"]]
+    assert len(first) == 2 and len(rechecks) == 2, records  # one round of 2, then the failed pair's nodes
+    suspect = next(r["nodes"] for r in first if r["verdict"] != "pass")
+    assert 2 in suspect
+    assert {r["verdict"] for r in rechecks if 2 in r["nodes"]} == {"error"}
+    assert {r["verdict"] for r in rechecks if 2 not in r["nodes"]} == {"pass"}
+    assert "BAD NODE node 2: failed with node " in nodes[0].output, nodes[0].output
+
+
+def test_runs_by_hand_with_a_run_token_turn_away_a_node_of_another(pytester: pytest.Pytester) -> None:
+    """By hand there is no launcher's identity: --run-token is it; a node of a run with another token leaves."""
+    files = copy_suites(pytester, "test_multinode.py")
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=30", "-k", "barrier")
+    a0 = start_node(pytester.path, 0, 2, port, *args, "--run-token=run-a")
+    (pytester.path / "b").mkdir()
+    (pytester.path / "b" / "suites").symlink_to(pytester.path / "suites")
+    b1 = start_node(pytester.path / "b", 1, 2, port, *args, "--run-token=run-b")
+    code, _ = b1.wait()
+    assert code == pytest.ExitCode.USAGE_ERROR, b1.output
+    assert "serves another run (run token 'run-a'), not this one (run token 'run-b')" in b1.output
+    a1 = start_node(pytester.path, 1, 2, port, *args, "--run-token=run-a")
+    for node in (a0, a1):
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.OK, node.output
+    assert "conformance: run identity run token 'run-a'; node pairs all" in a0.output
+    assert "turned away a node of another run (run token 'run-b', node 1, host " in a0.output

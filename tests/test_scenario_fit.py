@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from conformance.discover.topology import Device, Topology, cpu_topology, load_topology_file
-from conformance.plan.matrix import DEVICE_SET_FIXTURES, NODE_SET_FIXTURES, SET_KINDS
+from conformance.plan.matrix import DEVICE_SET_FIXTURES, NODE_SET_FIXTURES, SET_KINDS, NodePairing
 from conformance.plan.scenario_fit import RunBounds, check_scenario_fits, rule_problem
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario, parse_rule
 from conftest import REPO
@@ -95,7 +95,7 @@ def test_the_first_bad_rule_is_refused_with_its_file_and_index() -> None:
 
 def test_set_kinds_are_the_kinds_the_plan_makes() -> None:
     made = {s.kind for make in DEVICE_SET_FIXTURES.values() for s in make(gpu_box())}
-    made |= {s.kind for make in NODE_SET_FIXTURES.values() for s in make(gpu_box(), 2)}
+    made |= {s.kind for make in NODE_SET_FIXTURES.values() for s in make(gpu_box(), NodePairing(2))}
     assert made == set(SET_KINDS)
 
 

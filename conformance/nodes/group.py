@@ -6,6 +6,7 @@ Keys of the run's store:
     collection/<k>, collection_check, collection_read/<k>   the same tests in the same order everywhere
     heartbeat/<k>, at/<k>                              each node's monitor thread: alive, and in which test
     case/<id>/arrived/<k>, case/<id>/verdict/<k>       one cross-node case; its ranks use case/<id>/ranks
+    first_pass/<ladder key>/<k>                        a first-pass node pair's verdict, for the re-checks
     results/<k>, finished/<k>                          each node's records, gathered by node 0 at the end
 
 A node that never arrives, stops beating or ends its run early is a :class:`NodeProblem`: the case
@@ -28,7 +29,7 @@ from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, c
 HEARTBEAT_SECONDS = 0.5
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
-BY_HAND = "a run started by hand"
+BY_HAND = "a run started by hand without --run-token"
 SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone
 POLL_SECONDS = 0.1
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
@@ -366,6 +367,22 @@ class NodeGroup:
             except RuntimeError as exc:
                 self.lose(exc)
         return found
+
+    # -- node pairs: the first pass, read by the re-checks ------------------------------------
+    def publish_first_pass(self, case: str, verdict: str) -> None:
+        """Post the verdict this node saw of a first-pass node pair (``case``: its ladder key), for the re-checks."""
+        try:
+            self.store.set(f"first_pass/{case}/{self.me}", verdict)
+        except RuntimeError as exc:
+            self.lose(exc)
+
+    def first_pass_passed(self, case: str, pair: Sequence[int], limit: float) -> bool:
+        """Whether a first-pass pair passed, waiting for its nodes' verdicts; a node gone fails it."""
+        keys = {n: f"first_pass/{case}/{n}" for n in pair if n != self.me}
+        if self.absent(pair) is not None or self.wait_for(keys, limit) is not None:
+            return False
+        verdicts = self.read("first_pass", case, pair)
+        return len(verdicts) == len(pair) and all(v == "pass" for v in verdicts.values())
 
     # -- the end ------------------------------------------------------------------------------
     def publish_results(self, lines: Sequence[str]) -> str:

@@ -188,8 +188,11 @@ def _from_node_variables(environ: Mapping[str, str]) -> NodeSetup | None:
     )
 
 
-def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSetup:
-    """The layout: explicit settings (only those given) over SLURM over torchrun over NNODES/NODE_RANK."""
+def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_token: str | None = None) -> NodeSetup:
+    """The layout: explicit settings (only those given) over SLURM over torchrun over NNODES/NODE_RANK.
+
+    ``run_token`` (``--run-token``) joins the launcher's identity of the run, or is the whole of it by hand.
+    """
     outside = not_a_step(environ) if explicit.get("nnodes") is None else None
     if outside:
         raise LauncherError(outside)
@@ -197,6 +200,8 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> NodeS
     values = {**asdict(found), **{k: v for k, v in explicit.items() if v is not None}}
     if any(v is not None for v in explicit.values()):
         values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
+    if run_token:
+        values["identity"] = ", ".join(filter(None, [found.identity, f"run token {run_token!r}"]))
     setup = NodeSetup(**values)
     if setup.node_rank >= setup.nnodes:
         raise NodeError(f"node rank {setup.node_rank} is not below the node count {setup.nnodes} ({setup.source})")

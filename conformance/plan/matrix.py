@@ -7,16 +7,18 @@ most; ``--env-rung`` and ``--env-rungs-file`` add rungs of the user's after the 
 
 from __future__ import annotations
 
+import random
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from conformance.common.families import NCCL_FAMILIES, RUNG_FAMILIES
 from conformance.common.inputs import read_user_file
 from conformance.discover.topology import CPU_LINK, Device, Topology
+from conformance.settings import ALL_NODE_PAIRS_UP_TO
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -201,6 +203,8 @@ class DeviceSet:
             return f"nodes{len(self.nodes)}x{len(self.devices)}"
         if self.kind == "node_pair":
             return "-".join(f"node{n}" for n in self.nodes)
+        if self.kind == "node_recheck":
+            return f"recheck-node{self.nodes[0]}"
         if self.kind == "all":
             parts = [f"all{len(self.devices)}"]
         elif self.kind in ("single", "pair"):
@@ -216,7 +220,7 @@ class DeviceSet:
         return f"{self.base_id}-{self.rung.name}"
 
     def with_rung(self, rung: Rung) -> DeviceSet:
-        return DeviceSet(self.devices, self.link, rung, self.kind, self.isolate, self.links, self.nodes)
+        return replace(self, rung=rung)
 
 
 def _links_between(topology: Topology, devices: Sequence[Device]) -> tuple[str, ...]:
@@ -288,21 +292,77 @@ def barrier_sets(topology: Topology) -> list[DeviceSet]:
     return sets
 
 
-def across_nodes(topology: Topology, nnodes: int) -> list[DeviceSet]:
-    return [DeviceSet(topology.devices, "all", kind="across_nodes", links=(NET_LINK,), nodes=tuple(range(nnodes)))]
+@dataclass(frozen=True)
+class NodePairing:
+    """Which pairs of nodes a run tests; the same on every node (``seed``: the run id they agreed on).
+
+    ``all``: every pair, in rounds of disjoint pairs.  ``quick``: one random round of disjoint
+    pairs, then a re-check of every node not known good (its pair failed, or it sat out an odd
+    round) with a node whose pair passed, so a bad node is named in two rounds, not N-1.
+    """
+
+    nnodes: int = 1
+    mode: str = "all"
+    seed: str = ""
+
+    @classmethod
+    def of(cls, nnodes: int, mode: str, seed: str) -> NodePairing:
+        if mode == "auto":
+            mode = "all" if nnodes <= ALL_NODE_PAIRS_UP_TO else "quick"
+        return cls(nnodes, mode, seed)
+
+    @property
+    def rechecks(self) -> bool:
+        return self.mode == "quick"
+
+    def first_pass(self) -> list[tuple[int, int]]:
+        """The pairs of the first pass, round after round."""
+        rounds = node_rounds(self.nnodes) if self.mode == "all" else [random_pairing(self.nnodes, self.seed)]
+        return [pair for pairs in rounds for pair in pairs]
 
 
-def node_pairs(topology: Topology, nnodes: int) -> list[DeviceSet]:
-    """Each pair of nodes, one rank on each (this node's first device), in rounds of disjoint pairs.
+def across_nodes(topology: Topology, pairing: NodePairing) -> list[DeviceSet]:
+    nodes = tuple(range(pairing.nnodes))
+    return [DeviceSet(topology.devices, "all", kind="across_nodes", links=(NET_LINK,), nodes=nodes)]
+
+
+def node_pairs(topology: Topology, pairing: NodePairing) -> list[DeviceSet]:
+    """Pairs of nodes, one rank on each (this node's first device): the first pass, then the re-checks.
 
     Every node runs the cases in this order and skips those it takes no part in, so the pairs of a
-    round run at once, each on its own two nodes: N-1 rounds for N nodes, not N(N-1)/2 cases in a row.
+    round run at once, each on its own two nodes.  A re-check (``node_recheck``, one per node) is
+    a place held: which node it pairs with is known only once the first pass has run.
     """
-    return [
-        DeviceSet(topology.devices[:1], NET_LINK, kind="node_pair", links=(NET_LINK,), nodes=pair)
-        for pairs in node_rounds(nnodes)
-        for pair in pairs
+    device, net = topology.devices[:1], (NET_LINK,)
+    first = [DeviceSet(device, NET_LINK, kind="node_pair", links=net, nodes=pair) for pair in pairing.first_pass()]
+    if not pairing.rechecks:
+        return first
+    return first + [
+        DeviceSet(device, NET_LINK, kind="node_recheck", links=net, nodes=(n,)) for n in range(pairing.nnodes)
     ]
+
+
+def as_node_pair(placeholder: DeviceSet, pair: tuple[int, int]) -> DeviceSet:
+    """A re-check's place filled: the node pair ``pair``, a node pair like any other."""
+    return replace(placeholder, kind="node_pair", nodes=tuple(sorted(pair)))
+
+
+def random_pairing(nnodes: int, seed: str) -> list[tuple[int, int]]:
+    """One round of disjoint pairs in an order drawn from ``seed`` (an odd count leaves one node out)."""
+    order = list(range(nnodes))
+    random.Random(seed).shuffle(order)
+    return sorted((min(a, b), max(a, b)) for a, b in zip(order[0::2], order[1::2], strict=False))
+
+
+def recheck_partners(passed: Mapping[tuple[int, int], bool], nnodes: int) -> dict[int, int | None]:
+    """Each node not known good, with the node known good it is re-checked with (None: there is none).
+
+    A node is known good when a pair of it passed.  Partners are dealt in turn, so with as many good
+    nodes as suspects the re-checks are disjoint pairs: one round.
+    """
+    good = sorted({node for pair, ok in passed.items() if ok for node in pair})
+    suspects = [node for node in range(nnodes) if node not in good]
+    return {node: good[i % len(good)] if good else None for i, node in enumerate(suspects)}
 
 
 def node_rounds(nnodes: int) -> list[list[tuple[int, int]]]:

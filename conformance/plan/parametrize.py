@@ -15,15 +15,28 @@ import pytest
 
 from conformance.discover.topology import Topology
 from conformance.plan.ladder import Step
-from conformance.plan.matrix import DEVICE_SET_FIXTURES, INHERITED, NODE_SET_FIXTURES, DeviceSet, Rung, each_pair
+from conformance.plan.matrix import (
+    DEVICE_SET_FIXTURES,
+    INHERITED,
+    NODE_SET_FIXTURES,
+    DeviceSet,
+    NodePairing,
+    Rung,
+    each_pair,
+)
 
 
 class Plan:
     def __init__(
-        self, topology: Topology, ladder: Sequence[Rung], mode: str, fallbacks_matter: bool = True, nnodes: int = 1
+        self,
+        topology: Topology,
+        ladder: Sequence[Rung],
+        mode: str,
+        fallbacks_matter: bool = True,
+        pairing: NodePairing | None = None,
     ) -> None:
         self.topology = topology
-        self.nnodes = nnodes
+        self.pairing = pairing or NodePairing()
         self.ladder = tuple(ladder)
         self.mode = mode
         self.fallbacks_matter = fallbacks_matter  # False: gloo, not simulated (no NCCL variable is read)
@@ -59,7 +72,7 @@ class Plan:
         return None
 
     def not_across_nodes(self) -> str | None:
-        if self.nnodes > 1:
+        if self.pairing.nnodes > 1:
             return None
         return (
             "a one-node run: cross-node cases need --nnodes 2 or more with --node-rank and --master-addr "
@@ -73,7 +86,7 @@ class Plan:
                 self._parametrize(metafunc, fixture, self.not_applicable(fixture), sets)
         for fixture, node_plan in NODE_SET_FIXTURES.items():
             if fixture in metafunc.fixturenames:
-                sets = [s.with_rung(r) for s in node_plan(self.topology, self.nnodes) for r in self.rungs]
+                sets = [s.with_rung(r) for s in node_plan(self.topology, self.pairing) for r in self.rungs]
                 self._parametrize(metafunc, fixture, self.not_across_nodes(), sets)
 
     @staticmethod

@@ -28,7 +28,14 @@ from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
 from conformance.record.records import CaseRecord, JsonObject
 from conformance.record.runs import Run, RunError
-from conformance.summarise.summary import case_of, first_passing_rungs, link_class_of, run_ladder, rung_env_text
+from conformance.summarise.summary import (
+    case_of,
+    first_passing_rungs,
+    link_class_of,
+    one_record_per_case,
+    run_ladder,
+    rung_env_text,
+)
 
 ENV_FILE = "recommended.env"
 UNFIT_STATUS = 1  # the command's exit status when any case delivered wrong data
@@ -471,7 +478,7 @@ def _wrong_data(records: list[CaseRecord]) -> list[WrongData]:
 def recommend(run: Run) -> Recommendation:
     """The recommendation for a finished run (its ladder: :func:`conformance.summarise.summary.run_ladder`)."""
     ladder = run_ladder(run)
-    records = [r for r in run.records if r.counts]
+    records = one_record_per_case(r for r in run.records if r.counts)  # a cross-node case once
     by_class: dict[str, list[CaseRecord]] = {}
     for r in records:
         by_class.setdefault(link_class_of(r), []).append(r)

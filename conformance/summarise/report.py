@@ -28,6 +28,7 @@ from conformance.plan.matrix import Rung
 from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause, RunFacts
 from conformance.record.runs import Run
 from conformance.summarise.summary import (
+    bad_nodes,
     deadlines_text,
     first_passing_rungs,
     link_class_of,
@@ -345,7 +346,8 @@ def _nodes_text(records: list[CaseRecord]) -> str:
     nodes = sorted({r.node_rank for r in records if isinstance(r.node_rank, int)})
     if not nodes:
         return "1"
-    return f"{len(nodes)} with records (node {', '.join(map(str, nodes))}); the device tables are node 0's"
+    text = f"{len(nodes)} with records (node {', '.join(map(str, nodes))}); the device tables are node 0's"
+    return "; ".join([text, *(f"BAD NODE {bad.text}" for bad in bad_nodes(records))])
 
 
 def _machine(facts: _Facts) -> str:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from conformance.common.verdicts import READING_ORDER, Verdict
-from conformance.plan.matrix import BUILTIN_LADDER, Rung
+from conformance.plan.matrix import BUILTIN_LADDER, INHERITED, Rung
 from conformance.record.records import CaseRecord
 from conformance.record.runs import Run
 
@@ -20,8 +21,16 @@ def case_of(record: CaseRecord) -> str:
 
 
 def one_record_per_case(records: Iterable[CaseRecord]) -> list[CaseRecord]:
-    """A cross-node case leaves one record on each of its nodes; count it once (its first node's)."""
-    return [r for r in records if not r.nodes or r.node_rank == min(r.nodes)]
+    """A cross-node case leaves one record on each of its nodes; count it once (its lowest node's there).
+
+    A node's own run folder holds only its records: each of its cross-node cases then counts once too.
+    """
+    kept: dict[tuple[str | None, str | int], CaseRecord] = {}
+    for index, r in enumerate(records):
+        key: tuple[str | None, str | int] = (r.run_id, r.nodeid) if r.nodes else (None, index)
+        if key not in kept or (r.node_rank or 0) < (kept[key].node_rank or 0):
+            kept[key] = r
+    return list(kept.values())
 
 
 def link_class_of(record: CaseRecord) -> str:
@@ -50,10 +59,43 @@ def _verdict_cell(records: list[CaseRecord], verdict: Verdict) -> str:
     return f"{len(matching)}{'e' if expected else ''}"
 
 
+@dataclass(frozen=True)
+class BadNode:
+    node: int
+    failed_with: tuple[int, ...]  # nodes known good (each passed with another node) it failed with
+
+    @property
+    def text(self) -> str:
+        partners = ", ".join(f"node {n}" for n in self.failed_with)
+        return f"node {self.node}: failed with {partners}, each of which passed with another node, and passed with none"
+
+
+def bad_nodes(records: Iterable[CaseRecord]) -> list[BadNode]:
+    """Nodes that are bad, not only in a bad pair: each failed with a node known good and passed with none.
+
+    From the node pairs of every pass on the first rung (the environment as it is).  A pair that
+    failed between two nodes that each passed with others is their link, and names neither.
+    """
+    pairs = [
+        (r.nodes, r.outcome)
+        for r in records
+        if r.set_kind == "node_pair" and r.env_name == INHERITED.name and r.nodes and len(r.nodes) == 2
+    ]
+    good = {node for nodes, outcome in pairs if outcome is Verdict.PASS for node in nodes}
+    failed_with: dict[int, set[int]] = {}
+    for (a, b), outcome in pairs:
+        if outcome not in (Verdict.PASS, Verdict.SKIP):
+            for node, other in ((a, b), (b, a)):
+                if other in good:
+                    failed_with.setdefault(node, set()).add(other)
+    return [BadNode(node, tuple(sorted(others))) for node, others in sorted(failed_with.items()) if node not in good]
+
+
 def summary_lines(records: list[CaseRecord], simulated: bool) -> list[str]:
-    """Hangs and wrong data first, then probe x verdict counts."""
+    """Bad nodes, hangs and wrong data first, then probe x verdict counts."""
     title = "conformance summary" + (" (SIMULATED)" if simulated else "")
     lines = [f"{'=' * 20} {title} {'=' * 20}"]
+    lines += [f"BAD NODE {bad.text}" for bad in bad_nodes(records)]
     worst = [r for r in records if r.outcome in (Verdict.HANG, Verdict.FAIL) and r.expected_verdict != r.verdict]
     for r in sorted(worst, key=lambda r: (r.outcome is not Verdict.HANG, r.nodeid)):
         lines.append(f"{r.verdict.upper():5} {r.nodeid}: {r.summary}")
