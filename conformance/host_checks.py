@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.record import results
 from conformance.record.records import HOST_SET_KIND, CaseRecord
@@ -57,7 +58,7 @@ class HostChecks:
     def _record(self, item: pytest.Item, name: str, report: pytest.TestReport) -> CaseRecord:
         return CaseRecord(
             run_id=self.run.run_id,
-            nodeid=item.nodeid,
+            nodeid=record_nodeid(item.path, item.nodeid),
             probe=f"host:{name}",
             verdict=_verdict(report).value,
             set_kind=HOST_SET_KIND,

@@ -11,11 +11,14 @@ import pytest
 from conformance import host_checks
 from conformance.common.deadlines import DeadlineError
 from conformance.common.lifetime import die_with_parent
+from conformance.common.suite import SUITES_DIR, SUITES_PACKAGE
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
 from conformance.launch.case import CaseResult, failure_text
 from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, extra_local_process, node_setup
 from conformance.plan.matrix import (
+    DEVICE_SET_FIXTURES,
+    NODE_SET_FIXTURES,
     DeviceSet,
     Rung,
     RungError,
@@ -128,10 +131,54 @@ def _die_with_controller(workerinput: dict[str, Any]) -> None:
         os._exit(1)  # the controller died before the request took hold
 
 
+PLUGIN_NAMES = ("conformance.plugin", "conformance")  # as "-p NAME" spells it
+SUITE_FIXTURES = frozenset({"conformance", "conformance_case", "collective_case"})
+
+
+def runs_the_suite(config: pytest.Config) -> bool:
+    """Whether this pytest run is the suite's; in any other the plugin adds only its options and markers.
+
+    pytest loads the plugin in every run of an environment it is installed in (its entry point),
+    so it acts only where asked: the suite's tests named (a path in or around ``conformance/suites``,
+    the checkout's ``suites/`` link included, or ``--pyargs conformance.suites...``), ``-p
+    conformance.plugin`` given (tests of one's own), or an xdist worker of such a run.
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return WORKER_RUN_ID in workerinput
+    if any(name in PLUGIN_NAMES for name in config.known_args_namespace.plugins or ()):
+        return True
+    for arg in config.args:
+        named = arg.split("::")[0]
+        if config.option.pyargs and (named == "conformance" or named.split(".")[:2] == SUITES_PACKAGE.split(".")):
+            return True
+        path = (config.invocation_params.dir / named).resolve()
+        if path == SUITES_DIR or SUITES_DIR in path.parents or path in SUITES_DIR.parents:
+            return True
+    return False
+
+
+class NotTheSuite:
+    """A run that is not the suite's: a test asking for the suite's fixtures is refused saying how to run it."""
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        fixtures = SUITE_FIXTURES | set(DEVICE_SET_FIXTURES) | set(NODE_SET_FIXTURES)
+        asking = [item.nodeid for item in items if fixtures & set(getattr(item, "fixturenames", ()))]
+        if asking:
+            more = f" (and {len(asking) - 1} more)" if len(asking) > 1 else ""
+            raise pytest.UsageError(
+                f"conformance: {asking[0]}{more} uses the suite's fixtures, but this run is not the suite's: "
+                f"name the suite (pytest --pyargs {SUITES_PACKAGE}, or its folder) or add -p conformance.plugin"
+            )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance_gpu: the case needs the NCCL backend and GPUs")
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", host_checks.MARKER_HELP)
+    if not runs_the_suite(config):
+        config.pluginmanager.register(NotTheSuite(), "conformance_not_the_suite")
+        return
     extra = extra_local_process(os.environ)
     if extra is not None:  # exit 0: torchrun would stop the node's real pytest if this one failed
         pytest.exit(f"conformance: {extra}", returncode=0)

@@ -18,6 +18,7 @@ from conformance.common import casefiles
 from conformance.common.deadlines import DeadlineError
 from conformance.common.families import inherited_variables
 from conformance.common.jsonl import read_lines
+from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines
 from conformance.discover.versions import nccl_wheel_version, package_version
@@ -279,7 +280,7 @@ class ConformanceSession:
         single_process = bool(params.pop("single_process", False))
         grace = params.pop("grace", None)
         return CaseSpec(
-            nodeid=item.nodeid,
+            nodeid=record_nodeid(item.path, item.nodeid),
             probe=probe,
             devices=device_set.devices,
             backend=self.backend,

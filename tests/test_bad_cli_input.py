@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_compare import machine, record
 
 from conformance.cli.main import main
 from conformance.record.records import SCHEMA, CaseRecord, junit_properties
+from test_compare import machine, record
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
 

@@ -15,12 +15,12 @@ from xml.etree import ElementTree
 
 import pytest
 import torch
-from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
 from conformance.cli.main import main
 from conformance.record.records import CaseRecord, RunFacts, junit_properties
 from conformance.record.runs import _json_or_text, load_run
 from conformance.summarise.junit_merge import merge, property_text
+from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
 RunSuite = Callable[..., pytest.RunResult]
 PROG = "python -m conformance merge-junit"

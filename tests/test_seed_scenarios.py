@@ -25,7 +25,7 @@ from conftest import REPO, copy_suites, read_records
 
 RunSuite = Callable[..., pytest.RunResult]
 
-SCENARIOS = REPO / "scenarios"
+SCENARIOS = (REPO / "scenarios").resolve()  # a link in the checkout; runs name the file itself
 TIMEOUTS = ("--step-timeout=3", "--op-timeout=2", "--init-timeout=2", "--grace=1")
 SAME_ENV = "same environment as rung inherited here"
 

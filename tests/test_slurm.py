@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster, why_not_here
 
 from conftest import copy_suite_files, wait_until_gone
+from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster, why_not_here
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=30")

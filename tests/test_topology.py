@@ -19,11 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import fake_nvml as nv
 import pynvml
 import pytest
-from fake_nvml import Failure, FakeMachine, FakeNvmlLibrary
 
+import fake_nvml as nv
 from conformance.cli.main import main
 from conformance.discover import topology
 from conformance.discover.topology import (
@@ -39,6 +38,7 @@ from conformance.discover.topology import (
     nvml_gpus,
     nvml_topology,
 )
+from fake_nvml import Failure, FakeMachine, FakeNvmlLibrary
 
 REPO = Path(__file__).resolve().parent.parent
 

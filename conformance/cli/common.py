@@ -17,7 +17,9 @@ from conformance.common import values
 from conformance.record.runs import Run, load_run, resolve_run_path
 from conformance.settings import SETTING, reports_dir_outside_pytest
 
-PROG = "python -m conformance"
+# The console script (``conformance``) or ``python -m conformance``, as the user typed it.
+PROG = "conformance" if Path(sys.argv[0]).name == "conformance" else "python -m conformance"
+DISTRIBUTION = "gpu-conformance"
 USAGE_ERROR = 2
 
 

@@ -1,5 +1,6 @@
-"""``python -m conformance``: what happens outside a test run.
+"""``conformance`` (or ``python -m conformance``): what happens outside a test run.
 
+    python -m conformance --version
     python -m conformance topology [--json] [--topology-file FILE] [--virtual-devices N]
     python -m conformance recommend [RUN]
     python -m conformance compare BASELINE CURRENT [--bandwidth-tolerance R] [--json]
@@ -20,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from conformance.cli import compare, merge_junit, recommend, report, smoke, topology
-from conformance.cli.common import PROG, USAGE_ERROR
+from conformance.cli.common import DISTRIBUTION, PROG, USAGE_ERROR
+from conformance.discover.versions import package_version
 
 COMMANDS = (topology, recommend, compare, report, merge_junit, smoke)
 
@@ -36,6 +38,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="GPU environment conformance: what happens outside a test run.")
+    version = package_version(DISTRIBUTION) or "unknown (the package is not installed)"
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {version}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(commands)
@@ -52,3 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     run: Callable[[argparse.Namespace], int] = args.run
     return run(args)
+
+
+def console() -> NoReturn:
+    """The ``conformance`` command (``[project.scripts]``)."""
+    raise SystemExit(main())

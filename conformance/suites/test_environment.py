@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from conformance.common.families import inherited_variables
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession
+
+RecordProperty = Callable[[str, object], None]  # pytest's record_property fixture
 
 # Every host figure below cites where it comes from.  "NCCL's troubleshooting guide" is
 # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
@@ -70,14 +73,14 @@ def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: C
 
 
 @pytest.mark.host_check("hostname")
-def test_hostname_resolves_to_bindable_address(record_property: pytest.RecordProperty) -> None:
+def test_hostname_resolves_to_bindable_address(record_property: RecordProperty) -> None:
     """Gloo (and NCCL's bootstrap) bind to what the host name resolves to."""
     hostname = socket.gethostname()
     try:
         infos = socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         pytest.fail(f"host name {hostname!r} does not resolve ({exc}); fix /etc/hosts or set GLOO_SOCKET_IFNAME")
-    addresses = sorted({info[4][0] for info in infos})
+    addresses = sorted({str(info[4][0]) for info in infos})
     record_property("hostname_addresses", ",".join(addresses))
     bindable = []
     for family, _, _, _, sockaddr in infos:
@@ -119,7 +122,7 @@ def shm_problem(free: int, backend: str) -> str | None:
 
 
 @pytest.mark.host_check("dev_shm")
-def test_dev_shm_space(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
+def test_dev_shm_space(conformance: ConformanceSession, record_property: RecordProperty) -> None:
     """/dev/shm has room for NCCL's SHM transport (GPU runs) or a sanity floor (CPU runs)."""
     try:
         stat = os.statvfs("/dev/shm")
@@ -170,7 +173,7 @@ def open_files_problem(soft: int, hard: int, nnodes: int) -> str | None:
 
 
 @pytest.mark.host_check("open_files")
-def test_open_file_limit(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
+def test_open_file_limit(conformance: ConformanceSession, record_property: RecordProperty) -> None:
     """The soft open-file limit suits the run's node count (NCCL raises only rank 0's)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     nnodes = conformance.setup.nnodes if conformance.setup else 1
@@ -197,7 +200,7 @@ def memlock_problem(soft: int, hard: int, ib_devices: list[str]) -> str | None:
 
 
 @pytest.mark.host_check("locked_memory")
-def test_locked_memory_limit(record_property: pytest.RecordProperty) -> None:
+def test_locked_memory_limit(record_property: RecordProperty) -> None:
     """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     record_property("memlock_soft", _limit(soft))
@@ -217,7 +220,7 @@ def _interface_matches(spec: str, interfaces: list[str], exact: bool) -> list[st
 
 
 @pytest.mark.host_check("socket_interfaces")
-def test_socket_interface_variables(record_property: pytest.RecordProperty) -> None:
+def test_socket_interface_variables(record_property: RecordProperty) -> None:
     """Inherited NCCL_/GLOO_ variables are listed; an interface they name must exist."""
     inherited = inherited_variables()
     record_property("inherited_env", " ".join(f"{k}={v}" for k, v in inherited.items()))
@@ -244,7 +247,7 @@ def test_socket_interface_variables(record_property: pytest.RecordProperty) -> N
 
 @pytest.mark.conformance_gpu
 @pytest.mark.host_check("nvml_driver")
-def test_nvml_driver(conformance: ConformanceSession, record_property: pytest.RecordProperty) -> None:
+def test_nvml_driver(conformance: ConformanceSession, record_property: RecordProperty) -> None:
     """NVML answers and reports a driver version (GPU only)."""
     if conformance.topology.source != "nvml":
         pytest.skip(f"GPU-only check: {conformance.topology.note or 'no GPU in this run'}")

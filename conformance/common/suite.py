@@ -1,0 +1,23 @@
+"""Where the suite lives, and the test ids its records carry wherever it was run from.
+
+The suite is the package ``conformance.suites``; a checkout's ``suites/`` is a link to it.  pytest
+names a test by its path from the rootdir, so the same test is ``suites/test_pairs.py::...`` in
+a checkout and ``::...`` (a path outside the rootdir) under ``pytest --pyargs`` elsewhere; the
+records name every test of the suite the checkout's way, so runs compare whichever way they ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+SUITES_PACKAGE = "conformance.suites"
+
+
+def record_nodeid(path: Path, nodeid: str) -> str:
+    """``nodeid`` of a test in ``path``; a test of the suite as ``suites/<file>::<name>`` however it was run."""
+    resolved = path.resolve()
+    if SUITES_DIR not in resolved.parents:
+        return nodeid
+    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    return f"suites/{resolved.relative_to(SUITES_DIR).as_posix()}::{name}"

@@ -1,0 +1,1 @@
+"""The conformance suite: ``pytest --pyargs conformance.suites`` anywhere, ``pytest suites/`` in a checkout."""

@@ -1,0 +1,119 @@
+"""The suite as a user installs it: a wheel, a fresh environment, no checkout anywhere on the path.
+
+The fresh environment sees this one's site-packages after its own (a ``.pth`` line: torch, pytest
+and the rest without installing them again), so its ``conformance`` is the wheel's: the checked
+import path says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+RUN_SECONDS = 300.0
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=RUN_SECONDS, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    return next(out.glob("gpu_conformance-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the wheel installed; returns its bin/ folder."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=RUN_SECONDS)
+    python = venv / "bin" / "python"
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(own, "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        capture_output=True, text=True, timeout=RUN_SECONDS, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return venv / "bin"
+
+
+def clean_env() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("CONFORMANCE_")
+    }
+
+
+def test_the_wheel_holds_the_suites_the_scenarios_the_plugin_and_the_command(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "conformance/suites/test_pairs.py" in names and "conformance/suites/__init__.py" in names
+    assert "conformance/scenarios/pcie-sys-p2p-hang.toml" in names
+    assert "conformance/scenarios/topologies/pcie-2socket-8gpu.json" in names
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[pytest11]\nconformance.plugin = conformance.plugin" in text
+    assert "[console_scripts]\nconformance = conformance.cli.main:console" in text
+
+
+def test_installed_the_suite_runs_from_any_folder_with_pyargs(installed: Path, tmp_path: Path) -> None:
+    env = clean_env()
+    where = subprocess.run(
+        [str(installed / "python"), "-c", "import conformance; print(conformance.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert str(installed.parent) in where and str(REPO) not in where, where
+    version = subprocess.run(
+        [str(installed / "conformance"), "--version"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert (version.returncode, version.stdout.strip()) == (0, "gpu-conformance 0.1.0"), version.stderr
+    run = subprocess.run(
+        [str(installed / "python"), "-m", "pytest", "--pyargs", "conformance.suites.test_environment",
+         "-p", "no:cacheprovider", "--reports-dir=reports"],
+        cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=RUN_SECONDS,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "passed" in run.stdout and "conformance: run " in run.stdout
+    records = [
+        json.loads(line) for line in (tmp_path / "reports" / "latest" / "results.jsonl").read_text().splitlines()
+    ]
+    assert records and all(r["nodeid"].startswith("suites/test_environment.py::") for r in records), records
+
+
+def test_installed_the_plugin_stays_out_of_other_pytest_runs(installed: Path, tmp_path: Path) -> None:
+    """The entry point loads it into every pytest run there; a run of other tests sees nothing of it."""
+    (tmp_path / "test_mine.py").write_text("def test_mine():\n    assert True\n")
+    run = subprocess.run(
+        [str(installed / "python"), "-m", "pytest", "-p", "no:cacheprovider", "test_mine.py"],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=RUN_SECONDS,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "conformance:" not in run.stdout and "plugins: gpu-conformance-0.1.0" in run.stdout, run.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_mine.py"]  # no reports folder, nothing else
+
+
+def test_a_test_using_the_suites_fixtures_outside_a_suite_run_says_how_to_run_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_own="def test_own(conformance_case):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (
+        "ERROR: conformance: test_own.py::test_own uses the suite's fixtures, but this run is not the suite's: "
+        "name the suite (pytest --pyargs conformance.suites, or its folder) or add -p conformance.plugin"
+    ) in result.stderr.str()
+    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "conformance.plugin", "--co").ret == 0
