@@ -94,8 +94,9 @@ class Setting:
     default: str | None
     parse: Callable[[str, str], Any]
     is_path: bool = False
-    is_flag: bool = False  # an option without a value (--html-report); ini and environment take yes/no
+    is_flag: bool = False  # an option without a value (--run-report); ini and environment take yes/no
     multiple: bool = False  # repeatable option, ini line list, ';'-separated environment variable
+    metavar: str = ""  # the kind of value in --help (SECONDS, N, FILE, ...); choices list themselves
 
     @property
     def option(self) -> str:
@@ -130,7 +131,7 @@ ENV_RUNGS_FILE_HELP = 'TOML file of extra rungs: [[rung]] name = "...", env = { 
 TOPOLOGY_FILE_HELP = "JSON topology (from 'python -m conformance topology --json') used instead of NVML."
 BASELINE_HELP = "A run (folder, results.jsonl or JUnit XML) to compare this run against; a regression fails the run."
 BANDWIDTH_TOLERANCE_HELP = "Bandwidth ratio current/baseline below which a passing case counts as a drop."
-HTML_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
+RUN_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
 SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks the run simulated)."
 NNODES_HELP = "Nodes in a multi-node run (one pytest per node). Default: SLURM_NNODES, NNODES, else 1."
 NODE_RANK_HELP = "This node's rank, 0 for the node hosting the run's store. Default: SLURM_NODEID, NODE_RANK."
@@ -149,28 +150,30 @@ REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'late
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", BACKEND_HELP, "auto", _choice("backend", BACKENDS)),
-    Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _device_count),
-    Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number),
-    Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number),
-    Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number),
-    Setting("case_timeout", CASE_TIMEOUT_HELP, "120", _positive_number),
-    Setting("grace", GRACE_HELP, "3", _positive_number),
+    Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _device_count, metavar="N"),
+    Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number, metavar="SECONDS"),
+    Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number, metavar="SECONDS"),
+    Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number, metavar="SECONDS"),
+    Setting("case_timeout", CASE_TIMEOUT_HELP, "120", _positive_number, metavar="SECONDS"),
+    Setting("grace", GRACE_HELP, "3", _positive_number, metavar="SECONDS"),
     Setting("matrix", MATRIX_HELP, "adaptive", _choice("matrix", MATRIX_MODES)),
-    Setting("env_rung", ENV_RUNG_HELP, None, _text, multiple=True),  # parsed into rungs by the plan
-    Setting("env_rungs_file", ENV_RUNGS_FILE_HELP, None, _text, is_path=True),
-    Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True),
-    Setting("scenario", SCENARIO_HELP, None, _text, is_path=True),
-    Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True),
-    Setting("baseline", BASELINE_HELP, None, _text, is_path=True),
-    Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio),
-    Setting("html_report", HTML_REPORT_HELP, "no", _flag, is_flag=True),
-    Setting("nnodes", NNODES_HELP, None, _positive_int),
-    Setting("node_rank", NODE_RANK_HELP, None, _node_rank),
-    Setting("master_addr", MASTER_ADDR_HELP, None, _host),
-    Setting("master_port", MASTER_PORT_HELP, None, _port),
-    Setting("rendezvous_timeout", RENDEZVOUS_TIMEOUT_HELP, "60", _positive_number),
+    Setting(
+        "env_rung", ENV_RUNG_HELP, None, _text, multiple=True, metavar="NAME:VAR=VALUE[,VAR=VALUE]"
+    ),  # parsed into rungs by the plan
+    Setting("env_rungs_file", ENV_RUNGS_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
+    Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
+    Setting("scenario", SCENARIO_HELP, None, _text, is_path=True, metavar="FILE"),
+    Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True, metavar="DIR"),
+    Setting("baseline", BASELINE_HELP, None, _text, is_path=True, metavar="RUN"),
+    Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio, metavar="RATIO"),
+    Setting("run_report", RUN_REPORT_HELP, "no", _flag, is_flag=True),
+    Setting("nnodes", NNODES_HELP, None, _positive_int, metavar="N"),
+    Setting("node_rank", NODE_RANK_HELP, None, _node_rank, metavar="N"),
+    Setting("master_addr", MASTER_ADDR_HELP, None, _host, metavar="HOST"),
+    Setting("master_port", MASTER_PORT_HELP, None, _port, metavar="PORT"),
+    Setting("rendezvous_timeout", RENDEZVOUS_TIMEOUT_HELP, "60", _positive_number, metavar="SECONDS"),
     Setting("node_pairs", NODE_PAIRS_HELP, "auto", _choice("node pairs mode", NODE_PAIR_MODES)),
-    Setting("run_token", RUN_TOKEN_HELP, None, _token),
+    Setting("run_token", RUN_TOKEN_HELP, None, _token, metavar="TEXT"),
 )
 NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
@@ -194,7 +197,7 @@ class Settings:
     reports_dir: Path
     baseline: Path | None
     bandwidth_tolerance: float
-    html_report: bool
+    run_report: bool
     nnodes: int | None
     node_rank: int | None
     master_addr: str | None
@@ -223,6 +226,12 @@ def reports_dir_outside_pytest(environ: Mapping[str, str]) -> Path:
     return Path(environ.get(setting.env_var) or str(setting.default))
 
 
+def _choices_metavar(setting: Setting) -> str:
+    """``{auto,gloo,nccl}`` for a setting of fixed choices."""
+    choices = {"backend": BACKENDS, "matrix": MATRIX_MODES, "node_pairs": NODE_PAIR_MODES}[setting.name]
+    return "{" + ",".join(choices) + "}"
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "GPU environment conformance suite")
     for setting in SETTINGS:
@@ -239,7 +248,7 @@ def add_options(parser: pytest.Parser) -> None:
             dest=setting.dest,
             default=None,
             action="append" if setting.multiple else "store",
-            metavar=setting.name.upper(),
+            metavar=setting.metavar or _choices_metavar(setting),
             help=help_text,
         )
         if setting.multiple:

@@ -1,4 +1,4 @@
-"""The end of a pytest run: recommendation, ``--baseline`` and ``--html-report``.
+"""The end of a pytest run: recommendation, ``--baseline`` and ``--run-report``.
 
 Real runs of the suite's plugin: the session reads its own run back when every case is recorded,
 writes recommended.env (and report.html), compares against a baseline and fails the session on a
@@ -27,7 +27,7 @@ def test_recommendation_and_report_written_at_the_end(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
 ) -> None:
     pytester.makepyfile(test_p=PAIR_TEST)
-    result = run_suite("--virtual-devices=2", "--html-report")
+    result = run_suite("--virtual-devices=2", "--run-report")
     result.assert_outcomes(passed=1)
     run_dir = (reports_dir / "latest").resolve()
     result.stdout.fnmatch_lines(

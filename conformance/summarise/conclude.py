@@ -47,7 +47,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
             regressions = comparison.regressions
             conclusion.regressed = comparison.exit_status != 0
-    if settings.html_report:
+    if settings.run_report:
         path = write_report(run, recommendation.lines(), regressions)
         conclusion.lines.append(f"HTML report: {path}")
     return conclusion
