@@ -4,13 +4,14 @@ A test marked ``@pytest.mark.host_check("name")`` runs no ranks: it looks at the
 limits, name resolution).
 
 Its verdict is ``pass``, ``skip`` or ``error`` (a host that does not suit the run: ``fail`` is kept
-for wrong data); its ``record_property`` values become the record's metrics.
+for wrong data); the values it gives the ``host_metric`` fixture become the record's ``metrics``
+(in results.jsonl; the JUnit file holds no per-test values: ``conformance/junit.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +24,13 @@ from conformance.record.records import HOST_SET_KIND, CaseRecord
 
 MARKER = "host_check"
 MARKER_HELP = f'{MARKER}(name): a check of the host, not of ranks; recorded as probe "host:<name>"'
+METRICS = pytest.StashKey[dict[str, object]]()
+HostMetric = Callable[[str, object], None]  # the host_metric fixture: host_metric(name, value)
+
+
+def keep_metric(item: pytest.Item, name: str, value: object) -> None:
+    """One of the check's values, for its record's ``metrics`` (the last value of a name wins)."""
+    item.stash.setdefault(METRICS, {})[name] = value
 
 
 class RunSide(Protocol):
@@ -56,6 +64,7 @@ class HostChecks:
         return report
 
     def _record(self, item: pytest.Item, name: str, report: pytest.TestReport) -> CaseRecord:
+        metrics: dict[str, object] = item.stash.get(METRICS, {})
         return CaseRecord(
             run_id=self.run.run_id,
             nodeid=record_nodeid(item.path, item.nodeid),
@@ -64,7 +73,7 @@ class HostChecks:
             set_kind=HOST_SET_KIND,
             backend=self.run.backend,
             summary=_summary(report),
-            metrics={str(key): value for key, value in item.user_properties},
+            metrics=dict(metrics),
             seconds=round(report.duration, 3),
             node_rank=self.run.node_rank,
             simulated=self.run.simulated,  # the check is real, but it belongs to a simulated run

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 
-from conformance import host_checks
+from conformance import host_checks, junit
 from conformance.common.deadlines import DeadlineError
 from conformance.common.lifetime import die_with_parent
 from conformance.common.suite import SUITES_DIR, SUITES_PACKAGE
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
-from conformance.launch.case import CaseResult, failure_text
+from conformance.launch.case import CaseResult, failure_text, headline
 from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, extra_local_process, node_setup
 from conformance.plan.matrix import (
     DEVICE_SET_FIXTURES,
@@ -29,7 +30,7 @@ from conformance.plan.scenario_fit import RunBounds, check_scenario_fits
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
 from conformance.record.runs import Run, RunError, load_run
-from conformance.session import ConformanceSession, uses_xdist
+from conformance.session import NOT_NEEDED_KEY, ConformanceSession, uses_xdist
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
 from conformance.shared import MARKER_HELP
@@ -206,6 +207,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "conformance_session")
     config.pluginmanager.register(host_checks.HostChecks(session), "conformance_host_checks")
+    config.pluginmanager.register(junit.JunitHooks(session), "conformance_junit")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(session), "conformance_xdist")
 
@@ -220,6 +222,16 @@ class XdistHooks:
         node.workerinput[WORKER_RUN_ID] = self.session.run_id
         node.workerinput[WORKER_CONTROLLER] = os.getpid()
         node.workerinput[WORKER_TOPOLOGY] = self.session.topology.to_json()
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A worker's later rungs not run (never reported): covered, and counted deselected as pytest counts them."""
+        ids = list(getattr(node, "workeroutput", {}).get(NOT_NEEDED_KEY, ()))
+        self.session.not_needed += ids
+        for nodeid in ids:
+            self.session.coverage.reported(nodeid)
+        terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.stats.setdefault("deselected", []).extend(ids)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """The controller collects nothing itself: the run's plan is what its workers collected."""
@@ -247,6 +259,12 @@ def conformance(request: pytest.FixtureRequest) -> ConformanceSession:
 
 
 @pytest.fixture
+def host_metric(request: pytest.FixtureRequest) -> host_checks.HostMetric:
+    """``host_metric(name, value)``: a value a host check found, kept in its record's ``metrics``."""
+    return partial(host_checks.keep_metric, request.node)
+
+
+@pytest.fixture
 def conformance_case(request: pytest.FixtureRequest, conformance: ConformanceSession) -> RunCase:
     """Run a probe as one case and turn its verdict into the test's outcome.
 
@@ -261,6 +279,7 @@ def conformance_case(request: pytest.FixtureRequest, conformance: ConformanceSes
         if result.verdict == Verdict.SKIP:
             pytest.skip(result.decision.summary)
         if result.verdict != Verdict.PASS:
+            request.node.stash[junit.HEADLINE] = headline(result)
             pytest.fail(failure_text(result), pytrace=False)
         return result
 

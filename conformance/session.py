@@ -43,7 +43,7 @@ from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
 from conformance.record.coverage import Coverage
-from conformance.record.records import CaseRecord, RunEnd, RunFacts, RungFacts, junit_properties
+from conformance.record.records import CaseRecord, RunEnd, RunFacts, RungFacts
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
@@ -71,6 +71,10 @@ MEASUREMENT = {
 def uses_xdist(config: pytest.Config) -> bool:
     """The run is spread over xdist workers (this process is their controller, or one of them)."""
     return bool(config.getoption("numprocesses", None)) or config.getoption("dist", "no") != "no"
+
+
+DECISION_KEY = pytest.StashKey[RungDecision]()
+NOT_NEEDED_KEY = "conformance_not_needed"  # an xdist worker's later rungs not run, for the controller
 
 
 class ConformanceSession:
@@ -104,6 +108,7 @@ class ConformanceSession:
         self._runner: CaseRunner | None = None
         self._forkserver: ForkServerClient | None = None
         self._started: set[str] = set()  # ladder keys whose case has started in this process
+        self.not_needed: list[str] = []  # items of later rungs the ladder did not need (never run as tests)
         self._partners: dict[str, dict[int, int | None]] = {}  # node-pair re-checks: suspect -> known-good node
         self.progress = CaseProgress(config)
         self.ahead = CasesAhead()
@@ -313,7 +318,7 @@ class ConformanceSession:
         gone = self.nodes.absent(device_set.nodes) if self.nodes and device_set.nodes else None
         if gone is not None and step.rung_index > 0:
             self._skip(step, f"no environment rung brings a node back: {gone.reason}")
-        decision = self._rung_decision(step)
+        decision = item.stash.get(DECISION_KEY, None) or self._rung_decision(step)
         if not decision.run:
             self._skip(step, decision.reason)
         outcome, final_reason, stuck = Verdict.ERROR.value, "", ""
@@ -332,7 +337,6 @@ class ConformanceSession:
             self.nodes.publish_first_pass(step.key, result.verdict)
         record = results.case_record(result, self.run_id, expect, step.key)
         results.append_case(self.results_path, record)
-        item.user_properties.extend(junit_properties(record))
         if result.verdict not in (Verdict.PASS, Verdict.SKIP):
             self._attach_logs(item, result)
         return result
@@ -524,7 +528,7 @@ class ConformanceSession:
             lines.append(f"conformance: driver {t.driver or '?'}, CUDA driver {t.cuda_driver or '?'}")
         lines.extend(f"conformance:   {line}" for line in link_matrix_lines(t))
         lines.extend(f"conformance: {line}" for line in link_note_lines(t))
-        lines.append(f"conformance: matrix {self.plan.mode}, rungs: {', '.join(r.name for r in self.plan.ladder)}")
+        lines.append(f"conformance: matrix {self.plan.mode}, rungs: {', '.join(r.name for r in self.plan.rungs)}")
         inherited = inherited_variables()
         if inherited:
             lines.append("conformance: inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
@@ -553,22 +557,40 @@ class ConformanceSession:
         return lines
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        """A later rung already decided not to run is skipped here, before its fixtures are made.
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        """A later rung its ladder does not need is not a test that could not run: it never runs as one.
 
-        Most items of a healthy run are such rungs ("already passed"); ``run`` decides the rest.
+        No setup, no report, no JUnit test case; pytest counts it ``deselected`` (most items of a
+        healthy adaptive run are such rungs).  The decision is the one ``run`` would take, kept for it;
+        one that must wait for other cases is left to ``run`` (a skip with the reason, if not needed).
         """
+        step = self._later_local_rung(item)
+        # Only a decision that needs no wait: the cases it waits for may be this worker's own, started
+        # side by side from inside an earlier item's run (ahead.py), so waiting here could stall them.
+        # Nor an item whose case already started side by side: its run takes that case (and its turn).
+        if step is None or item.nodeid in self.ahead.pending or not self.book.ready(step, self.plan.selected):
+            return None
+        decision = item.stash[DECISION_KEY] = self._rung_decision(step)
+        if decision.run:
+            return None
+        self.ensure_run_dir()
+        self.book.record(step, SKIPPED, decision.reason)
+        self.not_needed.append(item.nodeid)
+        # What the item before kept up for this one (its module, a fixture) goes now if the next needs it not,
+        # as pytest's own teardown of an item does (pytest_runtest_teardown needs a setup to have run).
+        item.session._setupstate.teardown_exact(nextitem)
+        item.ihook.pytest_deselected(items=[item])
+        item.session.testscollected -= 1  # as pytest counts deselection at collection: progress ends at 100%
+        self.coverage.reported(item.nodeid)
+        return True
+
+    def _later_local_rung(self, item: pytest.Item) -> Step | None:
+        """The ladder step of a case on one node on a rung after the first; None for anything else."""
         fixtures = getattr(item, "fixturenames", ())
         if "conformance_case" not in fixtures or any(name in fixtures for name in NODE_SET_FIXTURES):
-            return
+            return None
         step = self.plan.item_step(item)
-        if step is None or step.rung_index == 0 or not self.book.ready(step, self.plan.selected):
-            return
-        decision = self._rung_decision(step)
-        if not decision.run:
-            self.ensure_run_dir()
-            self.book.record(step, SKIPPED, decision.reason)
-            pytest.skip(decision.reason)
+        return step if step is not None and step.rung_index > 0 else None
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         if self.nodes is not None:
@@ -617,6 +639,8 @@ class ConformanceSession:
         if self.nodes is not None:
             self._exchange_records()
             self.nodes.close()
+        if self.is_worker:
+            self.config.workeroutput[NOT_NEEDED_KEY] = self.not_needed  # type: ignore[attr-defined]
         self._write_end(session)
         if self.is_worker or not self.results_path.exists():
             return

@@ -79,6 +79,12 @@ def wait_while_running(
     pytest.fail(f"{what}:\n{output.read_text()}")
 
 
+def ladder_lines(reports_dir: Path) -> list[dict[str, Any]]:
+    """The latest run's ladder decisions (``ladder.jsonl``), in the order they were written."""
+    text = (reports_dir / "latest" / "ladder.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def read_records(reports_dir: Path) -> list[dict[str, Any]]:
     path = reports_dir / "latest" / "results.jsonl"
     if not path.exists():

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from conformance.cli.main import main
-from conformance.record.records import SCHEMA, CaseRecord, junit_properties
+from conformance.record.records import JUNIT_RESULTS, JUNIT_RUN_ID, JUNIT_VERSION, SCHEMA
 from test_compare import machine, record
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
-Files = Mapping[str, "str | bytes | None"]  # path in the case's folder -> content; None: a directory
+Files = Mapping[str, "str | bytes | None"]  # path in the case's folder -> content ({d}: the folder); None: a folder
 
 
 @dataclass(frozen=True)
@@ -63,26 +63,21 @@ def run_folder(folder: str = "run", run_id: str = "run-a", **fields: Any) -> dic
     return {f"{folder}/results.jsonl": results(record(run_id=run_id)), f"{folder}/run.json": facts(run_id, **fields)}
 
 
-def junit_xml(*records: Mapping[str, Any], root: str = "pytest tests") -> str:
-    """A JUnit file as pytest writes it with this suite's plugin: each record as its case's properties."""
+def junit_xml(*records: Mapping[str, Any], run: str = "reports/run-a", root: str = "pytest tests") -> str:
+    """A JUnit file as the suite's pytest writes it: the testsuite names the run folder ``run``, the cases are bare."""
+    named = {JUNIT_RUN_ID: run.split("/")[-1], JUNIT_RESULTS: f"{{d}}/{run}/results.jsonl", JUNIT_VERSION: "0.1.0"}
+    properties = "".join(f'<property name="{name}" value="{value}" />' for name, value in named.items())
     cases = "".join(_junit_case(r) for r in records)
     return (
         f'<?xml version="1.0" encoding="utf-8"?><testsuites name="{root}"><testsuite name="pytest" errors="0" '
-        f'failures="0" skipped="0" tests="{len(records)}" time="1.0">{cases}</testsuite></testsuites>'
+        f'failures="0" skipped="0" tests="{len(records)}" time="1.0"><properties>{properties}</properties>{cases}'
+        "</testsuite></testsuites>"
     )
 
 
 def _junit_case(data: Mapping[str, Any]) -> str:
-    properties = "".join(
-        f'<property name="{name}" value="{_attribute(value)}" />'
-        for name, value in junit_properties(CaseRecord.from_json(data))
-    )
     name = str(data["nodeid"]).split("::")[1]
-    return f'<testcase classname="test_pairs" name="{name}" time="0.5"><properties>{properties}</properties></testcase>'
-
-
-def _attribute(text: str) -> str:
-    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+    return f'<testcase classname="test_pairs" name="{name}" time="0.5" />'
 
 
 FOREIGN_JUNIT = (
@@ -166,8 +161,19 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "report-junit-of-another-suite": Refusal(
         ("report", "{d}/other.xml"),
-        "{d}/other.xml: no test case carries the suite's conformance.* properties",
+        "{d}/other.xml: no testsuite carries the suite's conformance.* properties",
         {"other.xml": FOREIGN_JUNIT},
+    ),
+    "report-junit-away-from-its-run": Refusal(
+        ("report", "{d}/a.xml"),
+        "{d}/a.xml: the run's records are not at {d}/reports/run-a/results.jsonl, where it names them (a JUnit "
+        "file holds none of its own); pass the run folder instead",
+        {"a.xml": junit_xml(A_RUN)},
+    ),
+    "compare-junit-away-from-its-run": Refusal(
+        ("compare", "{d}/run", "{d}/a.xml"),
+        "{d}/a.xml: the run's records are not at {d}/reports/run-a/results.jsonl, where it names them",
+        {**run_folder(), "a.xml": junit_xml(A_RUN)},
     ),
     "report-latest-missing": Refusal(("report", *REPORTS), "{d}/reports/latest: no such run folder or file"),
     # recommend and compare read runs through the same loader
@@ -198,55 +204,48 @@ REFUSALS: dict[str, Refusal] = {
     ),
     # merge-junit
     "merge-output-is-an-input": Refusal(
-        ("merge-junit", "{d}/a.xml", "{d}/a.xml", *REPORTS),
-        "OUT {d}/a.xml is also an input ({d}/a.xml); write the merged file elsewhere",
+        ("merge-junit", "-o", "{d}/a.xml", "{d}/a.xml"),
+        "--output {d}/a.xml is also an input ({d}/a.xml); write the merged file elsewhere",
         MERGE_RUN_A,
     ),
     "merge-output-is-an-input-by-another-name": Refusal(
-        ("merge-junit", "{d}/sub/../a.xml", "{d}/b.xml", "{d}/a.xml", *REPORTS),
-        "OUT {d}/sub/../a.xml is also an input ({d}/a.xml); write the merged file elsewhere",
+        ("merge-junit", "-o", "{d}/sub/../a.xml", "{d}/b.xml", "{d}/a.xml"),
+        "--output {d}/sub/../a.xml is also an input ({d}/a.xml); write the merged file elsewhere",
         {**MERGE_RUN_A, "sub": None, "b.xml": junit_xml(record("gpu0-gpu2", run_id="run-a"))},
     ),
     "merge-input-named-twice": Refusal(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", "{d}/a.xml", *REPORTS),
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml", "{d}/a.xml"),
         "IN {d}/a.xml is named twice; each case must be merged once",
         MERGE_RUN_A,
     ),
-    "merge-case-in-two-inputs": Refusal(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml", *REPORTS),
-        "test case test_pairs::test_pair_exchange[gpu0-gpu1-PIX-inherited] (run run-a) is in both {d}/a.xml "
-        "and {d}/b.xml; merge each case once",
-        {**MERGE_RUN_A, "b.xml": junit_xml(record("gpu0-gpu2", run_id="run-a"), A_RUN)},
-    ),
     "merge-junit-of-another-suite": Refusal(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", "{d}/other.xml", *REPORTS),
-        "{d}/other.xml: no test case carries the suite's conformance.* properties",
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml", "{d}/other.xml"),
+        "{d}/other.xml: testsuite 'other' carries none of the suite's conformance.* properties",
         {**MERGE_RUN_A, "other.xml": FOREIGN_JUNIT},
     ),
     "merge-output-written-by-someone-else": Refusal(
-        ("merge-junit", "{d}/b.xml", "{d}/a.xml", *REPORTS),
-        "OUT {d}/b.xml exists and was not written by merge-junit; not overwritten (is OUT missing?)",
+        ("merge-junit", "-o", "{d}/b.xml", "{d}/a.xml"),
+        "--output {d}/b.xml exists and was not written by merge-junit; not overwritten",
         {**MERGE_RUN_A, "b.xml": junit_xml(record("gpu0-gpu2", run_id="run-a"))},
     ),
     "merge-output-is-a-run-json": Refusal(
-        ("merge-junit", "{d}/reports/run-a/run.json", "{d}/a.xml", *REPORTS),
-        "OUT {d}/reports/run-a/run.json exists and was not written by merge-junit; not overwritten",
+        ("merge-junit", "-o", "{d}/reports/run-a/run.json", "{d}/a.xml"),
+        "--output {d}/reports/run-a/run.json exists and was not written by merge-junit; not overwritten",
         MERGE_RUN_A,
     ),
     "merge-output-is-a-directory": Refusal(
-        ("merge-junit", "{d}/reports", "{d}/a.xml", *REPORTS),
-        "OUT {d}/reports is a directory; name the merged file",
+        ("merge-junit", "-o", "{d}/reports", "{d}/a.xml"),
+        "--output {d}/reports is a directory; name the merged file",
         MERGE_RUN_A,
     ),
     "merge-input-is-a-directory": Refusal(
-        ("merge-junit", "{d}/out.xml", "{d}/reports", *REPORTS),
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/reports"),
         "{d}/reports: a directory, not a JUnit XML file",
         MERGE_RUN_A,
     ),
     "merge-run-json-not-json": Refusal(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", *REPORTS),
-        "{d}/reports/run-a/run.json: not JSON: Expecting value: line 1 column 1 (char 0); fix or remove it, "
-        "or name another run folder with --run",
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml"),
+        "{d}/reports/run-a/run.json: not JSON: Expecting value: line 1 column 1 (char 0); fix or remove it",
         {**MERGE_RUN_A, "reports/run-a/run.json": "garbage"},
     ),
     # topology
@@ -349,26 +348,37 @@ CONTROLS: dict[str, Control] = {
     ),
     "recommend": Control(("recommend", "{d}/run"), 0, ("run/recommended.env",), run_folder()),
     "compare": Control(("compare", "{d}/old", "{d}/new"), 0, (), {**run_folder("old"), **run_folder("new", "run-b")}),
+    "report-of-a-junit-file": Control(("report", "{d}/a.xml"), 0, ("report.html",), MERGE_RUN_A),
     "merge": Control(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml", *REPORTS),
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml"),
         0,
         ("out.xml",),
         {**MERGE_RUN_A, "b.xml": junit_xml(record("gpu0-gpu2", run_id="run-a"))},
     ),
-    "merge-one-test-in-two-runs": Control(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml", *REPORTS),
+    "merge-a-case-in-two-inputs-warns": Control(
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml"),
         0,
         ("out.xml",),
-        {**MERGE_RUN_A, **run_folder("reports/run-b", "run-b"), "b.xml": junit_xml(record(run_id="run-b"))},
+        {**MERGE_RUN_A, "b.xml": junit_xml(record("gpu0-gpu2", run_id="run-a"), A_RUN)},
+    ),
+    "merge-one-test-in-two-runs": Control(
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml"),
+        0,
+        ("out.xml",),
+        {
+            **MERGE_RUN_A,
+            **run_folder("reports/run-b", "run-b"),
+            "b.xml": junit_xml(record(run_id="run-b"), run="reports/run-b"),
+        },
     ),
     "merge-over-an-earlier-merge": Control(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", *REPORTS),
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml"),
         0,
         ("out.xml",),
         {**MERGE_RUN_A, "out.xml": junit_xml(A_RUN, root="conformance")},
     ),
     "merge-over-an-empty-file": Control(
-        ("merge-junit", "{d}/out.xml", "{d}/a.xml", *REPORTS), 0, ("out.xml",), {**MERGE_RUN_A, "out.xml": ""}
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml"), 0, ("out.xml",), {**MERGE_RUN_A, "out.xml": ""}
     ),
     "topology": Control(
         ("topology", "--topology-file", "{d}/box.json"),
@@ -400,7 +410,7 @@ def prepare(folder: Path, files: Files) -> None:
         if isinstance(content, bytes):
             path.write_bytes(content)
         else:
-            path.write_text(content)
+            path.write_text(content.replace("{d}", str(folder)))
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, bytes | None]]:

@@ -445,7 +445,7 @@ def test_command_exit_status_and_json(tmp_path: Path, capsys: pytest.CaptureFixt
             lambda d: write_text(
                 d / "r.xml", '<testsuites><testsuite name="x"><testcase name="t"/></testsuite></testsuites>'
             ),
-            "{d}/r.xml: no test case carries the suite's conformance.* properties",
+            "{d}/r.xml: no testsuite carries the suite's conformance.* properties",
         ),
         (lambda d: write_bytes(d / "r.jsonl", b"\xff\xfe{}\n"), "{d}/r.jsonl: cannot be read: 'utf-8' codec"),
         (lambda d: (d / "folder").mkdir() or d / "folder", "{d}/folder: not a run folder (no results.jsonl)"),

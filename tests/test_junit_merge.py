@@ -1,13 +1,15 @@
-"""``python -m conformance merge-junit OUT IN...``: one JUnit file, every case kept, the run's facts added.
+"""``python -m conformance merge-junit -o OUT IN...``: one JUnit file, every suite kept, each run's facts added.
 
 Two real runs of a tiny pair test on a simulated 3-GPU box (one of them under xdist) give the
-JUnit files to merge; hand-made files cover how the run folder is found and each kind of bad input.
+JUnit files to merge; hand-made files (each testsuite naming a hand-made run folder, as the
+suite's pytest writes them) cover the run facts, warnings and each kind of bad input.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,14 +18,18 @@ from xml.etree import ElementTree
 import pytest
 import torch
 
+from conformance.cli.common import DISTRIBUTION
 from conformance.cli.main import main
-from conformance.record.records import CaseRecord, RunFacts, junit_properties
-from conformance.record.runs import _json_or_text, load_run
+from conformance.discover.versions import package_version
+from conformance.record.records import JUNIT_RESULTS, JUNIT_RUN_ID, JUNIT_VERSION, RunFacts
+from conformance.record.runs import RunError, load_run, read_run_facts
 from conformance.summarise.junit_merge import merge, property_text
 from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
 RunSuite = Callable[..., pytest.RunResult]
 PROG = "python -m conformance merge-junit"
+VERSION = package_version(DISTRIBUTION) or "unknown"
+RUN_KEYS = ("host", "gpus", "driver", "cuda", "nccl", "torch", "run_id", "simulated")
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
@@ -33,13 +39,10 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str
     return status, out, err
 
 
-def case_list(path: Path) -> list[tuple[str | None, str | None, list[tuple[str | None, str | None]]]]:
-    """(classname, name, properties) of every test case, in file order."""
+def case_list(path: Path) -> list[tuple[str | None, str | None]]:
+    """(classname, name) of every test case, in file order."""
     root = ElementTree.parse(path).getroot()
-    return [
-        (case.get("classname"), case.get("name"), [(p.get("name"), p.get("value")) for p in case.iter("property")])
-        for case in root.iter("testcase")
-    ]
+    return [(case.get("classname"), case.get("name")) for case in root.iter("testcase")]
 
 
 def suite_properties(path: Path) -> list[list[tuple[str | None, str | None]]]:
@@ -53,12 +56,17 @@ def suite_properties(path: Path) -> list[list[tuple[str | None, str | None]]]:
     return found
 
 
-def run_suite_properties(run_id: str) -> list[tuple[str, str]]:
+def named_run(run_id: str, folder: Path) -> list[tuple[str, str]]:
+    """The properties the suite's pytest gives its testsuite."""
+    return [(JUNIT_RUN_ID, run_id), (JUNIT_RESULTS, str(folder / "results.jsonl")), (JUNIT_VERSION, VERSION)]
+
+
+def real_run_facts(run_id: str) -> list[tuple[str, str]]:
     return [
         ("conformance.run.host", os.uname().nodename),
         ("conformance.run.gpus", '{"count": 3, "models": {"NVIDIA L4": 3}}'),
         ("conformance.run.driver", DRIVER),
-        ("conformance.run.cuda", f'"{CUDA}"'),  # JSON: plain 12.4 would read back as a number
+        ("conformance.run.cuda", f'"{CUDA}"'),  # JSON: plain 12.4 would read as a number
         ("conformance.run.nccl", "null"),
         ("conformance.run.torch", torch.__version__),
         ("conformance.run.run_id", run_id),
@@ -72,41 +80,43 @@ def test_merge_two_real_runs(
 ) -> None:
     topology, _ = write_tiny_suite(pytester)
     run_suite(topology, "--junitxml=first.xml", "test_tiny.py")
-    first_run = (reports_dir / "latest").resolve().name
+    first_run = (reports_dir / "latest").resolve()
     run_suite(topology, "-n", "2", "--junitxml=second.xml", "test_tiny.py")
-    second_run = (reports_dir / "latest").resolve().name
+    second_run = (reports_dir / "latest").resolve()
     capsys.readouterr()
     first, second, out = pytester.path / "first.xml", pytester.path / "second.xml", pytester.path / "merged.xml"
+    # each run's pytest names its run, the xdist controller too
+    assert suite_properties(first) == [named_run(first_run.name, first_run)]
+    assert suite_properties(second) == [named_run(second_run.name, second_run)]
 
-    status, stdout, err = cli(capsys, out, first, second, "--reports-dir", reports_dir)
+    status, stdout, err = cli(capsys, "-o", out, first, second)
     assert (status, err) == (0, "")
     cases = len(case_list(first)) + len(case_list(second))
     assert stdout == (
         f"merged {cases} test case(s) in 2 suite(s) from 2 file(s) into {out}; "
-        f"run properties from {reports_dir / first_run}, {reports_dir / second_run}\n"
+        f"run properties from {first_run}, {second_run}\n"
     )
-    # every case with every property, in order; the suites' facts from their own runs
+    # every case, in order; each suite keeps its run's name and gets its run's facts
     assert case_list(out) == case_list(first) + case_list(second)
-    assert suite_properties(out) == [run_suite_properties(first_run), run_suite_properties(second_run)]
+    assert suite_properties(out) == [
+        named_run(first_run.name, first_run) + real_run_facts(first_run.name),
+        named_run(second_run.name, second_run) + real_run_facts(second_run.name),
+    ]
     root = ElementTree.parse(out).getroot()
     assert root.tag == "testsuites" and len(root.findall("testsuite")) == 2
+    assert "skipped" not in root.attrib  # not in the xunit2 schema
     inputs = [ElementTree.parse(p).getroot().find("testsuite") for p in (first, second)]
     assert int(root.get("tests", "")) == sum(int(s.get("tests", "")) for s in inputs if s is not None) == cases
 
-    # read back: the same records and the facts (the last suite's run)
+    # read back: both runs' records, the first run's facts
     merged = load_run(out)
-    assert merged.records == load_run(first).records + load_run(second).records
+    assert merged.records == load_run(first_run).records + load_run(second_run).records
     assert [r.verdict for r in merged.records] == ["pass"] * 6
-    assert merged.facts == RunFacts.from_json({
-        "host": os.uname().nodename, "gpus": {"count": 3, "models": {"NVIDIA L4": 3}}, "driver": DRIVER,
-        "cuda": CUDA, "nccl": None, "torch": torch.__version__, "run_id": second_run, "simulated": True,
-    })  # fmt: skip
-    assert merged.run_id == second_run and merged.warnings == []
+    assert merged.facts == read_run_facts(first_run / "run.json")
+    assert merged.run_id == first_run.name and merged.warnings == []
 
-    # one run's file merged alone compares against the other run's folder: same host, same GPUs
-    alone = pytester.path / "alone.xml"
-    assert cli(capsys, alone, first, "--run", first_run, "--reports-dir", reports_dir)[0] == 0
-    status = main(["compare", "--json", str(alone), str(reports_dir / second_run)])
+    # a run's own JUnit file compares against the other run's folder: same host, same GPUs
+    status = main(["compare", "--json", str(first), str(second_run)])
     report = json.loads(capsys.readouterr().out)
     assert status == 0
     assert report["baseline"]["host"] == os.uname().nodename
@@ -119,168 +129,200 @@ def test_merge_two_real_runs(
 # --------------------------------------------------------------------------------------------
 
 
-def junit(path: Path, *records: dict[str, Any], name: str = "pytest") -> Path:
-    """A JUnit file as pytest writes it, the records as each case's conformance.* properties."""
+def junit(path: Path, folder: Path, *records: dict[str, Any], name: str = "pytest") -> Path:
+    """A JUnit file as the suite's pytest writes it: the testsuite names the run in ``folder``, the cases are bare."""
+    properties = "".join(
+        f"<property name={json.dumps(k)} value={json.dumps(v)} />" for k, v in named_run(folder.name, folder)
+    )
     cases = "".join(
-        f'<testcase classname="test_pairs" name="{r["nodeid"].split("::")[1]}" time="0.1"><properties>'
-        + "".join(
-            f"<property name={json.dumps(k)} value={quote(v)} />" for k, v in junit_properties(CaseRecord.from_json(r))
-        )
-        + "</properties></testcase>"
-        for r in records
+        f'<testcase classname="test_pairs" name="{r["nodeid"].split("::")[1]}" time="0.1" />' for r in records
     )
     path.write_text(
         f'<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="{name}" '
-        f'errors="0" failures="0" skipped="0" tests="{len(records)}" time="1.5">{cases}</testsuite></testsuites>'
+        f'errors="0" failures="0" skipped="0" tests="{len(records)}" time="1.5"><properties>{properties}'
+        f"</properties>{cases}</testsuite></testsuites>"
     )
     return path
 
 
-def quote(value: str) -> str:
-    escaped = value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
-    return f'"{escaped}"'
-
-
-def run_folder(reports: Path, run_id: str, host: str = "box-a", simulated: bool = False) -> Path:
+def run_folder(reports: Path, run_id: str, host: str = "box-a", *records: dict[str, Any]) -> Path:
     folder = reports / run_id
     folder.mkdir(parents=True)
     topology = {"driver": "535.1", "cuda_driver": "12.2", "devices": [{"kind": "gpu", "model": "H100", "uuid": "U0"}]}
-    facts = {
-        "run_id": run_id,
-        "host": host,
-        "topology": topology,
-        "torch": "2.5.1",
-        "nccl": "2.21.5",
-        "simulated": simulated,
-    }
+    facts = {"run_id": run_id, "host": host, "topology": topology, "torch": "2.5.1", "nccl": "2.21.5"}
     (folder / "run.json").write_text(json.dumps(facts))
-    (folder / "results.jsonl").write_text(
-        json.dumps({**record(), "run_id": run_id, "nccl": {"version": "2.23.4"}}) + "\n"
-    )
+    lines = records or ({**record(), "nccl": {"version": "2.23.4"}},)
+    (folder / "results.jsonl").write_text("".join(json.dumps({**r, "run_id": run_id}) + "\n" for r in lines))
     return folder
 
 
-def facts_of(run_id: str, host: str = "box-a") -> RunFacts:
-    return RunFacts.from_json({
+def facts_of(run_id: str, host: str = "box-a") -> dict[str, str]:
+    values: dict[str, Any] = {
         "host": host, "gpus": {"count": 1, "models": {"H100": 1}}, "driver": "535.1", "cuda": "12.2",
         "nccl": "2.23.4", "torch": "2.5.1", "run_id": run_id, "simulated": False,
-    })  # fmt: skip
+    }  # fmt: skip
+    return {f"conformance.run.{key}": property_text(values[key]) for key in RUN_KEYS}
 
 
-def test_run_folder_from_the_cases_run_id_else_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    reports = tmp_path / "reports"
-    run_folder(reports, "run-a")
-    run_folder(reports, "run-b", host="box-b")
-    os.symlink("run-b", reports / "latest")
-    a = junit(tmp_path / "a.xml", {**record(), "run_id": "run-a"})
-    plain = junit(tmp_path / "plain.xml", {**record("gpu0-gpu2"), "run_id": None}, name="other")
+def test_each_suite_gets_the_facts_of_the_run_it_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_run, b_run = run_folder(tmp_path / "reports", "run-a"), run_folder(tmp_path / "reports", "run-b", "box-b")
+    a = junit(tmp_path / "a.xml", a_run, record())
+    b = junit(tmp_path / "b.xml", b_run, record(), name="other")
     out = tmp_path / "out.xml"
-
-    # the cases say run-a: its folder, also for the suite whose cases carry no run id
-    assert cli(capsys, out, a, plain, "--reports-dir", reports)[0] == 0
-    assert [dict(p)["conformance.run.run_id"] for p in suite_properties(out)] == ["run-a", "run-a"]
-    assert load_run(out).facts == facts_of("run-a")
-    # no run id anywhere: reports/latest
-    assert cli(capsys, out, plain, "--reports-dir", reports)[0] == 0
-    assert load_run(out).facts == facts_of("run-b", host="box-b")
-    # --run wins, as a path or a run id
-    for given in (str(reports / "run-b"), "run-b", str(reports / "run-b" / "results.jsonl")):
-        assert cli(capsys, out, a, "--run", given, "--reports-dir", reports)[0] == 0
-        assert load_run(out).facts == facts_of("run-b", host="box-b")
+    assert cli(capsys, "-o", out, a, b)[0] == 0
+    assert [dict(p) for p in suite_properties(out)] == [
+        dict(named_run("run-a", a_run)) | facts_of("run-a"),
+        dict(named_run("run-b", b_run)) | facts_of("run-b", host="box-b"),
+    ]
+    merged = load_run(out)
+    assert [r.run_id for r in merged.records] == ["run-a", "run-b"]
+    assert merged.facts == read_run_facts(a_run / "run.json")
 
 
 def test_merging_a_merged_file_replaces_its_run_properties(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    reports = tmp_path / "reports"
-    run_folder(reports, "run-a")
-    run_folder(reports, "run-b", host="box-b")
-    a = junit(tmp_path / "a.xml", {**record(), "run_id": "run-a"})
+    folder = run_folder(tmp_path / "reports", "run-a")
+    a = junit(tmp_path / "a.xml", folder, record())
     once, twice = tmp_path / "once.xml", tmp_path / "twice.xml"
-    assert cli(capsys, once, a, "--reports-dir", reports)[0] == 0
-    assert cli(capsys, twice, once, "--run", "run-b", "--reports-dir", reports)[0] == 0
+    assert cli(capsys, "-o", once, a)[0] == 0
+    (folder / "run.json").write_text(json.dumps({**json.loads((folder / "run.json").read_text()), "host": "box-b"}))
+    assert cli(capsys, "-o", twice, once)[0] == 0
     (properties,) = suite_properties(twice)
-    assert [name for name, _ in properties] == [f"conformance.run.{k}" for k in (
-        "host", "gpus", "driver", "cuda", "nccl", "torch", "run_id", "simulated")]  # fmt: skip
+    assert [name for name, _ in properties] == [JUNIT_RUN_ID, JUNIT_RESULTS, JUNIT_VERSION] + [
+        f"conformance.run.{k}" for k in RUN_KEYS
+    ]
     assert dict(properties)["conformance.run.host"] == "box-b"
     assert case_list(twice) == case_list(a)
 
 
-def test_no_run_folder_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    a = junit(tmp_path / "a.xml", {**record(), "run_id": "run-gone"})
+def test_a_run_folder_that_is_gone_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gone = tmp_path / "reports" / "run-gone"
+    a = junit(tmp_path / "a.xml", gone, record())
     out = tmp_path / "out.xml"
-    status, stdout, err = cli(capsys, out, a, "--reports-dir", tmp_path / "reports")
+    status, stdout, err = cli(capsys, "-o", out, a)
     assert status == 0
     assert err == (
-        f"{PROG}: warning: {tmp_path}/reports/run-gone: no readable run.json ([Errno 2] No such file or directory: "
-        f"'{tmp_path}/reports/run-gone/run.json'); no run properties added for it\n"
+        f"{PROG}: warning: {gone}: no readable run.json ([Errno 2] No such file or directory: "
+        f"'{gone}/run.json'); no run properties added for it\n"
     )
     assert stdout.endswith("; no run properties\n")
-    assert suite_properties(out) == [[]] and load_run(out).facts == RunFacts()
-    assert load_run(out).records == load_run(a).records
+    assert suite_properties(out) == [named_run("run-gone", gone)] and case_list(out) == case_list(a)
+    # the merged file is written; reading it needs the run it names
+    with pytest.raises(RunError, match=f"the run's records are not at {gone}/results.jsonl, .*pass the run folder"):
+        load_run(out)
+
+
+def test_cases_of_one_run_in_two_inputs_are_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = run_folder(tmp_path / "reports", "run-a")
+    a = junit(tmp_path / "a.xml", folder, record(), record("gpu0-gpu2"))
+    b = junit(tmp_path / "b.xml", folder, record("gpu0-gpu2"), record(rung="p2p_disable"))
+    out = tmp_path / "out.xml"
+    status, stdout, err = cli(capsys, "-o", out, a, b)
+    assert status == 0 and stdout.startswith("merged 4 test case(s) in 2 suite(s)")
+    assert err == (
+        f"{PROG}: warning: 1 test case(s) of run run-a are in both {a} and {b}; merged as they are "
+        "(CI counts them twice)\n"
+    )
+    assert case_list(out) == case_list(a) + case_list(b)
+    assert load_run(out).records == load_run(folder).records  # the run's records, read once
 
 
 @pytest.mark.parametrize(
-    ("value"), ["box", "12.0", "12.10", "535.104.05", "true", "null", "", '"quoted"', "007", None, True, 3, {"a": [1]}]
+    "value", ["box", "12.0", "12.10", "535.104.05", "true", "null", "", '"quoted"', "007", None, True, 3, {"a": [1]}]
 )
-def test_every_value_reads_back_as_written(value: Any) -> None:
-    assert _json_or_text(property_text(value)) == value
-    assert type(_json_or_text(property_text(value))) is type(value)
+def test_every_value_reads_as_written(value: Any) -> None:
+    text = property_text(value)
+    try:
+        read = json.loads(text)
+    except ValueError:
+        read = text  # plain text: it reads as nothing else
+    assert read == value and type(read) is type(value)
 
 
 def test_merge_api(tmp_path: Path) -> None:
-    reports = tmp_path / "reports"
-    run_folder(reports, "run-a")
-    a = junit(tmp_path / "a.xml", {**record(), "run_id": "run-a"}, {**record("gpu0-gpu2"), "run_id": "run-a"})
-    # two shards of one run (each case once: the same file twice is refused, tests/test_bad_cli_input.py)
-    b = junit(
-        tmp_path / "b.xml",
-        {**record(rung="p2p_disable"), "run_id": "run-a"},
-        {**record("gpu0-gpu2", rung="p2p_disable"), "run_id": "run-a"},
-    )
-    result = merge(tmp_path / "out.xml", [a, b], reports_dir=reports)
-    assert (result.files, result.suites, result.cases, result.runs, result.warnings) == (
-        2,
-        2,
-        4,
-        [str(reports / "run-a")],
-        [],
-    )
+    folder = run_folder(tmp_path / "reports", "run-a")
+    # two shards of one run
+    a = junit(tmp_path / "a.xml", folder, record(), record("gpu0-gpu2"))
+    b = junit(tmp_path / "b.xml", folder, record(rung="p2p_disable"), record("gpu0-gpu2", rung="p2p_disable"))
+    result = merge(tmp_path / "out.xml", [a, b])
+    assert (result.files, result.suites, result.cases, result.runs, result.warnings) == (2, 2, 4, [str(folder)], [])
     root = ElementTree.parse(tmp_path / "out.xml").getroot()
     assert [s.get("tests") for s in root.iter("testsuite")] == ["2", "2"]
-    assert (root.get("tests"), root.get("time")) == ("4", "3.0")
+    assert root.attrib == {"name": "conformance", "tests": "4", "failures": "0", "errors": "0", "time": "3.0"}
+
+
+FOREIGN = '<testsuites><testsuite name="other" tests="1"><testcase classname="a" name="b"/></testsuite></testsuites>'
 
 
 @pytest.mark.parametrize(
-    ("inputs", "message"),
+    ("args", "message"),
     [
-        ([], "no input JUnit files given"),
-        (["missing.xml"], "{d}/missing.xml: no such file"),
-        (["broken.xml"], "{d}/broken.xml: not a readable JUnit XML file: "),
-        (["html.xml"], "{d}/html.xml: not a readable JUnit XML file: Invalid format."),
-        (["good.xml", "--run", "{d}/nowhere"], "--run {d}/nowhere: {d}/nowhere is not a run folder (no run.json)"),
-        (["good.xml", "--out-dir"], "unrecognized arguments: --out-dir"),
+        (["-o", "out.xml"], "no input JUnit files given"),
+        (["-o", "out.xml", "missing.xml"], "{d}/missing.xml: no such file"),
+        (["-o", "out.xml", "broken.xml"], "{d}/broken.xml: not a readable JUnit XML file: "),
+        (["-o", "out.xml", "html.xml"], "{d}/html.xml: not a readable JUnit XML file: Invalid format."),
+        (
+            ["-o", "out.xml", "good.xml", "foreign.xml"],
+            "{d}/foreign.xml: testsuite 'other' carries none of the suite's conformance.* properties "
+            "(was it written by this suite?)",
+        ),
+        (["-o", "good.xml", "good.xml"], "--output {d}/good.xml is also an input ({d}/good.xml); write the merged"),
+        (["-o", "foreign.xml", "good.xml"], "--output {d}/foreign.xml exists and was not written by merge-junit"),
+        (["-o", "out.xml", "good.xml", "good.xml"], "IN {d}/good.xml is named twice; each case must be merged once"),
+        (["out.xml", "good.xml"], "the following arguments are required: -o/--output"),
+        (["-o", "out.xml", "good.xml", "--run", "x"], "unrecognized arguments: --run x"),
     ],
-    ids=["no-inputs", "missing", "broken", "not-junit", "run-not-a-folder", "bad-option"],
+    ids=[
+        "no-inputs",
+        "missing",
+        "broken",
+        "not-junit",
+        "not-this-suites",
+        "output-is-an-input",
+        "output-of-someone-else",
+        "input-twice",
+        "no-output",
+        "bad-option",
+    ],
 )
-def test_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], inputs: list[str], message: str
+def test_bad_input_is_one_line_exit_2_and_the_output_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "broken.xml").write_text("<testsuites><testsuite name='x'>")
     (tmp_path / "html.xml").write_text("<html><body/></html>")
-    junit(tmp_path / "good.xml", record())
-    args = [
-        a.format(d=tmp_path) if a.startswith("{d}") else (str(tmp_path / a) if a.endswith(".xml") else a)
-        for a in inputs
-    ]
-    status, out, err = cli(capsys, tmp_path / "out.xml", *args)
+    (tmp_path / "foreign.xml").write_text(FOREIGN)
+    good = junit(tmp_path / "good.xml", run_folder(tmp_path / "reports", "run-a"), record())
+    assert merge(tmp_path / "out.xml", [good]).cases == 1  # an earlier merge: OUT may be replaced
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.xml")}
+    status, out, err = cli(capsys, *(str(tmp_path / a) if a.endswith(".xml") else a for a in args))
     assert (status, out) == (2, "")
     assert err.count("\n") == 1
     expected = message.format(d=tmp_path)
-    assert err.startswith(f"{PROG}: {expected}") or err == f"python -m conformance: error: {expected}\n"
-    assert not (tmp_path / "out.xml").exists()
+    assert err.startswith(f"{PROG}: {expected}") or err == f"python -m conformance: error: {expected}\n", err
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.xml")} == before
 
 
 def test_output_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    good = junit(tmp_path / "good.xml", record())
-    status, out, err = cli(capsys, tmp_path / "no" / "such" / "out.xml", good, "--reports-dir", tmp_path)
+    good = junit(tmp_path / "good.xml", run_folder(tmp_path / "reports", "run-a"), record())
+    status, out, err = cli(capsys, "-o", tmp_path / "no" / "such" / "out.xml", good)
     assert (status, out) == (2, "")
     assert err.startswith(f"{PROG}: {tmp_path}/no/such/out.xml: cannot be written: [Errno 2] No such file or directory")
+
+
+def test_a_junit_file_copied_away_from_its_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = run_folder(tmp_path / "reports", "run-a")
+    junit(tmp_path / "a.xml", folder, record())
+    shutil.move(folder, tmp_path / "elsewhere")
+    for command in ("recommend", "report", "compare"):
+        args = [str(tmp_path / "a.xml")] * (2 if command == "compare" else 1)
+        assert main([command, *args]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"python -m conformance {command}: {tmp_path}/a.xml: the run's records are not at "
+            f"{folder}/results.jsonl, where it names them (a JUnit file holds none of its own); "
+            "pass the run folder instead\n"
+        )
+    assert [r.run_id for r in load_run(tmp_path / "elsewhere").records] == ["run-a"]
+    assert load_run(tmp_path / "elsewhere").facts == RunFacts.from_json(
+        json.loads((tmp_path / "elsewhere" / "run.json").read_text())
+    )

@@ -612,7 +612,7 @@ def test_sys_hang_recommends_p2p_level_nvl_for_sys_only(
     scenario = on_three_gpus(pytester.path, "pcie-sys-p2p-hang")
     suites = copy_suites(pytester, "test_pairs.py")
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "-k", "test_pair_exchange", *suites)
-    result.assert_outcomes(failed=2, passed=3, skipped=25, deselected=30)  # cumem_off, nvls_off not tried
+    result.assert_outcomes(failed=2, passed=3, deselected=55)  # -k: 30; rungs not needed or not tried: 25
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.lines() == [
         SIMULATED,
@@ -653,7 +653,7 @@ def test_wrong_data_scenario_is_not_fit_for_training(
     scenario = on_three_gpus(pytester.path, "wrong-data-p2p")
     suites = copy_suites(pytester, "test_pairs.py")
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "-k", "test_pair_exchange", *suites)
-    result.assert_outcomes(failed=1, passed=3, skipped=26, deselected=30)  # cumem_off, nvls_off not tried
+    result.assert_outcomes(failed=1, passed=3, deselected=56)  # -k: 30; rungs not needed or not tried: 26
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.unfit
     nodeid = "suites/test_pairs.py::test_pair_exchange[gpu0-gpu1-PIX-{}]"
@@ -685,7 +685,7 @@ def test_single_gpu_needs_shm_off(pytester: pytest.Pytester, run_suite: RunSuite
     scenario = SCENARIOS / "single-gpu-nccl-init.toml"
     suites = copy_suites(pytester, "test_collectives.py")
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, *suites)
-    result.assert_outcomes(failed=2, passed=1, skipped=13)  # P2P rungs cannot change one GPU
+    result.assert_outcomes(failed=2, passed=1, skipped=6, deselected=7)  # P2P rungs cannot change one GPU
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.lines() == [
         SIMULATED,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cli.main import main
-from conformance.record.records import SCHEMA, CaseRecord, junit_properties, record_from_junit_properties
-from conformance.record.runs import RunError, load_run, read_jsonl, resolve_run_path
+from conformance.record.records import SCHEMA, CaseRecord, JunitRun
+from conformance.record.runs import RunError, load_run, read_jsonl, read_run_facts, resolve_run_path
 
 RECORD = {
     "schema": SCHEMA, "run_id": "r1", "nodeid": "suites/test_pairs.py::test_pair_exchange[cpu0-cpu1-inherited]",
@@ -57,15 +57,57 @@ def test_unknown_run_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captu
 def test_junit_without_the_suites_properties(tmp_path: Path) -> None:
     xml = tmp_path / "other.xml"
     xml.write_text('<testsuites><testsuite name="x"><testcase classname="a" name="b"/></testsuite></testsuites>')
-    with pytest.raises(RunError, match="no test case carries the suite's conformance"):
+    with pytest.raises(RunError, match="no testsuite carries the suite's conformance"):
         load_run(xml)
 
 
-def test_every_record_field_survives_junit_properties() -> None:
-    properties = dict(junit_properties(CaseRecord.from_json(RECORD)))
-    assert properties["conformance.verdict"] == "pass"  # text stays readable in the XML
-    assert properties["conformance.devices"] == '["cpu0", "cpu1"]'
-    assert record_from_junit_properties(properties) == CaseRecord.from_json(RECORD)
+def junit_naming(path: Path, *folders: Path) -> Path:
+    """A JUnit file with one testsuite per run folder, each naming its run as the suite's pytest does."""
+    suites = ""
+    for folder in folders:
+        named = JunitRun(folder.name, str(folder / "results.jsonl"), "0.1.0").properties()
+        properties = "".join(f'<property name="{k}" value="{v}" />' for k, v in named)
+        suites += f'<testsuite name="pytest" tests="1" failures="0" errors="0"><properties>{properties}</properties>'
+        suites += '<testcase classname="suites.test_pairs" name="t" /></testsuite>'
+    path.write_text(f"<testsuites>{suites}</testsuites>")
+    return path
+
+
+def write_run(folder: Path, *records: dict[str, object]) -> Path:
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"run_id": folder.name, "host": folder.name}))
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_a_junit_file_reads_the_runs_its_testsuites_name(tmp_path: Path) -> None:
+    node0 = {**RECORD, "node_rank": 0, "run_id": "run"}
+    node1 = {**RECORD, "node_rank": 1, "run_id": "run"}
+    # node 0's folder holds every node's records (gathered at the end), node 1's its own
+    first = write_run(tmp_path / "run", node0, node1)
+    second = write_run(tmp_path / "run-node1", node1)
+    run = load_run(junit_naming(tmp_path / "merged.xml", first, second))
+    assert run.records == [CaseRecord.from_json(node0), CaseRecord.from_json(node1)]  # node 1's counted once
+    assert run.facts == read_run_facts(first / "run.json") and run.warnings == []
+    assert run.folder == tmp_path  # reports about it go beside the JUnit file, as before
+    # a run's own JUnit file: all of that run
+    assert load_run(junit_naming(tmp_path / "node1.xml", second)).records == [CaseRecord.from_json(node1)]
+
+
+def test_a_junit_file_without_its_run_is_refused_naming_where_it_looked(tmp_path: Path) -> None:
+    xml = junit_naming(tmp_path / "a.xml", tmp_path / "gone")
+    with pytest.raises(RunError) as refused:
+        load_run(xml)
+    assert str(refused.value) == (
+        f"{xml}: the run's records are not at {tmp_path}/gone/results.jsonl, where it names them "
+        "(a JUnit file holds none of its own); pass the run folder instead"
+    )
+
+
+def test_junit_run_properties_read_back() -> None:
+    named = JunitRun("20261121-000000-abcd", "/r/20261121-000000-abcd/results.jsonl", "0.1.0")
+    assert JunitRun.from_properties(dict(named.properties())) == named
+    assert JunitRun.from_properties({"conformance.run_id": "r"}) is None  # no results file named
 
 
 def test_latest_is_the_default_run_and_a_bare_run_id_works(tmp_path: Path) -> None:

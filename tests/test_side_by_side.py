@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conformance.common import casefiles
-from conftest import REPO, in_rounds_named, read_records
+from conftest import REPO, in_rounds_named, ladder_lines, read_records
 
 PAIRS_SUITE = """
 def test_pair_exchange(conformance_case, conformance, device_pair):
@@ -128,7 +128,9 @@ def test_under_xdist_every_rung_of_a_device_set_runs_on_one_worker(pytester: pyt
     """A worker decides a device set's ladder from its own items; two device sets use both workers."""
     pytester.makepyfile(test_p=PAIRS_SUITE)
     result = run_suite(TOPOLOGY, "-n", "2", "-v", "-k", "gpu0-gpu1 or gpu2-gpu3", timeout=300)
-    result.assert_outcomes(passed=4, skipped=36)
+    outcomes = result.parseoutcomes()  # later rungs not needed: deselected, or skipped where decided after a wait
+    assert outcomes["passed"] == 4 and outcomes.get("skipped", 0) <= 36, outcomes
+    assert sum(d["outcome"] == "skipped" for d in ladder_lines(pytester.path / "reports")) == 36
     workers: dict[str, set[str]] = {}
     for line in result.outlines:
         match = re.match(r"\[(gw\d+)\].* (?:PASSED|SKIPPED) test_p\.py::test_\w+\[(gpu\d-gpu\d)", line)

@@ -5,7 +5,7 @@
     python -m conformance recommend [RUN]
     python -m conformance compare BASELINE CURRENT [--bandwidth-tolerance R] [--json]
     python -m conformance report [RUN]
-    python -m conformance merge-junit OUT IN...
+    python -m conformance merge-junit -o OUT IN...
     python -m conformance smoke [--out DIR] [--skip-suite]
 
 Each command is a module of this package with ``register(commands)``, which adds its argparse

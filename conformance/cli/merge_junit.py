@@ -1,4 +1,4 @@
-"""``python -m conformance merge-junit OUT IN...``: one JUnit file with the run's facts."""
+"""``python -m conformance merge-junit -o OUT IN...``: one JUnit file with the runs' facts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import add_reports_dir_argument, fail, warn
+from conformance.cli.common import fail, warn
 from conformance.summarise.junit_merge import MergeError, merge
 
 COMMAND = "merge-junit"
@@ -15,29 +15,23 @@ COMMAND = "merge-junit"
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         COMMAND,
-        help="merge JUnit XML files into one, with the run's facts as suite properties",
+        help="merge JUnit XML files into one, with each run's facts as suite properties",
         description=(
-            "Merge JUnit XML files (e.g. from CI shards) into OUT, keeping every test case and its properties, "
-            "and add the run's facts (host, GPUs, driver, CUDA, NCCL, torch, run id, simulated) as suite "
-            "properties conformance.run.<key>."
+            "Merge JUnit XML files written with --junitxml (CI shards, the nodes of a run) into OUT, keeping every "
+            "test suite whole, and add the facts of the run each suite names (host, GPUs, driver, CUDA, NCCL, "
+            "torch, run id, simulated) as suite properties conformance.run.<key>."
         ),
     )
-    parser.add_argument("out", metavar="OUT", type=Path, help="the merged JUnit XML file to write")
-    parser.add_argument("inputs", metavar="IN", type=Path, nargs="*", help="JUnit XML files written with --junitxml")
     parser.add_argument(
-        "--run",
-        dest="run_folder",  # "run" is the command function (cli.main calls args.run)
-        metavar="RUN",
-        help="the run folder (or run id) whose run.json gives the suite properties "
-        "(default: <reports dir>/<run id of the inputs>, else <reports dir>/latest)",
+        "-o", "--output", dest="out", metavar="OUT", type=Path, required=True, help="the merged JUnit XML file to write"
     )
-    add_reports_dir_argument(parser)
+    parser.add_argument("inputs", metavar="IN", type=Path, nargs="*", help="JUnit XML files written with --junitxml")
     parser.set_defaults(run=merge_command)
 
 
 def merge_command(args: argparse.Namespace) -> int:
     try:
-        result = merge(args.out, args.inputs, args.run_folder, args.reports_dir)
+        result = merge(args.out, args.inputs)
     except MergeError as exc:
         return fail(COMMAND, str(exc))
     for message in result.warnings:

@@ -288,6 +288,37 @@ class CaseRunner:
         self.server.close()
 
 
+def headline(result: CaseResult) -> str:
+    """A failed case on one line, for a CI annotation: ``HANG gpu0-gpu4 (SYS) in send/recv 4B: <summary>``.
+
+    The verdict in capitals, the device set (its nodes, across nodes) and link class, where it
+    stopped (a hang: where every stopped rank stood; else the root cause's place), whether the fault
+    was simulated, then the verdict's summary.
+    """
+    decision, spec = result.decision, result.spec
+    words = [f"{decision.verdict}".upper()]
+    words.append("-".join(f"node{n}" for n in spec.nodes) if spec.nodes else "-".join(d.name for d in spec.devices))
+    links = spec.link or ",".join(sorted(set(spec.links)))
+    if links:
+        words.append(f"({links})")
+    place = _stopped_at(decision)
+    if place:
+        words.append(f"in {place}")
+    if result.simulated:
+        words.append("[simulated]")
+    return " ".join(words) + ": " + " ".join(decision.summary.split())
+
+
+def _stopped_at(decision: Decision) -> str:
+    """Where the case stopped, as a step when the probe was in one (``send/recv 4B``); "" when not one place."""
+    if decision.verdict == Verdict.HANG:
+        ranks = [r for r in (decision.root, *decision.victims) if r is not None and r.status == "stopped"]
+    else:
+        ranks = [decision.root] if decision.root is not None else []
+    places = {r.step if r.phase == "probe" and r.step else r.where for r in ranks}
+    return places.pop() if len(places) == 1 else ""
+
+
 def failure_text(result: CaseResult) -> str:
     """Verdict word first, then the root cause, the phase, victims and a stack excerpt."""
     decision = result.decision

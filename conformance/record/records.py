@@ -1,9 +1,8 @@
 """What a run leaves behind, as types: one ``CaseRecord`` per case and the run's ``RunFacts``.
 
 A record is written once (``results.case_record``), as one JSON object per line of
-``results.jsonl`` and as ``conformance.<field>`` JUnit properties, and read back only through
-``CaseRecord.from_json`` (``runs.py`` reads folders, JSONL and JUnit files).  The JUnit properties
-are the record's fields, derived from the dataclass, so none can be left out.
+``results.jsonl``, and read back only through ``CaseRecord.from_json`` (``runs.py`` reads folders,
+JSONL files, and JUnit files through the run their testsuites name: ``JunitRun``).
 
 Fields hold JSON text where the suite does not interpret them itself: a probe's ``metrics``, the
 NCCL log parse (``nccl``), a rank's flight-recorder extract and barrier facts, NVML's P2P status
@@ -12,7 +11,6 @@ and the topology in ``run.json``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -54,7 +52,7 @@ class RankRecord:
 
 @dataclass(frozen=True)
 class CaseRecord:
-    """One case, as results.jsonl and the JUnit properties hold it."""
+    """One case, as results.jsonl holds it."""
 
     nodeid: str = ""
     probe: str = ""
@@ -139,38 +137,36 @@ def _known(kind: type, data: JsonObject, required: bool = False) -> dict[str, An
     return {name: data[name] for name in names if name in data}
 
 
-# -- JUnit properties: the record's fields, text as it is and the rest as JSON ---------------
+# -- JUnit: the run a testsuite names --------------------------------------------------------
 
-TEXT_FIELDS = frozenset({"run_id", "nodeid", "probe", "link", "set_kind", "ladder_key", "backend", "env_name",
-                         "verdict", "summary"})  # fmt: skip
-RECORD_FIELDS = tuple(f.name for f in fields(CaseRecord))
-
-
-def junit_properties(record: CaseRecord) -> list[tuple[str, str]]:
-    data = record.to_json()
-    properties = []
-    for name in RECORD_FIELDS:
-        value = data[name]
-        text = str(value) if name in TEXT_FIELDS and isinstance(value, str) else json.dumps(value, sort_keys=True)
-        properties.append((f"{JUNIT_PREFIX}{name}", text))
-    return properties
+JUNIT_RUN_ID = f"{JUNIT_PREFIX}run_id"
+JUNIT_RESULTS = f"{JUNIT_PREFIX}results"
+JUNIT_VERSION = f"{JUNIT_PREFIX}version"
 
 
-def record_from_junit_properties(properties: Mapping[str, str]) -> CaseRecord | None:
-    """The inverse of :func:`junit_properties`; None when no ``conformance.*`` property is there."""
-    data: dict[str, Any] = {}
-    for name, text in properties.items():
-        if not name.startswith(JUNIT_PREFIX):
-            continue
-        key = name[len(JUNIT_PREFIX) :]
-        if key in TEXT_FIELDS:
-            data[key] = text
-            continue
-        try:
-            data[key] = json.loads(text)
-        except ValueError:
-            data[key] = text
-    return CaseRecord.from_json(data) if data else None
+@dataclass(frozen=True)
+class JunitRun:
+    """The run a JUnit ``<testsuite>`` belongs to, as its properties name it.
+
+    The xunit2 schema allows properties on a testsuite, not on a test case, so a JUnit file holds
+    no record: it names the run (its id, its ``results.jsonl`` as an absolute path, the suite's
+    version), and readers take the records from there.
+    """
+
+    run_id: str
+    results: str
+    version: str
+
+    def properties(self) -> list[tuple[str, str]]:
+        return [(JUNIT_RUN_ID, self.run_id), (JUNIT_RESULTS, self.results), (JUNIT_VERSION, self.version)]
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, str | None]) -> JunitRun | None:
+        """None unless both the run id and the results file are named (not this suite's, or written before)."""
+        run_id, results = properties.get(JUNIT_RUN_ID), properties.get(JUNIT_RESULTS)
+        if not run_id or not results:
+            return None
+        return cls(run_id, results, properties.get(JUNIT_VERSION) or "")
 
 
 # -- run.json ---------------------------------------------------------------------------------
@@ -220,7 +216,7 @@ class FactsError(ValueError):
 
 @dataclass(frozen=True)
 class RunFacts:
-    """``run.json`` (and, read from a merged JUnit file, its ``conformance.run.*`` suite properties)."""
+    """``run.json``."""
 
     schema: int = SCHEMA
     run_id: str | None = None
@@ -233,21 +229,15 @@ class RunFacts:
     simulated: bool = False
     scenario: str | None = None
     matrix: str | None = None
-    ladder: tuple[RungFacts, ...] | None = None  # None: the run did not say (older runs, JUnit files)
+    ladder: tuple[RungFacts, ...] | None = None  # None: the run did not say (older runs)
     case_timeout: float | None = None
     step_deadline: float | None = None  # seconds without progress that made a hang (older runs: None)
     node_rank: int | None = None
     nnodes: int = 1
-    end: RunEnd | None = None  # None: an older run, or one read from JUnit (whether it finished is not known)
-    driver: str | None = None  # the next three only from merged JUnit suite properties
-    cuda: str | None = None
-    gpus: Any = None
+    end: RunEnd | None = None  # None: an older run (whether it finished is not known)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for name in ("driver", "cuda", "gpus"):  # run.json leaves these to the topology
-            del data[name]
-        return data
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: JsonObject) -> RunFacts:

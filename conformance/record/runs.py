@@ -1,4 +1,4 @@
-"""Reading a finished run back: a run folder, its results.jsonl, or a JUnit XML from --junitxml.
+"""Reading a finished run back: a run folder, its results.jsonl, or a JUnit XML from --junitxml (the run it names).
 
 What is whole is read; what is not (a line cut off by a kill, a record of a newer schema, a
 record with a field of the wrong type) is skipped and said in ``Run.warnings``.  What cannot be
@@ -11,17 +11,16 @@ here, so each refuses the same inputs with the same words.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conformance.common.inputs import json_type_name, wrong_field_type
 from conformance.common.jsonl import JsonlError, read_lines
-from conformance.record.records import SCHEMA, CaseRecord, FactsError, RunFacts, record_from_junit_properties
+from conformance.record.records import SCHEMA, CaseRecord, FactsError, JunitRun, RunFacts
 from conformance.record.results import LATEST, RESULTS_FILE
 
 RUN_FACTS = "run.json"
-SUITE_PROPERTY_PREFIX = "conformance.run."
 
 
 class RunError(ValueError):
@@ -55,8 +54,8 @@ class Run:
         topology = self.facts.topology or {}
         nccl = next(((r.nccl or {})["version"] for r in self.records if (r.nccl or {}).get("version")), None)
         return {
-            "driver": topology.get("driver") or self.facts.driver,  # merged JUnit suite properties
-            "cuda": topology.get("cuda_driver") or self.facts.cuda,
+            "driver": topology.get("driver") or None,
+            "cuda": topology.get("cuda_driver") or None,
             "nccl": nccl or self.facts.nccl,
             "torch": self.facts.torch,
         }
@@ -163,7 +162,16 @@ def unusable(run: Run) -> str | None:
 
 
 def read_junit(path: Path) -> Run:
-    """Records from the ``conformance.*`` properties of each test case; suite facts from merge-junit."""
+    """The runs a JUnit file names, read where they were written: a JUnit file holds no record.
+
+    Each ``<testsuite>`` names its run (``JunitRun``: ``conformance.run_id``, ``conformance.results``);
+    the records are all of each named run's results.jsonl, read whole, not matched to the file's
+    test cases (a test case carries nothing to match by but its name; a run's JUnit file holds
+    every test the run ran).  A record found in two named runs (node 0 gathers every node's)
+    counts once.  The facts are the first named run's run.json.  So a JUnit file copied away from
+    its run folder is not enough: RunError naming the results file it looked for, saying to pass
+    the run folder; RunError too for a file in which no testsuite names a run (not this suite's).
+    """
     from junitparser import JUnitXml, TestSuite
     from junitparser.junitparser import JUnitXmlError
 
@@ -172,50 +180,48 @@ def read_junit(path: Path) -> Run:
     except (OSError, JUnitXmlError, SyntaxError, ValueError) as exc:
         raise RunError(f"{path}: not a readable JUnit XML file: {exc}") from None
     suites: list[TestSuite] = [xml] if isinstance(xml, TestSuite) else list(xml)
-    run = Run(source=str(path), facts=RunFacts(), records=[], folder=path.parent)
-    facts: dict[str, object] = {}  # the suite properties, as JSON values
-    for suite in suites:
-        facts |= _suite_facts(suite)
-        for case in suite:
-            _add_junit_record(run, case)
-    if not run.records and not run.warnings:
+    named = junit_results(suites)
+    if not named:
         raise RunError(
-            f"{path}: no test case carries the suite's conformance.* properties (was it written by this suite?)"
+            f"{path}: no testsuite carries the suite's conformance.* properties (was it written by this suite?)"
         )
-    problem = wrong_field_type(facts, RunFacts, lenient=True)
-    if problem:
-        raise RunError(f"{path}: suite property {SUITE_PROPERTY_PREFIX}{problem}")
-    run.facts = run_facts(facts)
+    for results in named:
+        if not results.is_file():
+            raise RunError(
+                f"{path}: the run's records are not at {results}, where it names them (a JUnit file holds "
+                "none of its own); pass the run folder instead"
+            )
+    run = Run(source=str(path), facts=read_run_facts(named[0].with_name(RUN_FACTS)), records=[], folder=path.parent)
+    for results in named:
+        _add_records(run, results)
     return run
 
 
-def _suite_facts(suite: Any) -> dict[str, object]:
-    properties = suite.properties()
-    prefix = SUITE_PROPERTY_PREFIX
-    return {p.name[len(prefix) :]: _json_or_text(p.value) for p in properties if p.name.startswith(prefix)}
+def suite_run(suite: Any) -> JunitRun | None:
+    """The run a JUnit ``<testsuite>`` names; None when it names none."""
+    return JunitRun.from_properties({str(p.name): p.value for p in suite.properties()})
 
 
-def _add_junit_record(run: Run, case: Any) -> None:
-    """The case's record, or a warning naming the case when its properties cannot be read back."""
-    from junitparser import Properties
-
-    found = case.child(Properties)
-    try:
-        record = record_from_junit_properties({p.name: p.value for p in found} if found is not None else {})
-        problem = wrong_field_type(asdict(record), CaseRecord, lenient=True) if record is not None else ""
-    except (TypeError, ValueError, AttributeError) as exc:
-        problem = str(exc)
-    if problem:
-        run.warnings.append(f"{run.source}: test case {case.name!r} is not a record of this suite ({problem}); skipped")
-    elif record is not None:
-        run.records.append(record)
+def junit_results(suites: list[Any]) -> list[Path]:
+    """The results file each testsuite names, each once, in order."""
+    found: list[Path] = []
+    for suite in suites:
+        named = suite_run(suite)
+        if named is not None and Path(named.results) not in found:
+            found.append(Path(named.results))
+    return found
 
 
-def _json_or_text(text: str | None) -> object:
-    try:
-        return json.loads(text or "")
-    except ValueError:
-        return text
+def _add_records(run: Run, results: Path) -> None:
+    """A named run's records, less those an earlier named run already gave (node 0 holds every node's)."""
+    records, warnings = read_jsonl(results)
+    seen = {_identity(r) for r in run.records}
+    run.records += [r for r in records if _identity(r) not in seen]
+    run.warnings += warnings
+
+
+def _identity(record: CaseRecord) -> str:
+    return json.dumps(record.to_json(), sort_keys=True)
 
 
 def load_run(path: Path) -> Run:

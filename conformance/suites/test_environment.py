@@ -1,7 +1,8 @@
 """The host around the GPUs: torch.distributed, name resolution, /dev/shm, limits, variables.
 
-Each check states what a run needs and why; the values found go into the JUnit properties.  The
-checks of the host itself (``host_check``) run no ranks, and are recorded like cases all the same.
+Each check states what a run needs and why.  The checks of the host itself (``host_check``) run no
+ranks, and are recorded like cases all the same: the values they find (``host_metric``) are their
+record's ``metrics`` in results.jsonl.
 """
 
 from __future__ import annotations
@@ -9,17 +10,15 @@ from __future__ import annotations
 import os
 import resource
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conformance.common.families import inherited_variables
+from conformance.host_checks import HostMetric
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
 from conformance.session import ConformanceSession
-
-RecordProperty = Callable[[str, object], None]  # pytest's record_property fixture
 
 # Every host figure below cites where it comes from.  "NCCL's troubleshooting guide" is
 # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
@@ -73,7 +72,7 @@ def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: C
 
 
 @pytest.mark.host_check("hostname")
-def test_hostname_resolves_to_bindable_address(record_property: RecordProperty) -> None:
+def test_hostname_resolves_to_bindable_address(host_metric: HostMetric) -> None:
     """Gloo (and NCCL's bootstrap) bind to what the host name resolves to."""
     hostname = socket.gethostname()
     try:
@@ -81,7 +80,7 @@ def test_hostname_resolves_to_bindable_address(record_property: RecordProperty) 
     except socket.gaierror as exc:
         pytest.fail(f"host name {hostname!r} does not resolve ({exc}); fix /etc/hosts or set GLOO_SOCKET_IFNAME")
     addresses = sorted({str(info[4][0]) for info in infos})
-    record_property("hostname_addresses", ",".join(addresses))
+    host_metric("hostname_addresses", ",".join(addresses))
     bindable = []
     for family, _, _, _, sockaddr in infos:
         with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -122,15 +121,15 @@ def shm_problem(free: int, backend: str) -> str | None:
 
 
 @pytest.mark.host_check("dev_shm")
-def test_dev_shm_space(conformance: ConformanceSession, record_property: RecordProperty) -> None:
+def test_dev_shm_space(conformance: ConformanceSession, host_metric: HostMetric) -> None:
     """/dev/shm has room for NCCL's SHM transport (GPU runs) or a sanity floor (CPU runs)."""
     try:
         stat = os.statvfs("/dev/shm")
     except OSError as exc:
         pytest.fail(f"/dev/shm is not usable ({exc}); NCCL's SHM transport and torch's shared tensors need it")
     free = stat.f_bavail * stat.f_frsize
-    record_property("dev_shm_free_bytes", free)
-    record_property("dev_shm_needed_bytes", shm_needed(conformance.backend))
+    host_metric("dev_shm_free_bytes", free)
+    host_metric("dev_shm_needed_bytes", shm_needed(conformance.backend))
     problem = shm_problem(free, conformance.backend)
     assert problem is None, problem
 
@@ -173,13 +172,13 @@ def open_files_problem(soft: int, hard: int, nnodes: int) -> str | None:
 
 
 @pytest.mark.host_check("open_files")
-def test_open_file_limit(conformance: ConformanceSession, record_property: RecordProperty) -> None:
+def test_open_file_limit(conformance: ConformanceSession, host_metric: HostMetric) -> None:
     """The soft open-file limit suits the run's node count (NCCL raises only rank 0's)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     nnodes = conformance.setup.nnodes if conformance.setup else 1
-    record_property("nofile_soft", _limit(soft))
-    record_property("nofile_hard", _limit(hard))
-    record_property("nofile_needed", open_files_needed(nnodes))
+    host_metric("nofile_soft", _limit(soft))
+    host_metric("nofile_hard", _limit(hard))
+    host_metric("nofile_needed", open_files_needed(nnodes))
     problem = open_files_problem(soft, hard, nnodes)
     assert problem is None, problem
 
@@ -200,11 +199,11 @@ def memlock_problem(soft: int, hard: int, ib_devices: list[str]) -> str | None:
 
 
 @pytest.mark.host_check("locked_memory")
-def test_locked_memory_limit(record_property: RecordProperty) -> None:
+def test_locked_memory_limit(host_metric: HostMetric) -> None:
     """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    record_property("memlock_soft", _limit(soft))
-    record_property("memlock_hard", _limit(hard))
+    host_metric("memlock_soft", _limit(soft))
+    host_metric("memlock_hard", _limit(hard))
     ib_devices = sorted(p.name for p in IB_DIR.iterdir()) if IB_DIR.is_dir() else []
     if not ib_devices:
         pytest.skip(f"no InfiniBand device, so the locked-memory limit ({_limit(soft)}) does not matter here")
@@ -220,10 +219,10 @@ def _interface_matches(spec: str, interfaces: list[str], exact: bool) -> list[st
 
 
 @pytest.mark.host_check("socket_interfaces")
-def test_socket_interface_variables(record_property: RecordProperty) -> None:
+def test_socket_interface_variables(host_metric: HostMetric) -> None:
     """Inherited NCCL_/GLOO_ variables are listed; an interface they name must exist."""
     inherited = inherited_variables()
-    record_property("inherited_env", " ".join(f"{k}={v}" for k, v in inherited.items()))
+    host_metric("inherited_env", " ".join(f"{k}={v}" for k, v in inherited.items()))
     interfaces = sorted(p.name for p in NET_DIR.iterdir()) if NET_DIR.is_dir() else []
     checked = 0
     gloo = inherited.get("GLOO_SOCKET_IFNAME")
@@ -247,7 +246,7 @@ def test_socket_interface_variables(record_property: RecordProperty) -> None:
 
 @pytest.mark.conformance_gpu
 @pytest.mark.host_check("nvml_driver")
-def test_nvml_driver(conformance: ConformanceSession, record_property: RecordProperty) -> None:
+def test_nvml_driver(conformance: ConformanceSession, host_metric: HostMetric) -> None:
     """NVML answers and reports a driver version (GPU only)."""
     if conformance.topology.source != "nvml":
         pytest.skip(f"GPU-only check: {conformance.topology.note or 'no GPU in this run'}")
@@ -258,5 +257,5 @@ def test_nvml_driver(conformance: ConformanceSession, record_property: RecordPro
         version = pynvml.nvmlSystemGetDriverVersion()
     finally:
         pynvml.nvmlShutdown()
-    record_property("driver", version)
+    host_metric("driver", version)
     assert version, "NVML reports no driver version"

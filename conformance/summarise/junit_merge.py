@@ -1,21 +1,23 @@
-"""``python -m conformance merge-junit OUT IN... [--run RUN] [--reports-dir DIR]``: one JUnit file for CI.
+"""``python -m conformance merge-junit -o OUT IN...``: one JUnit file for CI, valid against the xunit2 schema.
 
-Every ``<testsuite>`` of every input is kept whole (its test cases with their ``conformance.*``
-properties, output and results) under one ``<testsuites>``.  Each suite gets the facts of the run
-its cases belong to as suite properties ``conformance.run.<key>`` (host, gpus, driver, cuda, nccl,
-torch, run_id, simulated), from ``run.json`` in the run folder: the one ``--run`` names, else
-``<reports dir>/<run id>`` for the run id the suite's cases carry, else (no input carries a run id)
-``<reports dir>/latest``.  :func:`conformance.record.runs.read_junit` reads these back into ``Run.facts``.
+Every ``<testsuite>`` of every input is kept whole (its properties, test cases, output and results)
+under one ``<testsuites>``, whose counts are the suites' sums (tests, failures, errors and time:
+the schema has no ``skipped`` there).  Each suite names its run, as the run's pytest wrote it
+(``JunitRun``: ``conformance.run_id``, ``conformance.results``); it gets that run's facts from the
+``run.json`` beside its results as suite properties ``conformance.run.<key>`` (host, gpus, driver,
+cuda, nccl, torch, run_id, simulated), for people reading the file in CI.  compare, recommend and
+report read the records from the results files the suites name (``runs.read_junit``), not from these.
 
 A value is written as plain text when it reads back as that text, as JSON otherwise (``"12.0"``
-for CUDA 12.0, ``true``, ``null``, the ``gpus`` object), so every fact round-trips exactly.
+for CUDA 12.0, ``true``, ``null``, the ``gpus`` object), so no fact reads as another.
 
-Refused before OUT is touched (:class:`MergeError`, one line): OUT that is also an input, or an
-existing file merge-junit did not write (a forgotten OUT would overwrite the first shard); an input
-named twice; an input whose test cases carry no ``conformance.*`` property (not this suite's); one
-case of one run in two inputs (it would count twice; the same test from two runs is two cases); a
-run.json that is there but unusable.  A run folder without run.json is a warning.  OUT is written
-beside itself and renamed into place, so a failed write leaves it as it was.
+Refused before OUT is touched (:class:`MergeError`, one line): no input; OUT that is one of the
+inputs, a directory, or an existing file merge-junit did not write; an input named twice; a
+testsuite that names no run (not this suite's, or written before testsuites did); a run.json that
+is there but unusable.  Warnings (the merge is written): test cases of one run in two inputs (kept
+as they are: CI counts them twice; the records are read once); a run folder without run.json (its
+suites get no run facts).  OUT is written beside itself and renamed into place, so a failed write
+leaves it as it was.
 """
 
 from __future__ import annotations
@@ -29,19 +31,11 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from conformance.record.records import JUNIT_PREFIX
-from conformance.record.results import LATEST, RESULTS_FILE
-from conformance.record.runs import (
-    RUN_FACTS,
-    SUITE_PROPERTY_PREFIX,
-    Run,
-    RunError,
-    read_jsonl,
-    read_run_facts,
-    resolve_run_path,
-)
+from conformance.record.records import JunitRun
+from conformance.record.results import RESULTS_FILE
+from conformance.record.runs import RUN_FACTS, Run, RunError, read_jsonl, read_run_facts, suite_run
 
-RUN_ID_PROPERTY = f"{JUNIT_PREFIX}run_id"
+RUN_PROPERTY_PREFIX = "conformance.run."
 RUN_PROPERTY_KEYS = ("host", "gpus", "driver", "cuda", "nccl", "torch", "run_id", "simulated")
 MERGED_NAME = "conformance"
 
@@ -67,6 +61,15 @@ class Merge:
         return f"merged {merged} into {self.out}; {source}"
 
 
+@dataclass(frozen=True)
+class Input:
+    """One input file: its suites, and the run each names."""
+
+    path: Path
+    suites: list[Any]
+    runs: list[JunitRun]
+
+
 # --------------------------------------------------------------------------------------------
 # reading
 # --------------------------------------------------------------------------------------------
@@ -86,18 +89,6 @@ def read_suites(path: Path) -> list[Any]:
     except (OSError, JUnitXmlError, SyntaxError, ValueError) as exc:
         raise MergeError(f"{path}: not a readable JUnit XML file: {exc}") from None
     return list(xml)
-
-
-def suite_run_id(suite: Any) -> str | None:
-    """The run id the suite's first conformance case carries (``conformance.run_id``)."""
-    from junitparser import Properties
-
-    for case in suite:
-        found = case.child(Properties)
-        for prop in found if found is not None else ():
-            if prop.name == RUN_ID_PROPERTY and prop.value and prop.value != "null":  # null: JSON for None
-                return str(prop.value)
-    return None
 
 
 def run_properties(folder: Path) -> dict[str, object]:
@@ -131,7 +122,7 @@ def run_properties(folder: Path) -> dict[str, object]:
 
 
 def property_text(value: object) -> str:
-    """Text that runs.read_junit reads back as ``value``: plain when unambiguous, JSON otherwise."""
+    """``value`` as a property's text: plain when it reads as nothing else, JSON otherwise."""
     if isinstance(value, str):
         try:
             json.loads(value)
@@ -154,47 +145,21 @@ def set_run_properties(suite: Any, properties: Mapping[str, object]) -> None:
         props = Properties()  # type: ignore[no-untyped-call]
         suite._elem.insert(0, props._elem)
     for prop in list(props):
-        if str(prop.name).startswith(SUITE_PROPERTY_PREFIX):
+        if str(prop.name).startswith(RUN_PROPERTY_PREFIX):
             props.remove(prop)
     for key in RUN_PROPERTY_KEYS:
-        props.add_property(Property(f"{SUITE_PROPERTY_PREFIX}{key}", property_text(properties.get(key))))
-
-
-def _run_folders(suites: list[Any], run: Path | None, reports_dir: Path) -> list[Path | None]:
-    """The run folder of each suite: --run, its cases' run id, the inputs' only run id, or latest."""
-    if run is not None:
-        return [run] * len(suites)
-    own = [suite_run_id(s) for s in suites]
-    known = {r for r in own if r}
-    if not known:
-        return [reports_dir / LATEST] * len(suites)
-    only = next(iter(known)) if len(known) == 1 else None
-    folders: list[Path | None] = []
-    for run_id in own:
-        name = run_id or only
-        folders.append(reports_dir / name if name else None)
-    return folders
-
-
-def _explicit_run(argument: str | None, reports_dir: Path) -> Path | None:
-    if argument is None:
-        return None
-    path = resolve_run_path(argument, reports_dir)
-    folder = path.parent if path.is_file() else path  # a run's results.jsonl or JUnit file names its folder
-    if not (folder / RUN_FACTS).is_file():
-        raise MergeError(f"--run {argument}: {folder} is not a run folder (no {RUN_FACTS})")
-    return folder
+        props.add_property(Property(f"{RUN_PROPERTY_PREFIX}{key}", property_text(properties.get(key))))
 
 
 def _check_output(out: Path, inputs: Sequence[Path]) -> None:
     """OUT may only replace an earlier merge (or an empty file): never an input, nor a file someone else wrote."""
     for path in inputs:
         if _same_file(out, path):
-            raise MergeError(f"OUT {out} is also an input ({path}); write the merged file elsewhere")
+            raise MergeError(f"--output {out} is also an input ({path}); write the merged file elsewhere")
     if out.is_dir():
-        raise MergeError(f"OUT {out} is a directory; name the merged file")
+        raise MergeError(f"--output {out} is a directory; name the merged file")
     if out.exists() and out.stat().st_size and not _written_by_merge(out):
-        raise MergeError(f"OUT {out} exists and was not written by merge-junit; not overwritten (is OUT missing?)")
+        raise MergeError(f"--output {out} exists and was not written by merge-junit; not overwritten")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -220,72 +185,59 @@ def _check_inputs_named_once(inputs: Sequence[Path]) -> None:
             raise MergeError(f"IN {named} is named twice; each case must be merged once")
 
 
-def _check_written_by_suite(path: Path, suites: list[Any]) -> None:
-    """A file with test cases of which none carries a ``conformance.*`` property is not this suite's."""
-    cases = [case for suite in suites for case in suite]
-    if cases and not any(_conformance_properties(case) for case in cases):
-        raise MergeError(
-            f"{path}: no test case carries the suite's conformance.* properties (was it written by this suite?)"
-        )
+def _read_input(path: Path) -> Input:
+    """The file's suites and their runs; MergeError for a suite that names none (not this suite's)."""
+    suites = read_suites(path)
+    runs = []
+    for suite in suites:
+        named = suite_run(suite)
+        if named is None:
+            raise MergeError(
+                f"{path}: testsuite {suite.name!r} carries none of the suite's conformance.* properties "
+                "(was it written by this suite?)"
+            )
+        runs.append(named)
+    return Input(path, suites, runs)
 
 
-def _conformance_properties(case: Any) -> list[Any]:
-    from junitparser import Properties
-
-    found = case.child(Properties)
-    return [p for p in found if str(p.name).startswith(JUNIT_PREFIX)] if found is not None else []
-
-
-def _check_no_case_twice(files: Sequence[tuple[Path, list[Any]]]) -> None:
-    """MergeError for a case of one run that two inputs hold: merged, it would count twice.
-
-    The same test in two different runs is two cases, each suite with its own run's facts.
-    """
-    first_seen: dict[tuple[str | None, str, str], Path] = {}
-    for path, suites in files:
-        for suite in suites:
-            run_id = suite_run_id(suite)
+def _twice(inputs: Sequence[Input]) -> list[str]:
+    """A warning for each pair of inputs that hold test cases of one run (merged, CI counts them twice)."""
+    first_seen: dict[tuple[str, str, str], Path] = {}
+    twice: Counter[tuple[Path, Path, str]] = Counter()
+    for found in inputs:
+        for suite, run in zip(found.suites, found.runs, strict=True):
             for case in suite:
-                key = (run_id, str(case.classname), str(case.name))
-                seen = first_seen.setdefault(key, path)
-                if seen != path:
-                    run = f"run {run_id}" if run_id else "no run id"
-                    raise MergeError(
-                        f"test case {key[1]}::{key[2]} ({run}) is in both {seen} and {path}; merge each case once"
-                    )
+                seen = first_seen.setdefault((run.run_id, str(case.classname), str(case.name)), found.path)
+                if seen != found.path:
+                    twice[(seen, found.path, run.run_id)] += 1
+    return [
+        f"{count} test case(s) of run {run_id} are in both {a} and {b}; merged as they are (CI counts them twice)"
+        for (a, b, run_id), count in twice.items()
+    ]
 
 
-def _read_inputs(inputs: Sequence[Path]) -> list[tuple[Path, list[Any]]]:
-    _check_inputs_named_once(inputs)
-    files = [(path, read_suites(path)) for path in inputs]
-    for path, suites in files:
-        _check_written_by_suite(path, suites)
-    _check_no_case_twice(files)
-    return files
-
-
-def merge(out: Path, inputs: Sequence[Path], run: str | None = None, reports_dir: Path = Path("reports")) -> Merge:
+def merge(out: Path, inputs: Sequence[Path]) -> Merge:
     """Merge ``inputs`` into ``out`` with each suite's run facts; MergeError for bad input, before OUT is touched."""
     from junitparser import JUnitXml
 
     if not inputs:
         raise MergeError("no input JUnit files given")
     _check_output(out, inputs)
-    explicit = _explicit_run(run, reports_dir)
-    suites = [suite for _, found in _read_inputs(inputs) for suite in found]
-    result = Merge(out, files=len(inputs), suites=len(suites))
+    _check_inputs_named_once(inputs)
+    read = [_read_input(path) for path in inputs]
+    result = Merge(out, files=len(inputs), warnings=_twice(read))
     merged = JUnitXml(MERGED_NAME)
     facts: dict[Path, dict[str, object] | None] = {}
-    for suite, folder in zip(suites, _run_folders(suites, explicit, reports_dir), strict=True):
-        merged.append(suite)  # type: ignore[no-untyped-call]  # as it is: add_testsuite folds equal-looking suites
-        result.cases += sum(1 for _ in suite)
-        if folder is None:
-            result.warnings.append(f"suite {suite.name!r}: its cases carry no run id; no run properties added")
-            continue
-        if folder not in facts:
-            facts[folder] = _facts_or_warning(folder, result)
-        if facts[folder] is not None:
-            set_run_properties(suite, facts[folder] or {})
+    for found in read:
+        for suite, run in zip(found.suites, found.runs, strict=True):
+            merged.append(suite)  # type: ignore[no-untyped-call]  # as it is: add_testsuite folds equal-looking suites
+            folder = Path(run.results).parent
+            if folder not in facts:
+                facts[folder] = _facts_or_warning(folder, result)
+            if facts[folder] is not None:
+                set_run_properties(suite, facts[folder] or {})
+    suites = [suite for found in read for suite in found.suites]
+    result.suites, result.cases = len(suites), sum(1 for suite in suites for _ in suite)
     _totals(merged, suites)
     _write_whole(merged, out)
     return result
@@ -306,7 +258,7 @@ def _facts_or_warning(folder: Path, result: Merge) -> dict[str, object] | None:
     try:
         properties = run_properties(folder)
     except RunError as exc:
-        raise MergeError(f"{exc}; fix or remove it, or name another run folder with --run") from None
+        raise MergeError(f"{exc}; fix or remove it") from None
     except MergeError as exc:
         result.warnings.append(f"{exc}; no run properties added for it")
         return None
@@ -315,8 +267,11 @@ def _facts_or_warning(folder: Path, result: Merge) -> dict[str, object] | None:
 
 
 def _totals(merged: Any, suites: list[Any]) -> None:
-    """The root's counts from the suites' own (each suite is left exactly as its input had it)."""
-    for name in ("tests", "failures", "errors", "skipped"):
+    """The root's counts from the suites' own (each suite is left exactly as its input had it).
+
+    No ``skipped``: the xunit2 schema does not allow it on ``<testsuites>`` (each suite keeps its own).
+    """
+    for name in ("tests", "failures", "errors"):
         setattr(merged, name, sum(int(getattr(s, name) or 0) for s in suites))
     merged.time = round(sum(float(s.time or 0) for s in suites), 3)
 
