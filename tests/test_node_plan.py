@@ -163,3 +163,13 @@ def test_a_cross_node_case_counts_once_whichever_nodes_records_are_there() -> No
     assert [r.node_rank for r in one_record_per_case(both[1:])] == [1]  # node 1's own run folder
     local = [CaseRecord("t[cpu0]", "barrier", "pass"), CaseRecord("t[cpu0]", "barrier", "pass")]
     assert one_record_per_case(local) == local  # a case of one node is never folded
+
+
+def test_negative_controls_that_went_as_expected_stay_out_of_the_verdict_counts() -> None:
+    """A green run shows no error: the error a negative control expected is the suite checking itself."""
+    control = CaseRecord("t::test_one_rank_raises", "all_reduce", "error", expected_verdict="error")
+    missed = CaseRecord("t::test_oom", "all_reduce", "pass", expected_verdict="error")  # did not go as expected
+    lines = summary_lines([node_pair_record(0, 1, "pass"), control, missed], simulated=False)
+    assert lines[-2].split() == ["total", "0", "0", "0", "0", "0", "0", "2"]
+    assert lines[-1] == "negative controls: 1 ended as their tests expected (error); not counted above"
+    assert not any("negative controls" in line for line in summary_lines([missed], simulated=False))
