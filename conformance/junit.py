@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from conformance.cli.common import DISTRIBUTION
-from conformance.discover.versions import package_version
+from conformance.discover.versions import suite_version
 from conformance.record.records import JunitRun
 
 HEADLINE = pytest.StashKey[str]()  # a failed case's headline, set before its pytest.fail
@@ -44,7 +43,7 @@ class JunitHooks:
         writer = junit_writer(session.config)
         if writer is None:
             return
-        version = package_version(DISTRIBUTION) or "unknown"
+        version = suite_version() or "unknown"
         for name, value in JunitRun(self.run.run_id, str(self.run.results_path.resolve()), version).properties():
             writer.add_global_property(name, value)
 

@@ -226,7 +226,6 @@ class XdistHooks:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """A worker's later rungs not run (never reported): covered, and counted deselected as pytest counts them."""
         ids = list(getattr(node, "workeroutput", {}).get(NOT_NEEDED_KEY, ()))
-        self.session.not_needed += ids
         for nodeid in ids:
             self.session.coverage.reported(nodeid)
         terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")

@@ -108,7 +108,7 @@ class ConformanceSession:
         self._runner: CaseRunner | None = None
         self._forkserver: ForkServerClient | None = None
         self._started: set[str] = set()  # ladder keys whose case has started in this process
-        self.not_needed: list[str] = []  # items of later rungs the ladder did not need (never run as tests)
+        self.not_needed: list[str] = []  # a worker's later rungs not needed (never run as tests), for the controller
         self._partners: dict[str, dict[int, int | None]] = {}  # node-pair re-checks: suspect -> known-good node
         self.progress = CaseProgress(config)
         self.ahead = CasesAhead()

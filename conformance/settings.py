@@ -57,14 +57,22 @@ _port = _checked(values.port)
 _host = _checked(values.host)
 
 
-def _choice(what: str, choices: tuple[str, ...]) -> Callable[[str, str], str]:
-    def parse(raw: str, where: str) -> str:
+@dataclass(frozen=True)
+class _Choice:
+    """A parser of one of fixed ``choices``; --help shows them as its value (``{auto,gloo,nccl}``)."""
+
+    what: str
+    choices: tuple[str, ...]
+
+    def __call__(self, raw: str, where: str) -> str:
         value = raw.strip().lower()
-        if value not in choices:
-            raise SettingError(f"{where}: unknown {what} {raw!r}; choose one of {', '.join(choices)}")
+        if value not in self.choices:
+            raise SettingError(f"{where}: unknown {self.what} {raw!r}; choose one of {', '.join(self.choices)}")
         return value
 
-    return parse
+    @property
+    def metavar(self) -> str:
+        return "{" + ",".join(self.choices) + "}"
 
 
 def _text(raw: str, where: str) -> str:
@@ -96,7 +104,7 @@ class Setting:
     is_path: bool = False
     is_flag: bool = False  # an option without a value (--run-report); ini and environment take yes/no
     multiple: bool = False  # repeatable option, ini line list, ';'-separated environment variable
-    metavar: str = ""  # the kind of value in --help (SECONDS, N, FILE, ...); choices list themselves
+    metavar: str = ""  # the kind of value in --help (SECONDS, N, FILE, ...); a _Choice lists its choices
 
     @property
     def option(self) -> str:
@@ -149,14 +157,14 @@ RENDEZVOUS_TIMEOUT_HELP = "Seconds the nodes wait for each other at the start be
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("backend", BACKEND_HELP, "auto", _choice("backend", BACKENDS)),
+    Setting("backend", BACKEND_HELP, "auto", _Choice("backend", BACKENDS)),
     Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _device_count, metavar="N"),
     Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number, metavar="SECONDS"),
     Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number, metavar="SECONDS"),
     Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number, metavar="SECONDS"),
     Setting("case_timeout", CASE_TIMEOUT_HELP, "120", _positive_number, metavar="SECONDS"),
     Setting("grace", GRACE_HELP, "3", _positive_number, metavar="SECONDS"),
-    Setting("matrix", MATRIX_HELP, "adaptive", _choice("matrix", MATRIX_MODES)),
+    Setting("matrix", MATRIX_HELP, "adaptive", _Choice("matrix", MATRIX_MODES)),
     Setting(
         "env_rung", ENV_RUNG_HELP, None, _text, multiple=True, metavar="NAME:VAR=VALUE[,VAR=VALUE]"
     ),  # parsed into rungs by the plan
@@ -172,7 +180,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("master_addr", MASTER_ADDR_HELP, None, _host, metavar="HOST"),
     Setting("master_port", MASTER_PORT_HELP, None, _port, metavar="PORT"),
     Setting("rendezvous_timeout", RENDEZVOUS_TIMEOUT_HELP, "60", _positive_number, metavar="SECONDS"),
-    Setting("node_pairs", NODE_PAIRS_HELP, "auto", _choice("node pairs mode", NODE_PAIR_MODES)),
+    Setting("node_pairs", NODE_PAIRS_HELP, "auto", _Choice("node pairs mode", NODE_PAIR_MODES)),
     Setting("run_token", RUN_TOKEN_HELP, None, _token, metavar="TEXT"),
 )
 NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
@@ -226,12 +234,6 @@ def reports_dir_outside_pytest(environ: Mapping[str, str]) -> Path:
     return Path(environ.get(setting.env_var) or str(setting.default))
 
 
-def _choices_metavar(setting: Setting) -> str:
-    """``{auto,gloo,nccl}`` for a setting of fixed choices."""
-    choices = {"backend": BACKENDS, "matrix": MATRIX_MODES, "node_pairs": NODE_PAIR_MODES}[setting.name]
-    return "{" + ",".join(choices) + "}"
-
-
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "GPU environment conformance suite")
     for setting in SETTINGS:
@@ -248,7 +250,7 @@ def add_options(parser: pytest.Parser) -> None:
             dest=setting.dest,
             default=None,
             action="append" if setting.multiple else "store",
-            metavar=setting.metavar or _choices_metavar(setting),
+            metavar=setting.parse.metavar if isinstance(setting.parse, _Choice) else setting.metavar,
             help=help_text,
         )
         if setting.multiple:

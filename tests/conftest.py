@@ -165,12 +165,22 @@ def test_case(conformance_case, conformance):
 """
 
 
-def free_port() -> int:
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports free on loopback now (all held open together while chosen)."""
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 class Node:

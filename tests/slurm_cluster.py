@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import free_ports
+
 NODES = ("n1", "n2", "n3")
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scancel", "sinfo", "squeue", "unshare")
 UP_SECONDS = 30.0  # munged, slurmctld and every slurmd up and idle
@@ -93,19 +95,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
-
-
 def _private_file(path: Path, content: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
@@ -174,7 +163,7 @@ def start_cluster(folder: Path) -> SlurmCluster:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     (folder / "state").mkdir(exist_ok=True)
     _private_file(folder / "munge.key", os.urandom(1024))
-    (folder / "slurm.conf").write_text(_slurm_conf(folder, _free_ports(1 + len(NODES))))
+    (folder / "slurm.conf").write_text(_slurm_conf(folder, free_ports(1 + len(NODES))))
     hosts = Path("/etc/hosts").read_text() + f"\n127.0.0.1 {' '.join(NODES)}\n"
     (folder / "hosts").write_text(hosts)
 

@@ -18,9 +18,8 @@ from xml.etree import ElementTree
 import pytest
 import torch
 
-from conformance.cli.common import DISTRIBUTION
 from conformance.cli.main import main
-from conformance.discover.versions import package_version
+from conformance.discover.versions import suite_version
 from conformance.record.records import JUNIT_RESULTS, JUNIT_RUN_ID, JUNIT_VERSION, RunFacts
 from conformance.record.runs import RunError, load_run, read_run_facts
 from conformance.summarise.junit_merge import merge, property_text
@@ -28,7 +27,7 @@ from test_compare import CUDA, DRIVER, record, write_tiny_suite
 
 RunSuite = Callable[..., pytest.RunResult]
 PROG = "python -m conformance merge-junit"
-VERSION = package_version(DISTRIBUTION) or "unknown"
+VERSION = suite_version() or "unknown"
 RUN_KEYS = ("host", "gpus", "driver", "cuda", "nccl", "torch", "run_id", "simulated")
 pytestmark = pytest.mark.usefixtures("isolated_env")
 

@@ -19,7 +19,6 @@ from conformance.settings import SETTING, reports_dir_outside_pytest
 
 # The console script (``conformance``) or ``python -m conformance``, as the user typed it.
 PROG = "conformance" if Path(sys.argv[0]).name == "conformance" else "python -m conformance"
-DISTRIBUTION = "gpu-conformance"
 USAGE_ERROR = 2
 
 

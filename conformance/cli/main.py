@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from conformance.cli import compare, merge_junit, recommend, report, smoke, topology
-from conformance.cli.common import DISTRIBUTION, PROG, USAGE_ERROR
-from conformance.discover.versions import package_version
+from conformance.cli.common import PROG, USAGE_ERROR
+from conformance.discover.versions import SUITE_DISTRIBUTION, suite_version
 
 COMMANDS = (topology, recommend, compare, report, merge_junit, smoke)
 
@@ -38,8 +38,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="GPU environment conformance: what happens outside a test run.")
-    version = package_version(DISTRIBUTION) or "unknown (the package is not installed)"
-    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {version}")
+    version = suite_version() or "unknown (the package is not installed)"
+    parser.add_argument("--version", action="version", version=f"{SUITE_DISTRIBUTION} {version}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(commands)

@@ -28,13 +28,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from conformance.cli.common import fail
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines
 from conformance.discover.topology import Topology, TopologyError, discover
+from conformance.discover.versions import SUITE_DISTRIBUTION, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
@@ -50,12 +50,7 @@ class Check:
 
 
 def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in ("torch", "nvidia-ml-py", "pytest", "gpu-conformance"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
+    found = {name: package_version(name) for name in ("torch", "nvidia-ml-py", "pytest", SUITE_DISTRIBUTION)}
     script = (
         "import json, torch; nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None; "
         "print(json.dumps({'cuda (torch)': torch.version.cuda, 'nccl': '.'.join(map(str, nccl)) if nccl else None}))"

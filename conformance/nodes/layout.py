@@ -31,7 +31,7 @@ from conformance.common import values
 from conformance.common.families import inherited_variables
 from conformance.common.tables import align_columns
 from conformance.discover.topology import Topology
-from conformance.discover.versions import nccl_wheel_version, package_version
+from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
 # Under SLURM without MASTER_PORT, the port comes from the job id, so two jobs on shared nodes do not
@@ -313,7 +313,7 @@ def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
         cuda=topology.cuda_driver,
         nccl=nccl_wheel_version(),
         torch=package_version("torch"),
-        suite=package_version("gpu-conformance"),
+        suite=suite_version(),
         nccl_env={k: v for k, v in inherited_variables().items() if k.startswith("NCCL_")},
         interfaces=network_interfaces(),
     )

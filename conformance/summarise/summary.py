@@ -94,8 +94,8 @@ def summary_lines(records: list[CaseRecord], simulated: bool) -> list[str]:
     for r in sorted(worst, key=lambda r: (r.outcome is not Verdict.HANG, r.nodeid)):
         lines.append(f"{r.verdict.upper():5} {r.nodeid}: {r.summary}")
     # A negative control that ended as its test expected is the suite checking itself, not an error here.
-    controls = [r for r in records if r.expected_verdict and r.expected_verdict == r.verdict]
-    counted = [r for r in records if not (r.expected_verdict and r.expected_verdict == r.verdict)]
+    controls = [r for r in records if r.expected_verdict == r.verdict]
+    counted = [r for r in records if r.expected_verdict != r.verdict]
     by_probe: dict[str, Counter[Verdict | None]] = {}
     for r in counted:
         by_probe.setdefault(r.probe, Counter())[r.outcome] += 1
