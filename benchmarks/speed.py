@@ -1,10 +1,12 @@
 """How fast the suite answers, measured side by side in one invocation on this machine.
 
-    python benchmarks/speed.py [--old 7814a21] [--growth 2,4,8,16] [--skip-broken]
+    python benchmarks/speed.py [--old 7814a21] [--growth 2,4,8,16] [--skip-broken] [--suite-only]
 
 Every figure is a real ``pytest suites/`` run with the default settings (no timeout options), in a
 temporary reports folder, gloo ranks playing the GPUs of the simulated boxes:
 
+* ``pytest suites/`` exactly as the README's quick start runs it (this machine's defaults), three
+  times: the figure the README quotes for the suite;
 * healthy 8-GPU boxes (``nvswitch-8gpu.json``, ``pcie-2socket-8gpu.json``): this tree against an
   older commit checked out into a temporary worktree (``--old``: a revision, or the path of a tree),
   run one after the other so both see the same machine load, and the ratio;
@@ -117,6 +119,18 @@ def power_fit(points: Sequence[tuple[int, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
+def quick_start(runs: int = 3) -> None:
+    print(f"## pytest suites/ as the quick start runs it (defaults, {runs} runs one after another)")
+    walls = []
+    for _ in range(runs):
+        timed = run_suite(REPO)
+        walls.append(timed.wall)
+        summary = timed.output.strip().splitlines()[-1] if timed.output.strip() else "(no output)"
+        print(f"  {timed.wall:5.1f} s, exit {timed.exit_code}, load {os.getloadavg()[0]:.1f}: {summary}")
+    walls.sort()
+    print(f"median {walls[len(walls) // 2]:.1f} s, min {walls[0]:.1f} s, max {walls[-1]:.1f} s")
+
+
 def healthy(old: Path) -> Timed:
     print("## Healthy 8-GPU boxes, default settings: this tree against the old one (same invocation)")
     print(f"{'topology':28} {'old s':>8} {'new s':>8} {'old/new':>8}   cases old/new   CPU s old/new")
@@ -170,8 +184,9 @@ def broken() -> None:
     )
     print(f"false hangs: {len(false)}" + "".join(f"\n  {n}" for n in false))
     lines = timed.output.splitlines()
-    shown = lines[lines.index("recommended environment:") :] if "recommended environment:" in lines else lines[-5:]
-    print("\n".join(f"  {line}" for line in shown if not line.startswith(("(written", "=", "FAILED"))))
+    start = next((i + 1 for i, line in enumerate(lines) if "conformance: the answer" in line), len(lines) - 5)
+    end = next((i for i, line in enumerate(lines[start:], start) if line.startswith("=")), len(lines))
+    print("\n".join(f"  {line}" for line in lines[start:end]))
 
 
 def main() -> int:
@@ -179,8 +194,13 @@ def main() -> int:
     parser.add_argument("--old", default="7814a21", help="the older tree: a revision or a path (default 7814a21)")
     parser.add_argument("--growth", default="2,4,8,16", help="virtual device counts (default 2,4,8,16)")
     parser.add_argument("--skip-broken", action="store_true", help="leave out the broken-box run")
+    parser.add_argument("--suite-only", action="store_true", help="only the quick start's pytest suites/")
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start")
+    quick_start()
+    if args.suite_only:
+        return 0
+    print()
     with old_tree(args.old) as old:
         plain = healthy(old)
         xdist(plain, old)

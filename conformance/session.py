@@ -47,6 +47,7 @@ from conformance.record.records import CaseRecord, RunEnd, RunFacts, RungFacts
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
+from conformance.summarise.answer import Tone
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
 from conformance.verdict.decision import Decision, decide_across_nodes, stuck_place
@@ -74,6 +75,13 @@ def uses_xdist(config: pytest.Config) -> bool:
 
 
 DECISION_KEY = pytest.StashKey[RungDecision]()
+# pytest's terminal writer drops the markup where pytest has no colour (no tty, --color=no, NO_COLOR).
+TONE_MARKUP: dict[Tone, dict[str, bool]] = {
+    "bad": {"red": True},
+    "good": {"green": True},
+    "warn": {"yellow": True},
+    "plain": {},
+}
 NOT_NEEDED_KEY = "conformance_not_needed"  # an xdist worker's later rungs not run, for the controller
 
 
@@ -677,20 +685,34 @@ class ConformanceSession:
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if self.is_worker:
             return
-        for line in self.node_notes:
-            terminalreporter.write_line(f"conformance: {line}")
+        write = terminalreporter
+        simulated = " (SIMULATED)" if self.simulated else ""
+        self._write_answer(write, simulated)
         if self.end is not None and self.end.incomplete:
-            terminalreporter.write_line(
+            write.write_line(
                 f"conformance: INCOMPLETE RUN ({self.end.incomplete}): what follows covers only what ran",
                 yellow=True,
                 bold=True,
             )
         read = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
         records = one_record_per_case(r for r in read if r.run_id == self.run_id)
+        if records or self.node_notes:
+            write.write_sep("=", f"conformance summary{simulated}")
+        for line in self.node_notes:
+            write.write_line(f"conformance: {line}")
         if records:
-            for line in summary_lines(records, self.simulated):
-                terminalreporter.write_line(line)
+            for text, bad in summary_lines(records):
+                write.write_line(text, red=bad)
             for line in ladder_summary_lines(records, self.plan.ladder, self.deadlines.step_deadline):
-                terminalreporter.write_line(line)
+                write.write_line(line)
         for line in self.conclusion.lines:
-            terminalreporter.write_line(line)
+            write.write_line(line)
+
+    def _write_answer(self, write: TerminalReporter, simulated: str) -> None:
+        """The answer, first: red where something failed, green where all passed."""
+        answer = self.conclusion.answer
+        if answer is None:
+            return
+        write.write_sep("=", f"conformance: the answer{simulated}", **TONE_MARKUP[answer.tone], bold=True)
+        for text, tone in answer.rows():
+            write.write_line(text, **TONE_MARKUP[tone], bold=tone != "plain")

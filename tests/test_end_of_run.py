@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_records
+from conftest import read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]
 
@@ -130,3 +130,40 @@ def test_the_forkserver_starts_at_session_start(pytester: pytest.Pytester, run_s
     result.assert_outcomes(passed=1)
     logs = list(reports_dir.glob("2*/forkserver/*.log"))
     assert len(logs) == 1
+
+
+ANSWER_SEP = "*= conformance: the answer =*"
+
+
+def test_a_healthy_run_answers_in_one_green_line_and_counts_no_error(
+    pytester: pytest.Pytester, run_suite: RunSuite
+) -> None:
+    """Everything passed: one line says so, first; the negative control's expected error is counted nowhere."""
+    pytester.makepyfile(test_p=PAIR_TEST, test_n=NEGATIVE_CONTROL_TEST)
+    result = run_suite("--virtual-devices=2", "--color=yes")
+    result.assert_outcomes(passed=2)
+    green, reset = "\x1b[32m", "\x1b[0m"
+    lines = result.outlines
+    (sep,) = [i for i, line in enumerate(lines) if "conformance: the answer" in line]
+    assert lines[sep + 1] == f"{green}\x1b[1meverything passed: 1 case in 1 class; nothing to set{reset}"
+    assert "conformance summary" in lines[sep + 2]  # the answer comes first, then the details
+    counts = next(line for line in lines if line.startswith("probe"))
+    assert counts.split() == ["probe", "pass"]  # no error column in a green run
+    result.stdout.fnmatch_lines(["negative controls: 1 ended as their tests expected (error); not counted above"])
+
+
+def test_a_failing_class_is_answered_first_in_red_and_plain_without_colour(
+    pytester: pytest.Pytester, run_suite: RunSuite
+) -> None:
+    """A class that failed everywhere: its line names the verdict, the rung, the counts and that nothing fixed it."""
+    pytester.makepyfile(test_p=PAIR_TEST)
+    pytester.path.joinpath("broken.toml").write_text(
+        scenario_text('effect = "error"\nphase = "probe"\nmessage = "simulated link error"')
+    )
+    plain = run_suite("--virtual-devices=2", "--scenario=broken.toml", "--matrix=inherited", "--color=no")
+    plain.assert_outcomes(failed=1)
+    answer = "CPU pairs: ERROR on inherited (pair_exchange 1/1); no rung passed (tried inherited): no setting fixes it"
+    plain.stdout.fnmatch_lines(["*= conformance: the answer (SIMULATED) =*", answer, "*= conformance summary*"])
+    assert not any("\x1b[" in line for line in plain.outlines)
+    coloured = run_suite("--virtual-devices=2", "--scenario=broken.toml", "--matrix=inherited", "--color=yes")
+    assert f"\x1b[31m\x1b[1m{answer}\x1b[0m" in coloured.outlines

@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 
 from conformance.common.deadlines import CPU_STOP_LADDER
+from conformance.launch import forkserver
+from conformance.rank import context, probes
+from conformance.verdict.decision import stack_excerpt, traceback_excerpt
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
 TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
@@ -130,3 +133,29 @@ def test_hang_on_every_rank_has_no_single_root(pytester: pytest.Pytester, run_su
         (rank, "SIGTERM", "stopped", "probe", "stalled") for rank in range(4)
     ]
     assert record["stop_seconds"] is not None and record["stop_seconds"] < 2.0
+
+
+def test_the_failure_text_leaves_out_the_harnesss_own_frames() -> None:
+    """The fork server, runpy and the rank's context (phases, injected faults) are the suite, not the machine."""
+    dump = f"""Current thread 0x00007f (most recent call first):
+  File "{context.__file__}", line 222 in apply_effect
+  File "{context.__file__}", line 124 in phase
+  File "{probes.__file__}", line 337 in pair_exchange
+  File "{forkserver.__file__}", line 47 in _fork_rank
+  File "<frozen runpy>", line 88 in _run_code
+"""
+    assert stack_excerpt(dump) == f'  File "{probes.__file__}", line 337 in pair_exchange'
+    traceback = f"""Traceback (most recent call last):
+  File "{probes.__file__}", line 75, in init_group
+    ctx.phase("init", "init_process_group(nccl)")
+  File "{context.__file__}", line 124, in phase
+    self._apply_faults(name)
+    ^^^^^^^^^^^^^^^^^^^^^^^^
+SimulatedError: NCCL Error 2: unhandled system error
+"""
+    assert traceback_excerpt(traceback).splitlines() == [
+        "Traceback (most recent call last):",
+        f'  File "{probes.__file__}", line 75, in init_group',
+        '    ctx.phase("init", "init_process_group(nccl)")',
+        "SimulatedError: NCCL Error 2: unhandled system error",
+    ]

@@ -284,6 +284,16 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
         assert r["summary"] == "ranks 0,1 all stuck in probe (send/recv 4B)"
     paid = deadlines_paid(records)
     assert len(hangs) == len(sys_pairs) == 16 and 1 <= paid <= 4  # a round of 8 devices holds 4 pairs
+    result.stdout.fnmatch_lines(  # the answer first, then the details
+        [
+            "*= conformance: the answer (SIMULATED) =*",
+            "SYS pairs: HANG on inherited (pair_exchange 16/16); passes with NCCL_P2P_LEVEL=NVL"
+            " -> export NCCL_P2P_LEVEL=NVL",
+            "passed as they are: NODE pairs, PIX pairs, all sets, *, single sets",
+            "for every class together: export NCCL_P2P_LEVEL=NVL",
+            "*= conformance summary (SIMULATED) =*",
+        ]
+    )
     result.stdout.fnmatch_lines(
         [
             "SYS: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
@@ -340,6 +350,14 @@ def test_wrong_data_p2p(pytester: pytest.Pytester, run_suite: RunSuite, reports_
         for futile in ("cumem_off", "nvls_off"):
             assert decisions[(key, futile)][1].startswith(f"rung {futile} cannot change a case over PIX")
         assert decisions[(key, "p2p_level_nvl")] == ("pass", "")
+    result.stdout.fnmatch_lines(
+        [
+            "*= conformance: the answer (SIMULATED) =*",
+            "PIX pairs: FAIL on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL,"
+            " but wrong data makes the machine NOT FIT: no export",
+            "passed as they are: NODE pairs, SYS pairs",
+        ]
+    )
     result.stdout.fnmatch_lines(
         [
             f"FAIL  suites/test_pairs.py::test_pair_exchange[[]gpu0-gpu1-PIX-inherited[]]: "

@@ -22,7 +22,14 @@ from conformance.launch.processes import CaseProcesses, RankProcess
 from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
-from conformance.verdict.decision import Decision, RankReport, decide, rank_report, stack_excerpt
+from conformance.verdict.decision import (
+    Decision,
+    RankReport,
+    decide,
+    rank_report,
+    stack_excerpt,
+    traceback_excerpt,
+)
 
 
 @dataclass(frozen=True)
@@ -349,6 +356,6 @@ def failure_text(result: CaseResult) -> str:
         if r.collectives is not None and (r.failed or r.stopped_by):
             lines.append(f"rank {r.rank}: {flight_recorder.describe(r.collectives)}")
     if root is not None and root.traceback and not root.stack:
-        lines.append(f"traceback of rank {root.rank}:\n{root.traceback.strip()[-1500:]}")
+        lines.append(f"traceback of rank {root.rank}:\n{traceback_excerpt(root.traceback)}")
     lines.append(f"rank logs: {result.case_dir}")
     return "\n".join(lines)

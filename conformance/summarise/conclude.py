@@ -1,4 +1,4 @@
-"""The end of a run: the recommended environment, the baseline comparison and the HTML report.
+"""The end of a run: the answer, the recommended environment, the baseline comparison and the HTML report.
 
 Called once, by the controller, after every case has been recorded, so it reads the run back from
 its folder exactly as ``python -m conformance recommend/compare/report`` would.
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
+from conformance.summarise.answer import Answer, answer
 from conformance.summarise.compare import CompareError, compare
 from conformance.summarise.recommend import recommend, write_env_file
 from conformance.summarise.report import write_report
@@ -21,6 +22,7 @@ from conformance.summarise.report import write_report
 class Conclusion:
     lines: list[str] = field(default_factory=list)
     regressed: bool = False
+    answer: Answer | None = None
 
 
 def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclusion:
@@ -34,6 +36,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
     if not run.records:
         return conclusion
     recommendation = recommend(run)
+    conclusion.answer = answer(run, recommendation)
     env_file = write_env_file(run, recommendation)
     conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
     regressions: Sequence[Mapping[str, object]] = ()

@@ -85,27 +85,33 @@ def bad_nodes(records: Iterable[CaseRecord]) -> list[BadNode]:
     return [BadNode(node, tuple(sorted(others))) for node, others in sorted(failed_with.items()) if node not in good]
 
 
-def summary_lines(records: list[CaseRecord], simulated: bool) -> list[str]:
-    """Bad nodes, hangs and wrong data first, then probe x verdict counts."""
-    title = "conformance summary" + (" (SIMULATED)" if simulated else "")
-    lines = [f"{'=' * 20} {title} {'=' * 20}"]
-    lines += [f"BAD NODE {bad.text}" for bad in bad_nodes(records)]
+def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
+    """Bad nodes, hangs and wrong data first (each marked bad), then probe x verdict counts.
+
+    The counts show only the verdicts some case had: a healthy run shows no error column.
+    """
+    lines = [(f"BAD NODE {bad.text}", True) for bad in bad_nodes(records)]
     worst = [r for r in records if r.outcome in (Verdict.HANG, Verdict.FAIL) and r.expected_verdict != r.verdict]
     for r in sorted(worst, key=lambda r: (r.outcome is not Verdict.HANG, r.nodeid)):
-        lines.append(f"{r.verdict.upper():5} {r.nodeid}: {r.summary}")
+        lines.append((f"{r.verdict.upper():5} {r.nodeid}: {r.summary}", True))
     # A negative control that ended as its test expected is the suite checking itself, not an error here.
     controls = [r for r in records if r.expected_verdict == r.verdict]
     counted = [r for r in records if r.expected_verdict != r.verdict]
     by_probe: dict[str, Counter[Verdict | None]] = {}
     for r in counted:
         by_probe.setdefault(r.probe, Counter())[r.outcome] += 1
+    total = Counter(r.outcome for r in counted)
+    shown = [v for v in READING_ORDER if total[v]]
     width = max(len("probe"), len("total"), *(len(p) for p in by_probe))
-    lines.append("probe".ljust(width) + "".join(f"{v.value:>{len(v.value) + 2}}" for v in READING_ORDER))
-    for probe, counts in [*sorted(by_probe.items()), ("total", Counter(r.outcome for r in counted))]:
-        lines.append(probe.ljust(width) + "".join(f"{counts.get(v, 0):>{len(v.value) + 2}}" for v in READING_ORDER))
+    table = ["probe".ljust(width) + "".join(f"{v.value:>{len(v.value) + 2}}" for v in shown)]
+    for probe, counts in [*sorted(by_probe.items()), ("total", total)]:
+        table.append(probe.ljust(width) + "".join(f"{counts.get(v, 0):>{len(v.value) + 2}}" for v in shown))
+    lines += [(line, False) for line in table]
     if controls:
         ended = ", ".join(sorted({r.verdict for r in controls}))
-        lines.append(f"negative controls: {len(controls)} ended as their tests expected ({ended}); not counted above")
+        lines.append(
+            (f"negative controls: {len(controls)} ended as their tests expected ({ended}); not counted above", False)
+        )
     return lines
 
 

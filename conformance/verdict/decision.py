@@ -6,6 +6,7 @@ lost its peer, or that the watchdog had to stop while it waited, is a victim of 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import signal
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 from conformance.common import casefiles
 from conformance.common.casefiles import PhaseLine
 from conformance.common.verdicts import ROOT_CAUSE_PRECEDENCE, Verdict
-from conformance.rank import flight_recorder
+from conformance.rank import context, flight_recorder
 from conformance.verdict.stderr_causes import Cause, rank_cause
 
 # Errors a rank gets because another rank failed or never arrived.
@@ -51,9 +52,36 @@ def rank_frames(stack: str) -> list[str]:
     return threads[0] if threads else []
 
 
+# The harness's own frames say nothing about the machine: the fork server a rank was forked from
+# (and runpy under it), and the rank's context, which reports phases and injects simulated faults.
+HARNESS_FILES = (
+    f'File "{importlib.util.find_spec("conformance.launch.forkserver").origin}"',  # type: ignore[union-attr]
+    f'File "{context.__file__}"',
+    'File "<frozen runpy>"',
+)
+
+
+def _harness_frame(line: str) -> bool:
+    return line.strip().startswith(HARNESS_FILES)
+
+
 def stack_excerpt(stack: str, lines: int = STACK_EXCERPT_LINES) -> str:
-    """The innermost frames of the rank's working thread in a faulthandler dump."""
-    return "\n".join(rank_frames(stack)[:lines])
+    """The innermost frames of the rank's working thread in a faulthandler dump, without the harness's own."""
+    frames = [line for line in rank_frames(stack) if not _harness_frame(line)]
+    return "\n".join(frames[:lines])
+
+
+def traceback_excerpt(traceback: str, chars: int = 1500) -> str:
+    """A Python traceback without the harness's frames (each a ``File`` line and its source line); its end."""
+    kept: list[str] = []
+    skip_source = False
+    for line in traceback.strip().splitlines():
+        if skip_source and line.startswith("    ") and not line.strip().startswith("File "):
+            continue  # the source line (and caret lines) of a dropped frame
+        skip_source = _harness_frame(line)
+        if not skip_source:
+            kept.append(line)
+    return "\n".join(kept)[-chars:]
 
 
 def exit_label(code: int | None) -> str | int | None:

@@ -1,0 +1,160 @@
+"""The answer, first: per failing class, what broke where and what to set; one line when all passed.
+
+``SYS pairs: HANG on inherited (16/16); passes with NCCL_P2P_LEVEL=NVL -> export NCCL_P2P_LEVEL=NVL``
+
+The terminal summary and the HTML report open with it.  It reads the recommendation (the one
+owner of which rung each class needs) and the run's records (what each class did on the first
+rung it ran, the environment as the run found it unless the user's ladder says otherwise).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from conformance.common.verdicts import READING_ORDER, Verdict
+from conformance.plan.matrix import Rung
+from conformance.record.records import HOST_SET_KIND, CaseRecord
+from conformance.record.runs import Run
+from conformance.summarise.recommend import ClassAdvice, Recommendation
+from conformance.summarise.summary import link_class_of, one_record_per_case, run_ladder, rung_env_text
+
+Tone = Literal["bad", "good", "warn", "plain"]
+
+
+@dataclass(frozen=True)
+class ClassAnswer:
+    """One class that did not pass as the run found the machine."""
+
+    label: str  # "SYS pairs", "NET node pairs", "single sets"
+    rung: str  # the first rung the class ran on
+    verdicts: tuple[Verdict, ...]  # of the cases that did not pass there, in reading order
+    probes: tuple[tuple[str, int, int], ...]  # (probe, cases that did not pass, cases) per probe that failed there
+    fix: Rung | None  # the first rung on which every case of the class passed
+    unfit: bool  # wrong data somewhere in the run: no setting is handed out
+    tried: tuple[str, ...] = ()
+
+    @property
+    def worst(self) -> Verdict:
+        return self.verdicts[0] if self.verdicts else Verdict.PASS
+
+    def text(self) -> str:
+        verdicts = "/".join(v.value.upper() for v in self.verdicts)
+        counts = ", ".join(f"{probe} {failed}/{ran}" for probe, failed, ran in self.probes)
+        head = f"{self.label}: {verdicts} on {self.rung} ({counts})"
+        if self.fix is None:
+            return f"{head}; no rung passed (tried {', '.join(self.tried)}): no setting fixes it"
+        if self.unfit:
+            return f"{head}; passes with {_setting_text(self.fix)}, but wrong data makes the machine NOT FIT: no export"
+        return f"{head}; passes with {_setting_text(self.fix)} -> {rung_env_text(self.fix)}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    classes: tuple[ClassAnswer, ...]  # failing classes, worst first
+    passed: tuple[str, ...]  # labels of the classes that passed as they are
+    others: tuple[str, ...]  # failed checks outside any class (host checks), one line each
+    exports: tuple[str, ...]  # the recommendation's shell lines, empty when withheld or nothing to set
+    cases: int
+    simulated: bool
+    incomplete: str | None
+
+    @property
+    def all_passed(self) -> bool:
+        return not self.classes and not self.others and self.incomplete is None
+
+    @property
+    def tone(self) -> Tone:
+        """The whole answer's: bad when anything failed, warn when the run is incomplete."""
+        if self.incomplete is not None:
+            return "warn"
+        return "good" if self.all_passed else "bad"
+
+    def rows(self) -> list[tuple[str, Tone]]:
+        """The answer's lines with how each reads: bad (red), good (green), plain."""
+        if self.incomplete is not None:
+            return [(f"INCOMPLETE RUN ({self.incomplete}): no answer from part of a run", "warn")]
+        if self.all_passed:
+            cases, classes = _count(self.cases, "case"), _count(len(self.passed), "class")
+            return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
+        rows: list[tuple[str, Tone]] = [(c.text(), "bad") for c in self.classes]
+        rows += [(line, "bad") for line in self.others]
+        if self.passed:
+            rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
+        if self.exports:
+            rows.append((f"for every class together: {'; '.join(self.exports)}", "plain"))
+        return rows
+
+    def lines(self) -> list[str]:
+        return [text for text, _ in self.rows()]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+
+
+def _setting_text(rung: Rung) -> str:
+    if rung.unset_families:
+        return rung_env_text(rung)
+    return " ".join(f"{k}={v}" for k, v in sorted(rung.set.items())) or rung.name
+
+
+def class_label(record: CaseRecord) -> str:
+    kind = record.set_kind or "all"
+    suffix = {"pair": "pairs", "node_pair": "node pairs"}.get(kind, "sets")
+    return f"{link_class_of(record)} {suffix}"
+
+
+def _class_answer(advice: ClassAdvice, records: list[CaseRecord], order: dict[str, int], unfit: bool) -> ClassAnswer:
+    first = min((r.env_name or "" for r in records), key=lambda name: order.get(name, len(order)))
+    there = [r for r in records if r.env_name == first]
+    failed = [r for r in there if r.outcome is not None and r.outcome.failed]
+    ran = Counter(r.probe for r in there)
+    failed_by_probe = Counter(r.probe for r in failed)
+    return ClassAnswer(
+        label=class_label(records[0]),
+        rung=first,
+        verdicts=tuple(v for v in READING_ORDER if any(r.outcome is v for r in failed)),
+        probes=tuple((probe, n, ran[probe]) for probe, n in sorted(failed_by_probe.items())),
+        fix=advice.rung,
+        unfit=unfit,
+        tried=advice.tried,
+    )
+
+
+def _outside_classes(records: Sequence[CaseRecord]) -> tuple[str, ...]:
+    """Failed checks of the machine that no class holds: the host checks."""
+    return tuple(
+        f"host check {r.probe}: {r.verdict.upper()}: {r.summary}"
+        for r in records
+        if r.set_kind == HOST_SET_KIND and r.outcome is not None and r.outcome.failed and r.expected_verdict is None
+    )
+
+
+def answer(run: Run, recommendation: Recommendation) -> Answer:
+    ladder = run_ladder(run)
+    order = {r.name: i for i, r in enumerate(ladder)}
+    counted = one_record_per_case(r for r in run.records if r.counts)
+    by_class: dict[str, list[CaseRecord]] = {}
+    for r in counted:
+        by_class.setdefault(link_class_of(r), []).append(r)
+    failing, passed = [], []
+    for advice in recommendation.classes:
+        records = by_class[advice.name]
+        found = _class_answer(advice, records, order, recommendation.unfit)
+        if found.verdicts:
+            failing.append(found)
+        else:
+            passed.append(found.label)
+    failing.sort(key=lambda c: (READING_ORDER.index(c.worst), c.label))
+    return Answer(
+        classes=tuple(failing),
+        passed=tuple(passed),
+        others=_outside_classes(run.usable_records),
+        exports=tuple(recommendation.exports()),
+        cases=len(counted),
+        simulated=run.simulated,
+        incomplete=recommendation.incomplete,
+    )
