@@ -24,7 +24,9 @@ from conformance.cli.main import main
 from conformance.discover.topology import Device, Topology
 from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, load_run
-from conformance.summarise.report import HEAT_HIGH, REPORT_FILE, render_report, write_report
+from conformance.summarise.answer import answer
+from conformance.summarise.recommend import recommend
+from conformance.summarise.report import HEAT_HIGH, HOST_COPIES, PAIR_PROBES, REPORT_FILE, render_report, write_report
 from conftest import read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]
@@ -229,7 +231,7 @@ def test_sections_grids_heat_map_and_failures() -> None:
     assert_self_contained(html)
 
     sections = [s.attrs["id"] for s in root.find_all("section")]
-    assert sections == ["machine", "grids", "bandwidth", "failures", "ladder", "recommendation"]
+    assert sections == ["answer", "machine", "grids", "bandwidth", "failures", "ladder", "recommendation"]
     machine = root.find("section", id="machine").text
     for fact in ("GPU-00000003-0000-0000-0000-000000000003", "00000000:48:00.0", "550.54.15", "12.4", "2.13.0",
                  "box-17", "NVIDIA RTX 6000 Ada Generation", "scenarios/pcie-sys-p2p-hang.toml"):  # fmt: skip
@@ -368,6 +370,126 @@ def test_run_without_topology_facts() -> None:
     assert cell_classes(grid(root, "pair_exchange", "inherited")) == [[d, p, h], [p, d, h], [h, h, d]]
     assert cell_classes(grid(root, "pair_exchange", "p2p_level_nvl")) == [[d, u, p], [u, d, p], [p, p, d]]
     assert "no recommendation given" in root.find("section", id="recommendation").text.lower()
+
+
+# --------------------------------------------------------------------------------------------
+# the answer first; negative controls; gloo bandwidth
+# --------------------------------------------------------------------------------------------
+
+FAILURE_BADGES = {"v-fail", "v-hang", "v-crash", "v-error", "v-inconclusive"}
+
+
+def answer_box(root: Node) -> tuple[list[tuple[str, str]], list[str]]:
+    """The answer's rows as (tone, text), and its export lines."""
+    box = root.find("section", id="answer").find("div", "answer")
+    rows = [
+        (next(c for c in p.classes if c.startswith("t-")), p.text) for p in box.find_all("p") if "sub" not in p.classes
+    ]
+    return rows, [line for pre in box.find_all("pre", "exports") for line in pre.text.split("\n")]
+
+
+def red_badges(root: Node) -> list[str]:
+    return [n.text for n in root.iter() if n.tag == "span" and "badge" in n.classes and n.classes & FAILURE_BADGES]
+
+
+def test_the_answer_comes_first() -> None:
+    topology = pcie_topology(4)
+    run = make_run(topology, sys_hang_records(topology))
+    recommendation = recommend(run)
+    found = answer(run, recommendation)
+    html = render_report(run, recommendation.lines(), answer=found)
+    assert html == render_report(run, recommendation.lines())  # the same answer when left to the report
+    assert_self_contained(html)
+    root = parse(html)
+    assert [s.attrs["id"] for s in root.find_all("section")][:2] == ["answer", "machine"]
+    assert html.index('<section id="answer"') < html.index('<section id="machine"')
+    rows, exports = answer_box(root)
+    assert rows[0] == (
+        "t-bad",
+        "SYS pairs: HANG on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL -> export NCCL_P2P_LEVEL=NVL",
+    )
+    assert [tone for tone, _ in rows] == [f"t-{tone}" for _, tone in found.rows() if tone != "plain"]
+    assert exports == ["export NCCL_P2P_LEVEL=NVL"] == list(found.exports)
+    assert "tone-bad" in root.find("section", id="answer").find("div", "answer").classes
+
+
+def test_the_answer_of_a_healthy_run_is_one_green_line() -> None:
+    topology = pcie_topology(4)
+    records = [
+        record(topology, a.index, b.index, "pair_exchange", "inherited", "pass", 10.0) for a, b in topology.pairs()
+    ]
+    root = parse(render_report(make_run(topology, records), RECOMMENDATION))
+    rows, exports = answer_box(root)
+    ((tone, text),) = rows
+    assert tone == "t-good" and text.startswith("everything passed: 6 cases") and "nothing to set" in text
+    assert exports == [] and red_badges(root) == []
+
+
+def test_negative_controls_are_not_red() -> None:
+    """A negative control that ended as expected is counted apart, in grey; one that did not stays a failure."""
+    topology = pcie_topology(2)
+    records = [record(topology, 0, 1, probe, "inherited", "pass", 5.0) for probe in PAIR_PROBES]
+    control = {
+        "set_kind": "all",
+        "link": None,
+        "expected_verdict": "error",
+        "nodeid": "suites/test_failure_handling.py::test_one_rank_raises[inherited]",
+        "summary": "deliberate",
+    }
+    records.append(record(topology, 0, 1, "fail_one_rank", "inherited", "error", **control))
+    html = render_report(make_run(topology, records), RECOMMENDATION)
+    assert_self_contained(html)
+    root = parse(html)
+    assert red_badges(root) == []
+    assert "error" not in root.find("div", "counts").text
+    assert "1 negative control: ended as expected" in root.find("div", "counts").text
+    assert root.find("section", id="failures").find_all("article") == []
+    (card,) = root.find("section", id="controls").find_all("article")
+    assert card.find("span", "badge").text == "negative control: ended as expected (error)"
+    assert "v-control" in card.find("span", "badge").classes and "e-control" in card.classes
+    ((tone, text),) = answer_box(root)[0]  # the control is not among the cases
+    assert tone == "t-good" and text.startswith("everything passed: 2 cases")
+
+    missed = {**control, "nodeid": control["nodeid"].replace("raises", "hangs")}
+    records.append(record(topology, 0, 1, "fail_one_rank", "inherited", "hang", **missed))
+    root = parse(render_report(make_run(topology, records), RECOMMENDATION))
+    (failure,) = root.find("section", id="failures").find_all("article")
+    assert failure.attrs["data-verdict"] == "hang" and "expected error" in failure.text
+    assert red_badges(root) == ["1 hang", "hang", "hang"]  # the count, the glance row and the card
+
+
+def test_record_text_is_autoescaped() -> None:
+    topology = pcie_topology(2)
+    hostile = record(topology, 0, 1, "pair_exchange", "inherited", "hang", summary="<script>alert(1)</script>")
+    html = render_report(make_run(topology, [hostile]), ["<script>x</script>"])
+    assert_self_contained(html)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script" not in html
+    assert "<script>alert(1)</script>" in parse(html).find("section", id="failures").text
+
+
+def test_an_incomplete_run_says_so_at_the_top() -> None:
+    topology = pcie_topology(4)
+    end = {"state": "incomplete", "planned": 10, "ran": 4, "stopped_by": "KeyboardInterrupt"}
+    root = parse(render_report(make_run(topology, sys_hang_records(topology), end=end), RECOMMENDATION))
+    assert "INCOMPLETE RUN" in root.find("header").find("div", "incomplete").text
+    ((tone, text),) = answer_box(root)[0]
+    assert tone == "t-warn" and text.startswith("INCOMPLETE RUN")
+    assert "INCOMPLETE" in root.find("title").text
+
+
+def test_gloo_bandwidth_is_not_a_link_measurement() -> None:
+    cpus = tuple(Device(f"cpu{i}", i, "cpu") for i in range(3))
+    topology = Topology("cpu", cpus, "virtual", "no GPU: CPU devices")
+    records = [record(topology, a.index, b.index, "peer_copy", "inherited", "pass", 3.0) for a, b in topology.pairs()]
+    root = parse(render_report(make_run(topology, records)))
+    heat = root.find("figure", "heat", data_probe="peer_copy")
+    assert HOST_COPIES == "CPU gloo: host memory copies, not a GPU link measurement"
+    assert HOST_COPIES in heat.find("figcaption").text
+
+    gpus = pcie_topology(2)  # the same on a machine with GPUs under NCCL: a link measurement, no label
+    nccl = [record(gpus, 0, 1, "peer_copy", "inherited", "pass", 40.0, backend="nccl")]
+    root = parse(render_report(make_run(gpus, nccl, backend="nccl")))
+    assert HOST_COPIES not in root.find("figure", "heat", data_probe="peer_copy").text
 
 
 def test_write_report_and_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
 from conformance.record.results import RESULTS_FILE
 from conformance.record.runs import Run, RunError
+from conformance.summarise.answer import answer
 from conformance.summarise.recommend import recommend
 from conformance.summarise.report import REPORT_FILE, report_path, write_report
 
@@ -31,9 +32,9 @@ def report_command(args: argparse.Namespace) -> int:
         return fail("report", str(exc))
     if not run.records:
         return fail("report", f"no records in {_results_file(run)}: nothing to report")
-    lines = recommend(run).lines()
+    recommendation = recommend(run)
     try:
-        path = write_report(run, lines)
+        path = write_report(run, recommendation.lines(), answer=answer(run, recommendation))
     except OSError as exc:
         return fail("report", f"cannot write {report_path(run)}: {exc.strerror or exc}")
     for message in run.warnings:

@@ -51,6 +51,6 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             regressions = comparison.regressions
             conclusion.regressed = comparison.exit_status != 0
     if settings.run_report:
-        path = write_report(run, recommendation.lines(), regressions)
+        path = write_report(run, recommendation.lines(), regressions, conclusion.answer)
         conclusion.lines.append(f"HTML report: {path}")
     return conclusion
