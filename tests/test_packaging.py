@@ -7,6 +7,7 @@ import path says so.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -26,10 +27,11 @@ RUN_SECONDS = 300.0
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-        capture_output=True, text=True, timeout=RUN_SECONDS, check=False,
-    )  # fmt: skip
+    # setuptools builds in the checkout's build/: two xdist workers building at once would share it.
+    with (tmp_path_factory.getbasetemp().parent / "wheel-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
+        built = subprocess.run([*command, str(REPO)], capture_output=True, text=True, timeout=RUN_SECONDS, check=False)
     assert built.returncode == 0, built.stderr
     return next(out.glob("gpu_conformance-*.whl"))
 
