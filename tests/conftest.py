@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from conformance.common.families import INHERITED_FAMILIES
@@ -29,31 +30,23 @@ TAG_VARIABLE = "CONFORMANCE_TEST_TAG"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def process_dirs() -> Iterator[Path]:
-    """``/proc/<pid>`` of every process."""
-    return (entry for entry in Path("/proc").iterdir() if entry.name.isdigit())
-
-
-def stat_fields(process_dir: Path) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` after the command name: state, parent pid, ..."""
-    return (process_dir / "stat").read_text().rsplit(")", 1)[1].split()
+def running(process: psutil.Process) -> bool:
+    """``process`` still runs: it exists and is not a zombie waiting to be reaped."""
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def tagged_processes(tag: str) -> list[int]:
     """PIDs of live processes (not zombies) whose environment carries ``tag``."""
-    needle = f"{TAG_VARIABLE}={tag}".encode()
     found = []
-    for entry in process_dirs():
-        if int(entry.name) == os.getpid():
-            continue
+    for process in psutil.process_iter():
         try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = stat_fields(entry)[0]
-        except OSError:
+            if process.pid != os.getpid() and process.environ().get(TAG_VARIABLE) == tag and running(process):
+                found.append(process.pid)
+        except psutil.Error:  # gone meanwhile, or another user's
             continue
-        if state != "Z":
-            found.append(int(entry.name))
     return found
 
 

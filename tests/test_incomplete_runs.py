@@ -109,7 +109,7 @@ def test_an_interrupted_run_says_incomplete_everywhere(
     assert "compare: warning: the baseline run is incomplete (interrupted: " in reverse.stderr, reverse
     reported = conformance_command("report", "--reports-dir", str(reports_dir))
     html = Path(reported.stdout.strip()).read_text()
-    assert "<b>INCOMPLETE RUN</b>: interrupted: " in html and "(INCOMPLETE)</title>" in html
+    assert "<strong>INCOMPLETE RUN</strong>: interrupted: " in html and "(INCOMPLETE)</title>" in html
 
 
 def test_a_run_stopped_by_maxfail_is_incomplete(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:

@@ -4,7 +4,8 @@ Each namespace has ``lo`` and a veth end named ``cfnet0`` (the same name on both
 cluster), with an address from a private range that exists only inside the namespaces.  One pytest
 runs in each namespace as a node of a two-node run on ``suites/test_multinode.py``.  ``cfnet0`` is
 then the only interface the nodes share (loopback never counts), so the adaptive ladder's fallback
-for a cross-node case is rung ``socket_ifname_cfnet0``.
+for a cross-node case is rung ``socket_ifname_cfnet0``.  Another namespace holds an interface with
+only an IPv6 address, read back through the kernel as a node's fingerprint reads it.
 
 Needs root and iproute2; skipped with the reason where a namespace cannot be made.
 """
@@ -17,6 +18,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Node, copy_suites, free_port, read_records, start_node, tagged_processes
+from conftest import REPO, Node, copy_suites, free_port, read_records, start_node, tagged_processes
 
 pytestmark = pytest.mark.slow  # two nodes in network namespaces, a whole suite each
 
@@ -237,3 +239,28 @@ def test_no_interface_forced_ends_passing(
     assert rungs.get("NET") in (INHERITED, FALLBACK), text
     observed = {f"node {rank} {case}": verdicts for (rank, case), verdicts in sorted(cases.items())}
     print(json.dumps({"exit codes": codes, "seconds": round(seconds, 1), "recommended": rungs, **observed}))
+
+
+V6_ONLY, V6_PEER = "cfv6only0", "cfv6peer0"
+READ_INTERFACES = "import json; from conformance.nodes.layout import network_interfaces as n; print(json.dumps(n()))"
+
+
+def test_an_ipv6_only_interface_is_read_from_the_kernel() -> None:
+    """In a namespace of its own: an interface with only an IPv6 address counts; one with only link-local does not."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (iproute2): cannot make network namespaces")
+    name = f"cfns6-{uuid.uuid4().hex[:12]}"
+    _make("netns", "add", name)
+    try:
+        _make("link", "add", V6_ONLY, "netns", name, "type", "veth", "peer", "name", V6_PEER, "netns", name)
+        _make("-n", name, "addr", "add", "fd00:cf::1/64", "dev", V6_ONLY, "nodad")
+        for link in ("lo", V6_ONLY, V6_PEER):  # the peer gets a link-local address only
+            _make("-n", name, "link", "set", link, "up")
+        read = subprocess.run(
+            ["ip", "netns", "exec", name, sys.executable, "-c", READ_INTERFACES],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        ip("netns", "delete", name)
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout) == {"lo": ["127.0.0.1", "::1"], V6_ONLY: ["fd00:cf::1"]}

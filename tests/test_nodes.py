@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import socket
+
+import psutil
 import pytest
 
+from conformance.nodes import layout
 from conformance.nodes.layout import (
     DEFAULT_MASTER_PORT,
     SLURM_PORT_BASE,
@@ -13,6 +18,8 @@ from conformance.nodes.layout import (
     compare_fingerprints,
     extra_local_process,
     first_host,
+    interface_addresses,
+    is_loopback,
     network_interfaces,
     node_setup,
     shared_interfaces,
@@ -132,12 +139,72 @@ def test_version_mismatches_are_fatal() -> None:
 
 
 def test_fingerprints_travel_as_json_and_shared_interfaces_leave_loopback_out() -> None:
-    a = fingerprint(0, interfaces={"lo": "127.0.0.1", "eth0": "10.0.0.1", "ib0": "10.1.0.1"}, gpu_uuids=("GPU-1",))
-    b = fingerprint(1, interfaces={"lo": "127.0.0.1", "eth0": "10.0.0.2"})
+    a = fingerprint(
+        0, interfaces={"lo": ("127.0.0.1", "::1"), "eth0": ("10.0.0.1",), "ib0": ("10.1.0.1",)}, gpu_uuids=("GPU-1",)
+    )
+    b = fingerprint(1, interfaces={"lo": ("127.0.0.1", "::1"), "eth0": ("10.0.0.2", "fd00::2")})
     assert Fingerprint.from_json(a.to_json()) == a
     assert shared_interfaces([a, b]) == ["eth0"]
     assert shared_interfaces([]) == []
-    assert "lo" in network_interfaces()  # this host's own, read through the kernel
+    row = next(r for r in compare_fingerprints([a, b]).table if r.startswith("interfaces"))
+    assert "eth0=10.0.0.2,fd00::2" in row.split()
+
+
+def test_a_node_of_an_older_suite_sends_one_ipv4_address_per_interface() -> None:
+    data = json.loads(fingerprint(1).to_json())
+    data["interfaces"] = {"eth0": "10.0.0.2"}
+    assert Fingerprint.from_json(json.dumps(data)).interfaces == {"eth0": ("10.0.0.2",)}
+
+
+try:  # psutil's own record of one address (psutil._common before 7)
+    from psutil._ntuples import snicaddr
+except ImportError:
+    from psutil._common import snicaddr
+
+LONG_NAME = "storage-fabric-0-uplink"  # longer than the 15 characters an ioctl's ifreq holds
+
+
+def address(family: int, text: str) -> object:
+    return snicaddr(family, text, None, None, None)
+
+
+# What psutil.net_if_addrs() gives on a host with IPv4, IPv6-only, link-local-only and long-named interfaces.
+NET_IF_ADDRS = {
+    "lo": [address(socket.AF_INET, "127.0.0.1"), address(socket.AF_INET6, "::1")],
+    "eth0": [
+        address(socket.AF_INET6, "fe80::fc:ff:fe00:1%eth0"),  # link-local: left out
+        address(socket.AF_INET6, "fd00::2"),
+        address(socket.AF_INET, "192.0.2.2"),
+        address(psutil.AF_LINK, "02:fc:00:00:00:01"),
+    ],
+    "ib0": [address(socket.AF_INET6, "2001:db8::7"), address(psutil.AF_LINK, "80:00:02:08:fe:80")],  # IPv6 only
+    LONG_NAME: [address(socket.AF_INET, "10.9.0.1")],
+    "docker0": [address(socket.AF_INET6, "fe80::42:acff:fe11:2%docker0")],  # nothing another node can reach
+    "ifb0": [address(psutil.AF_LINK, "a6:f5:d9:e1:85:e6")],
+}
+
+
+def test_interfaces_come_from_psutil_with_ipv6_and_long_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layout.psutil, "net_if_addrs", lambda: NET_IF_ADDRS)
+    found = network_interfaces()
+    assert found == {
+        "lo": ("127.0.0.1", "::1"),
+        "eth0": ("192.0.2.2", "fd00::2"),  # IPv4 first
+        "ib0": ("2001:db8::7",),
+        LONG_NAME: ("10.9.0.1",),
+    }
+    assert is_loopback(found["lo"]) and is_loopback(("::1",)) and not is_loopback(found["ib0"])
+    here = fingerprint(0, interfaces=found)
+    there = fingerprint(1, interfaces={**found, "ib0": ("2001:db8::8",), LONG_NAME: ("10.9.0.2",)})
+    assert shared_interfaces([here, there]) == sorted(["eth0", "ib0", LONG_NAME])
+    assert Fingerprint.from_json(here.to_json()) == here
+
+
+def test_this_hosts_loopback_through_the_real_call() -> None:
+    found = network_interfaces()  # this host's own, read through the kernel (getifaddrs)
+    assert "127.0.0.1" in found["lo"] and is_loopback(found["lo"])
+    assert found == interface_addresses(psutil.net_if_addrs())
+    assert all(not a.startswith("fe80") for addresses in found.values() for a in addresses)
 
 
 # What SLURM puts in the environment of a job of two nodes (sbatch(1), salloc(1), srun(1) "OUTPUT ENVIRONMENT").

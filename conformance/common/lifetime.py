@@ -11,7 +11,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from pathlib import Path
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
 
@@ -32,7 +33,7 @@ def die_with_parent(expected_parent: int) -> bool:
 def process_gone(pid: int) -> bool:
     """No process ``pid`` is running on this host (none at all, or only its zombie left to be reaped)."""
     try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        status: str = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
         return True
-    return state in ("Z", "X")
+    return status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)

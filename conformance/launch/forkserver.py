@@ -11,11 +11,17 @@ Each case's ranks share one new process group (the first rank's pid), so the par
 the whole case with killpg.  The server reaps its children through pidfds and reports every exit.
 It dies with its parent (PR_SET_PDEATHSIG), its ranks die with it, and when the parent closes the
 pipe it SIGKILLs every case group it started that still runs.
+
+Reaping stays here, on pidfds, rather than with psutil: only a parent can reap its children, and a
+pidfd names one process for good (no pid reuse), where polling a pid from outside cannot tell a
+zombie's reaping from a new process.  The client logs the server's start and end (logger
+``conformance.launch``); each rank's start and exit is logged by ``CaseProcesses``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
@@ -29,6 +35,7 @@ from typing import IO, Any
 
 from conformance.launch.signals import signal_group
 
+log = logging.getLogger("conformance.launch")
 READY_TIMEOUT = 120.0
 REPLY_POLL = 0.05  # how long one look for a reply waits before looking again
 
@@ -174,15 +181,16 @@ class ForkServerClient:
         package_root = str(Path(__file__).resolve().parents[2])  # so -m finds us from any cwd
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("ab") as server_log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "conformance.launch.forkserver", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=log,
+                stderr=server_log,
                 env=env,
                 start_new_session=True,
             )
+        log.info("forkserver started (pid %d); its log: %s", self.proc.pid, self.log_path)
         os.set_blocking(self._stdout().fileno(), False)  # threads that find nothing to read go on
 
     def _stdout(self) -> IO[bytes]:
@@ -208,6 +216,7 @@ class ForkServerClient:
                 message = json.loads(line)
                 if message.get("event") == "exit":
                     self.exits[message["pid"]] = (message["code"], message["t"])
+                    log.debug("forkserver reaped pid %d: code %d", message["pid"], message["code"])
                 else:
                     self._replies.setdefault(str(message.get("event")), []).append(message)
 
@@ -224,11 +233,13 @@ class ForkServerClient:
         """A running server that has said it is ready (started again if it died)."""
         with self._request_lock:
             if self.proc is not None and self.proc.poll() is not None:
+                log.info("forkserver (pid %d) exited with %s: starting another", self.proc.pid, self.proc.returncode)
                 self.close()
             if self.proc is None:
                 self._launch()
             if not self.info:
                 self.info = self._expect("ready", READY_TIMEOUT)
+                log.info("forkserver (pid %s) ready: torch %s imported", self.info.get("pid"), self.info.get("torch"))
 
     def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
         self.ensure_started()
@@ -238,6 +249,7 @@ class ForkServerClient:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             reply = self._expect("spawned", 30.0)
+        log.debug("forkserver forked pids %s in process group %d for %s", reply["pids"], reply["pgid"], case_dir)
         return reply["pids"], reply["pgid"]
 
     def wait_events(self, timeout: float) -> None:
@@ -252,11 +264,13 @@ class ForkServerClient:
             return
         try:
             if self.proc.stdin is not None:
-                self.proc.stdin.close()
+                self.proc.stdin.close()  # the server SIGKILLs the case groups it started and exits
             self.proc.wait(timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
+            log.info("forkserver (pid %d) did not exit within %gs: SIGKILL", self.proc.pid, timeout)
             self.proc.kill()
             self.proc.wait(timeout=timeout)
+        log.info("forkserver (pid %d) stopped", self.proc.pid)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.proc = None

@@ -14,6 +14,7 @@ Several users share one machine's leases (``<tempdir>/conformance-leases``):
   ``O_CREAT`` opens of another user's file in a world-writable sticky folder.  A missing one is
   created with ``O_CREAT | O_EXCL`` and made readable by all (0644) with an explicit fchmod.
 
+Leases taken, waited for, given up on and released are logged (logger ``conformance.launch``).
 This module uses the standard library only.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
 import stat
@@ -29,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+log = logging.getLogger("conformance.launch")
 POLL_SECONDS = 0.05
 DIR_MODE = 0o1777  # anyone may create lock files; only a file's owner may delete it (sticky)
 LOCK_MODE = 0o644  # anyone may open it read-only, which is all flock needs
@@ -173,6 +176,7 @@ def _open_lock(path: Path, folder_problem: str | None) -> int:
 
 def _take(path: Path, deadline: float, folder_problem: str | None = None) -> int:
     fd = _open_lock(path, folder_problem)
+    waiting = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -183,7 +187,12 @@ def _take(path: Path, deadline: float, folder_problem: str | None = None) -> int
                 raise
         if time.monotonic() > deadline:
             os.close(fd)
+            log.info("device lease %s: still held by another case; giving up (pid %d)", path, os.getpid())
             raise LeaseTimeout(f"device lease {path} still held by another case")
+        if not waiting:
+            waiting = True
+            left = max(0.0, deadline - time.monotonic())
+            log.info("device lease %s: held by another case; waiting up to %.1fs (pid %d)", path, left, os.getpid())
         time.sleep(POLL_SECONDS)
 
 
@@ -197,10 +206,15 @@ def leased(lock_dir: Path | None, device_ids: Sequence[str], wait_seconds: float
     begun = time.monotonic()
     deadline = begun + wait_seconds
     fds: list[int] = []
+    devices = ", ".join(sorted(set(device_ids)))
     try:
         for device_id in sorted(set(device_ids)):
             fds.append(_take(lock_dir / _lock_name(device_id), deadline, folder_problem))
-        yield time.monotonic() - begun
+        waited = time.monotonic() - begun
+        log.info("device leases taken: %s in %s after %.2fs (pid %d)", devices, lock_dir, waited, os.getpid())
+        yield waited
     finally:
         for fd in fds:
             os.close(fd)  # closing releases the lock
+        if fds:
+            log.info("device leases released: %s (pid %d)", devices, os.getpid())

@@ -8,7 +8,8 @@ their pids and group and is the only code that signals them:
                   still there is named unkillable (often a process stuck in a driver)
     kill:         SIGKILL to the group (an interrupted case, the end-of-session sweep)
 
-Every signal sent is logged (logger ``conformance.launch``; ``--log-cli-level=INFO`` shows it).
+Every signal sent is logged, naming the case, the pids and why, and so is every rank's start and
+exit (logger ``conformance.launch``; ``--log-cli-level=INFO`` shows it).
 The waits are ``deadlines.StopLadder``'s, longer on GPUs, where a killed rank's CUDA context must
 be torn down.  The policy of *when* to stop a case is the watchdog's.
 """
@@ -28,6 +29,7 @@ from conformance.common.deadlines import StopLadder
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.signals import signal_group
 from conformance.rank import flight_recorder
+from conformance.verdict.decision import exit_label
 
 log = logging.getLogger("conformance.launch")  # the same logger signals.py writes to
 HEALTHY_EXITS = (casefiles.EXIT_OK, casefiles.EXIT_SKIP)
@@ -56,9 +58,11 @@ class CaseProcesses:
 
     def __init__(self, server: ForkServerClient, case_dir: Path, world_size: int) -> None:
         self.server = server
+        self.case = case_dir.name
         pids, self.pgid = server.spawn(case_dir, world_size)
         self.ranks = [RankProcess(i, pid, casefiles.rank_dir(case_dir, i)) for i, pid in enumerate(pids)]
-        log.info("case %s: ranks %s in process group %d", case_dir.name, pids, self.pgid)
+        shown = ", ".join(map(str, pids))
+        log.info("case %s: %d rank(s) forked (pids %s) in process group %d", self.case, len(pids), shown, self.pgid)
 
     def alive(self) -> list[RankProcess]:
         """The ranks not yet reaped (exits the forkserver reported are filled in)."""
@@ -70,6 +74,7 @@ class CaseProcesses:
                     still.append(rank)
                 else:
                     rank.exit_code, rank.exit_time = known
+                    log.info("case %s: rank %d (pid %d) reaped: %s", self.case, rank.rank, rank.pid, _ended(known[0]))
         return still
 
     @property
@@ -99,21 +104,27 @@ class CaseProcesses:
         for rank in alive:
             rank.stopped_by = reason
         self._dump_stacks(alive, ladder.dump_wait)
-        signal_group(self.pgid, signal.SIGTERM, f"stop ladder ({reason})")
+        self._signal(signal.SIGTERM, f"stop ladder ({reason})", self.alive())
         still = self.wait_for_exits(ladder.term_wait)
         if still:
-            signal_group(self.pgid, signal.SIGKILL, f"stop ladder ({reason}): {len(still)} rank(s) ignored SIGTERM")
+            self._signal(signal.SIGKILL, f"stop ladder ({reason}): {len(still)} rank(s) ignored SIGTERM", still)
             still = self.wait_for_exits(ladder.kill_wait)
         for rank in still:
             rank.unkillable = True
-            log.warning("rank %d (pid %d) survived SIGKILL for %.1fs", rank.rank, rank.pid, ladder.kill_wait)
+            log.warning(
+                "case %s: rank %d (pid %d) survived SIGKILL for %.1fs", self.case, rank.rank, rank.pid, ladder.kill_wait
+            )
         return time.monotonic() - begun
 
     def kill(self, why: str) -> bool:
         """SIGKILL the whole case at once; False when nothing was left to kill."""
-        if self.ended:
+        alive = self.alive()
+        if not alive:
             return False
-        return signal_group(self.pgid, signal.SIGKILL, why)
+        return self._signal(signal.SIGKILL, why, alive)
+
+    def _signal(self, sig: signal.Signals, why: str, alive: Sequence[RankProcess]) -> bool:
+        return signal_group(self.pgid, sig, f"case {self.case}, {why}", [r.pid for r in alive])
 
     def _dump_stacks(self, alive: Sequence[RankProcess], wait: float) -> None:
         """Ask each live rank for its Python stacks, then for its flight recorder; keep the stacks it wrote.
@@ -133,14 +144,19 @@ class CaseProcesses:
         for rank in alive:
             rank.stack = _read_from(stderr[rank.rank], offsets[rank.rank])
 
-    @staticmethod
-    def _signal_each(alive: Sequence[RankProcess], sig: signal.Signals, what: str) -> None:
+    def _signal_each(self, alive: Sequence[RankProcess], sig: signal.Signals, what: str) -> None:
         for rank in alive:
-            log.info("%s to rank %d (pid %d): dump %s", sig.name, rank.rank, rank.pid, what)
+            log.info("case %s: %s to rank %d (pid %d): dump %s", self.case, sig.name, rank.rank, rank.pid, what)
             try:
                 os.kill(rank.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _ended(code: int) -> str:
+    """A rank's exit as the forkserver reported it: ``exit 1``, ``killed by SIGKILL``."""
+    label = exit_label(code)
+    return f"killed by {label}" if isinstance(label, str) else f"exit {label}"
 
 
 def _settle(alive: Sequence[RankProcess], waiting: Callable[[RankProcess], bool], deadline: float) -> None:

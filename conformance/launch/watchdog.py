@@ -4,10 +4,13 @@ A case is a hang when no rank has reported progress (a line in its ``phase.jsonl
 deadline ("stalled"); the whole-case limit is the last net for one that progresses forever
 ("deadline").  When one rank fails, the others get ``grace`` seconds (across nodes, a failure on
 another node counts too).  Stopping is ``CaseProcesses.stop``: the stop ladder, where ranks are killed.
+
+Each decision is logged with its reason (logger ``conformance.launch``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from conformance.common.deadlines import StopLadder
 from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess
 
+log = logging.getLogger("conformance.launch")
 EVENT_WAIT = 0.05  # longest sleep between looks at the ranks, the measurement turn and the other nodes
 
 
@@ -112,6 +116,17 @@ def stalled_for(ranks: list[RankProcess], since: float) -> float:
     return time.time() - max(since, last or 0.0)
 
 
+_why: dict[str, Callable[[Limits], str]] = {
+    "grace": lambda limits: f"the grace of {limits.grace:g}s after a failure is over",
+    "stalled": lambda limits: f"no rank reported progress for {limits.step:g}s (step deadline)",
+    "deadline": lambda limits: f"past the whole-case limit of {limits.case:g}s",
+}
+
+
+def _ranks(alive: list[RankProcess]) -> str:
+    return ", ".join(f"{r.rank} (pid {r.pid})" for r in alive)
+
+
 def supervise(
     processes: CaseProcesses,
     limits: Limits,
@@ -136,11 +151,15 @@ def supervise(
         if grace_deadline is None and (failed_here or (alive and peers is not None and peers.failed())):
             grace_deadline = time.monotonic() + grace
             supervision.grace_started = time.time()
+            where = "a rank failed" if failed_here else "a rank failed on another node"
+            log.info("case %s: %s; the others get %gs (grace)", processes.case, where, grace)
             if failed_here and peers is not None:
                 peers.report_failure()
         if not alive:
             break
         if confirm is not None and grace_deadline is None and confirm.stuck(alive):
+            stuck = f"every live rank stuck at {confirm.where} for {confirm.seconds:g}s"
+            log.info("case %s: %s (confirm); stopping ranks %s", processes.case, stuck, _ranks(alive))
             supervision.stop_reason = "confirm"
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
@@ -158,6 +177,7 @@ def supervise(
         if now >= limit:
             reasons = {grace_deadline: "grace", stalled: "stalled", deadline: "deadline"}
             supervision.stop_reason = reasons[limit]
+            log.info("case %s: %s; stopping ranks %s", processes.case, _why[reasons[limit]](limits), _ranks(alive))
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
         processes.wait(min(limit - now, EVENT_WAIT))

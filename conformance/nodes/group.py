@@ -11,12 +11,17 @@ Keys of the run's store:
 
 A node that never arrives, stops beating or ends its run early is a :class:`NodeProblem`: the case
 that waited for it becomes a ``hang`` naming it, and later cases know at once.
+
+The rendezvous is logged (logger ``conformance.nodes``; ``--log-cli-level=INFO`` shows it): the
+store hosted or joined, each node heard, every wait for a node and what it ended with, the results
+gathered.  The waits of each cross-node case are at DEBUG.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import logging
 import socket
 import threading
 import time
@@ -26,6 +31,7 @@ from typing import Any
 
 from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
 
+log = logging.getLogger("conformance.nodes")
 HEARTBEAT_SECONDS = 0.5
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
@@ -122,13 +128,18 @@ class NodeGroup:
         if unresolved:  # else torch's store client retries the name for about twice the timeout
             address = f"node 0's address {setup.master_addr!r} ({setup.source})"
             raise NodeGroupError(f"{address} does not resolve: {unresolved}")
+        me = setup.node_rank
+        hosts = host and not setup.launcher_hosts_store
+        log.info("node %d: %s the run's store at %s (%s)", me, "hosting" if hosts else "joining", where, setup.source)
         try:
             store = _store(setup, host, timeout)
         except RuntimeError as exc:
             if host:
                 raise NodeGroupError(f"node 0 cannot host the run's store on {where}: {exc}") from None
             lost = f"node 0's store at {where} never answered within {timeout:g}s (rendezvous deadline)"
+            log.info("node %d: %s", me, lost)
             return cls(setup, timeout, progress_limit, None, lost)
+        log.info("node %d: %s the run's store at %s", me, "started" if hosts else "joined", where)
         group = cls(setup, timeout, progress_limit, store)
         try:
             refusal = group._present_identity(where)
@@ -136,6 +147,7 @@ class NodeGroup:
             group.lose(exc)
             return group
         if refusal:
+            log.info("node %d: %s", me, refusal)
             raise NodeGroupError(refusal)
         group._start_monitor()
         return group
@@ -192,15 +204,20 @@ class NodeGroup:
         now = time.monotonic()
         with self._lock:
             heard = self.heard[node]
+            first = count > 0 >= heard.count
             if count != heard.count:
                 heard.count, heard.beat = count, now
             if at != heard.at:
                 heard.at, heard.moved = at, now
+                log.debug("node %d: node %d is at %s", self.me, node, at or "its start")
+        if first:
+            log.info("node %d: heard node %d (its first heartbeat)", self.me, node)
 
     def lose(self, exc: BaseException) -> None:
         if not self.lost:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.lost = f"node 0's store stopped answering ({first_line})"
+            log.info("node %d: %s", self.me, self.lost)
 
     def now_at(self, nodeid: str) -> None:
         """Tell the other nodes which test this node is in."""
@@ -231,6 +248,7 @@ class NodeGroup:
         if silent > SILENCE_LIMIT:
             last = self.where(node)
             self.gone[node] = f"node {node} stopped answering: no heartbeat for {silent:.0f}s (last at {last})"
+            log.info("node %d: %s", self.me, self.gone[node])
             return NodeProblem(node, self.gone[node])
         return None
 
@@ -252,6 +270,8 @@ class NodeGroup:
         """
         since = time.monotonic()
         pending = dict(keys)
+        for node, key in sorted(pending.items()):
+            log.debug("node %d: waiting up to %gs for node %d (%s)", self.me, limit, node, key)
         while pending:
             try:
                 pending = {n: k for n, k in pending.items() if not self.store.check([k])}
@@ -260,6 +280,7 @@ class NodeGroup:
             for node in sorted(pending):
                 found = self.problem(node) or self._overdue(node, since, limit, fixed)
                 if found is not None:
+                    log.debug("node %d: stopped waiting for node %d (%s): %s", self.me, node, keys[node], found.reason)
                     return found
             if pending:
                 time.sleep(POLL_SECONDS)
@@ -273,6 +294,7 @@ class NodeGroup:
         self.store.set(f"fingerprint/{self.me}", mine.to_json())
         if self.me == 0:
             return self._judge(mine, run_id)
+        log.info("node %d: fingerprint sent; waiting up to %gs for node 0's start check", self.me, self.timeout)
         try:
             self.store.set_timeout(datetime.timedelta(seconds=self.timeout + ACK_WAIT))
             check = json.loads(self.store.get("check"))
@@ -285,14 +307,18 @@ class NodeGroup:
             self.lost = f"this node arrived after node 0 had closed the rendezvous ({missing[self.me]})"
         self.gone.update({n: r for n, r in missing.items() if n != self.me})
         prints = [Fingerprint.from_json(text) for text in check["prints"]]
-        return StartCheck(check["run_id"], compare_fingerprints(prints), missing, tuple(check["interfaces"]))
+        result = StartCheck(check["run_id"], compare_fingerprints(prints), missing, tuple(check["interfaces"]))
+        _log_start(self.me, prints, result)
+        return result
 
     def _judge(self, mine: Fingerprint, run_id: str) -> StartCheck:
         deadline = time.monotonic() + self.timeout
         for node in self.others:
+            log.info("node 0: waiting for node %d's fingerprint (rendezvous deadline %gs)", node, self.timeout)
             problem = self.wait_for({node: f"fingerprint/{node}"}, max(0.0, deadline - time.monotonic()), fixed=True)
             if problem is not None:  # one deadline for all: name it, not what was left of it
                 self.gone[node] = f"node {node} never arrived within {self.timeout:g}s (rendezvous deadline)"
+                log.info("node 0: %s", self.gone[node])
         arrived = [n for n in self.others if n not in self.gone]
         prints = [mine, *(Fingerprint.from_json(self.store.get(f"fingerprint/{n}").decode()) for n in arrived)]
         interfaces = tuple(shared_interfaces(prints))
@@ -304,6 +330,7 @@ class NodeGroup:
         }
         self.store.set("check", json.dumps(check))
         result = StartCheck(run_id, compare_fingerprints(prints), dict(self.gone), interfaces)
+        _log_start(0, prints, result)
         if result.fatal_text:  # the others must read the check before this store goes away
             self.wait_for({n: f"check_read/{n}" for n in arrived}, ACK_WAIT, fixed=True)
         return result
@@ -331,6 +358,8 @@ class NodeGroup:
             theirs = json.loads(self.store.get(f"collection/{node}"))
             differences.extend(collection_difference(list(nodeids), theirs, node))
         self.store.set("collection_check", json.dumps(differences))
+        compared = [n for n in arrived if n not in self.gone]
+        log.info("node 0: collections of nodes %s compared: %d line(s) of differences", compared, len(differences))
         if differences:  # the others must read it before this store goes away
             self.wait_for({n: f"collection_read/{n}" for n in arrived if n not in self.gone}, ACK_WAIT, fixed=True)
         return differences
@@ -352,7 +381,10 @@ class NodeGroup:
         except RuntimeError as exc:
             self.lose(exc)
         others = [n for n in nodes if n != self.me]
-        return self.absent(others) or self.wait_for({n: f"{prefix}/{stage}/{n}" for n in others}, limit)
+        problem = self.absent(others) or self.wait_for({n: f"{prefix}/{stage}/{n}" for n in others}, limit)
+        if problem is not None:
+            log.info("node %d: %s %s without node %d: %s", self.me, prefix, stage, problem.node, problem.reason)
+        return problem
 
     def peers(self, prefix: str, nodes: Sequence[int]) -> CasePeers:
         return CasePeers(self, prefix, [n for n in nodes if n != self.me])
@@ -395,6 +427,7 @@ class NodeGroup:
         except RuntimeError as exc:
             self.lose(exc)
             return f"records not sent to node 0: {self.lost}"
+        log.info("node %d: sent %d record(s) to node 0", self.me, len(lines))
         return f"{len(lines)} records sent to node 0"
 
     def gather_results(self, waiting: Callable[[int], None]) -> tuple[dict[int, list[str]], dict[int, str]]:
@@ -404,19 +437,34 @@ class NodeGroup:
             problem = self.absent([node])
             if problem is None and not self.store.check([f"results/{node}"]):
                 waiting(node)
+                log.info("node 0: waiting for node %d's records (it is at %s)", node, self.where(node))
                 problem = self.wait_for({node: f"results/{node}"}, self.progress_limit)
             if problem is not None:
                 self.gone.setdefault(node, problem.reason)
+                log.info("node 0: no records from node %d: %s", node, self.gone[node])
                 continue
             text = self.store.get(f"results/{node}").decode()
             gathered[node] = [line for line in text.splitlines() if line.strip()]
+            log.info("node 0: gathered %d record(s) from node %d", len(gathered[node]), node)
         return gathered, dict(self.gone)
 
     def close(self) -> None:
+        log.debug("node %d: leaving the run's store", self.me)
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=2 * HEARTBEAT_SECONDS + 1.0)
         self.store = None  # node 0: the server goes with its last reference
+
+
+def _log_start(me: int, prints: Sequence[Fingerprint], start: StartCheck) -> None:
+    """One line: who arrived, who did not, the interfaces they share and whether they may go on."""
+    arrived = ", ".join(f"{p.node_rank} ({p.hostname})" for p in sorted(prints, key=lambda p: p.node_rank))
+    verdict = f"differ in {', '.join(start.check.fatal)}" if start.check and start.check.fatal else "may go on"
+    log.info(
+        "node %d: start check: nodes %s arrived%s; shared interfaces: %s; %s",
+        me, arrived, "".join(f", node {n} missing" for n in sorted(start.missing)),
+        ", ".join(start.interfaces) or "none", verdict,
+    )  # fmt: skip
 
 
 @dataclass

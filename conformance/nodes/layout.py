@@ -11,21 +11,23 @@ hosts it, every node is a client) or the one torchrun reserved for its workers, 
 prefix ``conformance/<TORCHELASTIC_RUN_ID>``, so the suite's keys never meet torchrun's.
 
 Fingerprints: each node describes what must match across nodes (GPU count, NCCL, torch, the
-suite's version) and what may differ (host, interface names); :func:`compare_fingerprints` turns
-them into the table a run shows instead of hanging in communicator setup.
+suite's version) and what may differ (host, interfaces); :func:`compare_fingerprints` turns them
+into the table a run shows instead of hanging in communicator setup.  A node's interfaces are read
+with ``psutil.net_if_addrs()`` (``getifaddrs``): IPv4 and IPv6, names of any length.
 """
 
 from __future__ import annotations
 
-import fcntl
+import ipaddress
 import json
 import os
 import re
 import socket
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import psutil
 
 from conformance.common import values
 from conformance.common.families import inherited_variables
@@ -41,7 +43,7 @@ SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 12000
 # Fields that must be equal on every node, and fields that are shown but may differ.
 MUST_MATCH = ("gpu_count", "nccl", "torch", "suite")
 MAY_DIFFER = ("hostname", "cuda_visible_devices", "driver", "cuda", "nccl_env", "interfaces")
-SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+Addresses = tuple[str, ...]  # an interface's IP addresses, IPv4 first
 
 
 class NodeError(ValueError):
@@ -228,7 +230,7 @@ class Fingerprint:
     torch: str | None
     suite: str | None
     nccl_env: Mapping[str, str] = field(default_factory=dict)
-    interfaces: Mapping[str, str] = field(default_factory=dict)  # name -> IPv4 address
+    interfaces: Mapping[str, Addresses] = field(default_factory=dict)  # name -> addresses (network_interfaces)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -237,13 +239,20 @@ class Fingerprint:
     def from_json(cls, text: str) -> Fingerprint:
         data = json.loads(text)
         data["gpu_uuids"] = tuple(data.get("gpu_uuids") or ())
+        # JSON has lists, not tuples; a node of an older suite sends one IPv4 address as a string
+        interfaces = data.get("interfaces") or {}
+        data["interfaces"] = {n: (a,) if isinstance(a, str) else tuple(a) for n, a in interfaces.items()}
         return cls(**data)
 
     def value(self, name: str) -> str:
         value = getattr(self, name)
         if isinstance(value, Mapping):
-            return " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+            return " ".join(f"{k}={_shown(v)}" for k, v in sorted(value.items())) or "-"
         return "-" if value is None else (str(value) or "(empty)")
+
+
+def _shown(value: str | Addresses) -> str:
+    return value if isinstance(value, str) else ",".join(value)
 
 
 @dataclass(frozen=True)
@@ -274,23 +283,52 @@ def compare_fingerprints(prints: Sequence[Fingerprint]) -> FingerprintCheck:
     return FingerprintCheck(fatal, differing, tuple(align_columns(rows)))
 
 
-def ipv4_address(interface: str) -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+class InterfaceAddress(Protocol):
+    """One address of ``psutil.net_if_addrs()`` (its ``snicaddr``), as far as it is read here."""
+
+    @property
+    def family(self) -> int: ...
+
+    @property
+    def address(self) -> str: ...
 
 
-def network_interfaces() -> dict[str, str]:
-    """The interfaces of this host that have an IPv4 address: name -> address."""
+def interface_addresses(table: Mapping[str, Sequence[InterfaceAddress]]) -> dict[str, Addresses]:
+    """Name -> IPv4 addresses, then IPv6 ones, from a ``psutil.net_if_addrs()`` table.
+
+    Link-local IPv6 addresses (fe80::/10) are left out: the kernel gives one to every interface
+    with IPv6 up, and it reaches no other node without a scope.  An interface with no address
+    left (only a MAC, or only a link-local IPv6 one) is left out, as a link no socket can use.
+    """
     found = {}
-    for _, name in socket.if_nameindex():
-        address = ipv4_address(name)
-        if address:
-            found[name] = address
+    for name, entries in table.items():
+        ipv4 = [e.address for e in entries if e.family == socket.AF_INET]
+        ipv6 = [e.address for e in entries if e.family == socket.AF_INET6 and not _link_local(e.address)]
+        if ipv4 or ipv6:
+            found[name] = (*ipv4, *ipv6)
     return found
+
+
+def network_interfaces() -> dict[str, Addresses]:
+    """The interfaces of this host with an IPv4 or a non-link-local IPv6 address: name -> its addresses."""
+    return interface_addresses(psutil.net_if_addrs())
+
+
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0])  # psutil writes a scope as fe80::1%eth0
+    except ValueError:
+        return None
+
+
+def _link_local(address: str) -> bool:
+    ip = _ip(address)
+    return ip is not None and ip.version == 6 and ip.is_link_local
+
+
+def is_loopback(addresses: Addresses) -> bool:
+    """The interface with these addresses is the loopback one (127.0.0.0/8, ::1)."""
+    return any(ip is not None and ip.is_loopback for ip in map(_ip, addresses))
 
 
 def shared_interfaces(prints: Sequence[Fingerprint]) -> list[str]:
@@ -298,7 +336,7 @@ def shared_interfaces(prints: Sequence[Fingerprint]) -> list[str]:
     if not prints:
         return []
     names = set.intersection(*(set(p.interfaces) for p in prints))
-    return sorted(n for n in names if not any(p.interfaces[n].startswith("127.") for p in prints))
+    return sorted(n for n in names if not any(is_loopback(p.interfaces[n]) for p in prints))
 
 
 def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
