@@ -24,6 +24,10 @@ from conformance.launch.processes import CaseProcesses, RankProcess
 
 log = logging.getLogger("conformance.launch")
 EVENT_WAIT = 0.05  # longest sleep between looks at the ranks, the measurement turn and the other nodes
+# While a case's measurement turn is in play (asked for, held, or the gate held shared) its looks
+# come this often: every hand-over of the turn waits for the asker's look and the holder's release,
+# and at 50 ms each the run's ~60 serial turns cost 1.5 s of an 11 s simulated 8-GPU run.
+TURN_LOOK = 0.01
 
 
 @dataclass
@@ -87,6 +91,11 @@ class Turn:
     def asked(self, alive: list[RankProcess]) -> bool:
         """Every live rank waits for the turn, and it has not been given yet (a look; nothing changes)."""
         return self.granted_at is None and every_rank(alive, lambda p: p.step == casefiles.TURN_STEP)
+
+    @property
+    def in_play(self) -> bool:
+        """The case still holds the gate (shared or alone): another case's turn may wait on its next look."""
+        return not self.hold.released
 
     def leave_when_done(self, alive: list[RankProcess]) -> None:
         """Give the gate back once every live rank is in teardown: nothing the case times is left."""
@@ -180,6 +189,7 @@ def supervise(
             log.info("case %s: %s; stopping ranks %s", processes.case, _why[reasons[limit]](limits), _ranks(alive))
             supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
             break
-        processes.wait(min(limit - now, EVENT_WAIT))
+        look = TURN_LOOK if turn is not None and turn.in_play and peers is None else EVENT_WAIT
+        processes.wait(min(limit - now, look))
     supervision.ended = time.time()
     return supervision
