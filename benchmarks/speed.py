@@ -11,7 +11,9 @@ temporary reports folder, gloo ranks playing the GPUs of the simulated boxes:
   older commit checked out into a temporary worktree (``--old``: a revision, or the path of a tree),
   run one after the other so both see the same machine load, and the ratio;
 * ``-n 2`` against no xdist on the healthy NVSwitch box, for both trees, with the CPU seconds the
-  run used and the floor they set on this machine (CPU seconds / cores);
+  run used and the floor they set on this machine (CPU seconds / cores), the seconds outside any
+  case (start-up, collection, the end) and the busiest device's case seconds (cases that share a
+  device run in turn, with or without xdist);
 * growth: wall time for 2, 4, 8, 16 virtual devices, the exponent of a power-law fit, and the share
   of the wall during which a pair case was running;
 * the broken 8-GPU PCIe box (``scenarios/pcie-sys-p2p-hang.toml``): wall time, hangs, deadlines paid,
@@ -59,6 +61,29 @@ class Timed:
     def cases(self) -> int:
         """Cases run: records less those whose collective ran in another test's case."""
         return len({r.case_dir for r in self.records})
+
+    def _timed_cases(self) -> list[CaseRecord]:
+        """One record per case that has a start and an end."""
+        by_case = {r.case_dir: r for r in self.records if r.time and r.seconds is not None}
+        return list(by_case.values())
+
+    @property
+    def outside_cases(self) -> float:
+        """Wall seconds before the first case started and after the last one ended (start-up, collection, end)."""
+        timed = self._timed_cases()
+        if not timed:
+            return self.wall
+        span = max(r.time for r in timed) - min(r.time - (r.seconds or 0.0) for r in timed)
+        return self.wall - span
+
+    @property
+    def busiest_device(self) -> float:
+        """Case seconds on the busiest device: cases that share a device run in turn, so no overlap beats it."""
+        busy: dict[str, float] = {}
+        for r in self._timed_cases():
+            for device in r.devices:
+                busy[device] = busy.get(device, 0.0) + (r.seconds or 0.0)
+        return max(busy.values(), default=0.0)
 
 
 def run_suite(tree: Path, *options: str) -> Timed:
@@ -154,11 +179,21 @@ def xdist(plain: Timed, old: Path) -> None:
     parallel = run_suite(REPO, topology, "-n", "2")
     old_plain, old_parallel = run_suite(old, topology), run_suite(old, topology, "-n", "2")
     cores = os.cpu_count() or 1
-    print(f"{'tree':6} {'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}")
+    print(
+        f"{'tree':6} {'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}"
+        f" {'outside cases s':>16} {'busiest device s':>17}"
+    )
     for name, one, two in (("old", old_plain, old_parallel), ("new", plain, parallel)):
         ratio = one.wall / two.wall
-        print(f"{name:6} {one.wall:10.1f} {two.wall:8.1f} {ratio:6.2f}x {two.cpu:13.1f} {two.cpu / cores:12.1f}")
+        outside = f"{one.outside_cases:.1f}/{two.outside_cases:.1f}"
+        busiest = f"{one.busiest_device:.1f}/{two.busiest_device:.1f}"
+        print(
+            f"{name:6} {one.wall:10.1f} {two.wall:8.1f} {ratio:6.2f}x {two.cpu:13.1f} {two.cpu / cores:12.1f}"
+            f" {outside:>16} {busiest:>17}"
+        )
     print(f"CPU floor: the run's CPU seconds over this machine's {cores} cores, the least wall any overlap can reach")
+    print("outside cases: start-up, collection and the end of the run; busiest device: the case seconds of the")
+    print("device most in use (cases sharing a device run in turn); both no xdist / -n 2")
 
 
 def growth(counts: Sequence[int]) -> None:

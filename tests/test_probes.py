@@ -10,6 +10,8 @@ import inspect
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from conformance.launch.case import CaseSpec, rank_devices
 from conformance.plan.matrix import MISMATCHED_BARRIER_SETS, barrier_sets
 from conformance.rank import probes, timing
 from conformance.rank.barrier_device import barrier_device, guessed_wrong
+from conftest import COLLECTIVE_TEST, read_records
 
 torch = pytest.importorskip("torch")
 
@@ -198,3 +201,23 @@ def test_uuid_spellings_compare_by_digits() -> None:
     digits = "5f1c9a2e0b7d4c3e9a1f2b3c4d5e6f70"
     assert uuid_digits("GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70") == digits
     assert uuid_digits("5F1C9A2E-0B7D-4C3E-9A1F-2B3C4D5E6F70") == digits
+
+
+@pytest.mark.parametrize(("omp_num_threads", "expected"), [(None, 1), ("2", 2)])
+def test_a_rank_uses_one_cpu_thread_unless_omp_num_threads_says(
+    pytester: pytest.Pytester,
+    run_suite: Callable[..., pytest.RunResult],
+    reports_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    omp_num_threads: str | None,
+    expected: int,
+) -> None:
+    """As torchrun: one intra-op thread per rank (idle OpenMP threads spin), unless the user set OMP_NUM_THREADS."""
+    if omp_num_threads is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)
+    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="environment"))
+    run_suite("--virtual-devices=2").assert_outcomes(passed=1)
+    (record,) = read_records(reports_dir)
+    assert record["metrics"]["cpu_threads"] == expected

@@ -20,6 +20,7 @@ zombie's reaping from a new process.  The client logs the server's start and end
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -142,6 +143,10 @@ def main() -> None:
 
     die_with_parent(parent)
     versions = _preload()
+    # The ranks' garbage collector leaves everything imported here alone: a full collection in a
+    # rank would write to the page of every inherited object (copy-on-write), about 10,000 page
+    # faults and 100 ms of CPU per rank on this torch, against 400 and 5 ms frozen.
+    gc.freeze()
     _send({"event": "ready", "pid": os.getpid(), **versions})
     Server().serve()
 

@@ -50,6 +50,20 @@ def apply_case_env(case: CaseFile, rank_path: Path) -> None:
         os.environ["NCCL_DEBUG_FILE"] = str(rank_path / casefiles.NCCL_LOG)
 
 
+def one_cpu_thread_unless_asked() -> None:
+    """One intra-op CPU thread per rank, as torchrun sets it, unless OMP_NUM_THREADS says otherwise.
+
+    A rank's own CPU work is small (filling and checking buffers); with torch's default of one
+    OpenMP thread per core, every rank's idle OpenMP threads spin after each operation: a simulated
+    8-GPU run on two cores spent a third of its CPU time in libgomp (perf), on a GPU box they would
+    take cores from NCCL's proxy threads.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def store_barrier(ctx: RankContext, store: Any, name: str, timeout: float) -> None:
     store.set(f"conformance/{name}/{ctx.rank}", "1")
     store.wait([f"conformance/{name}/{r}" for r in range(ctx.world_size)], datetime.timedelta(seconds=timeout))
@@ -163,6 +177,7 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     try:
         case = casefiles.read_case(case_dir)
         apply_case_env(case, rank_path)
+        one_cpu_thread_unless_asked()
         flight_recorder.serve_dumps(case.backend, rank_path)
         ctx = RankContext(case, rank, rank_path)
         run_case(ctx, case_dir)

@@ -458,6 +458,7 @@ def environment(ctx: RankContext) -> None:
     ctx.metrics["distributed_available"] = dist.is_available()
     ctx.metrics["gloo_available"] = dist.is_gloo_available()
     ctx.metrics["nccl_available"] = dist.is_nccl_available()
+    ctx.metrics["cpu_threads"] = torch.get_num_threads()
     if ctx.backend == "nccl":
         ctx.metrics["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
     _all_reduce_one(ctx, "all_reduce 4B")
