@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from conformance.common.families import INHERITED_FAMILIES
+from conformance.common.lifetime import process_gone
 from conformance.plan.matrix import in_rounds
 
 pytest_plugins = ["pytester"]
@@ -30,20 +31,13 @@ TAG_VARIABLE = "CONFORMANCE_TEST_TAG"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def running(process: psutil.Process) -> bool:
-    """``process`` still runs: it exists and is not a zombie waiting to be reaped."""
-    try:
-        return bool(process.status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
 def tagged_processes(tag: str) -> list[int]:
     """PIDs of live processes (not zombies) whose environment carries ``tag``."""
     found = []
     for process in psutil.process_iter():
         try:
-            if process.pid != os.getpid() and process.environ().get(TAG_VARIABLE) == tag and running(process):
+            tagged = process.pid != os.getpid() and process.environ().get(TAG_VARIABLE) == tag
+            if tagged and not process_gone(process.pid):
                 found.append(process.pid)
         except psutil.Error:  # gone meanwhile, or another user's
             continue

@@ -14,10 +14,10 @@ from typing import Any
 import psutil
 import pytest
 
+from conformance.common.lifetime import process_gone
 from conftest import (
     COLLECTIVE_TEST,
     read_records,
-    running,
     scenario_text,
     tagged_processes,
     wait_until_gone,
@@ -51,7 +51,7 @@ def test_4_barrier_hangs(conformance_case, conformance):
 
 def children(pid: int) -> set[int]:
     """Live child processes of ``pid``."""
-    return {child.pid for child in psutil.Process(pid).children() if running(child)}
+    return {child.pid for child in psutil.Process(pid).children() if not process_gone(child.pid)}
 
 
 def raw_lines(reports_dir: Path) -> list[str]:

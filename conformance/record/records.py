@@ -102,6 +102,11 @@ class CaseRecord:
         return bool(self.nodeid and self.probe) and self.outcome is not None
 
     @property
+    def ended_as_expected(self) -> bool:
+        """A negative control that ended as its test expected: the suite checking itself, no failure."""
+        return self.expected_verdict is not None and self.expected_verdict == self.verdict
+
+    @property
     def counts(self) -> bool:
         """A case that says something about the machine: it ran on a rung (not skipped), no negative control."""
         ran = self.env_name is not None and self.verdict != Verdict.SKIP

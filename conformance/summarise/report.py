@@ -170,11 +170,6 @@ class _Facts:
         return [r for r in self.measured if r.probe == probe and _pair(r)]
 
 
-def _control(record: CaseRecord) -> bool:
-    """A negative control that ended as its test expected: the suite checking itself, no failure."""
-    return record.expected_verdict is not None and record.expected_verdict == record.verdict
-
-
 def _natural(name: str) -> tuple[str, int]:
     match = re.fullmatch(r"(.*?)(\d+)", name)
     return (match.group(1), int(match.group(2))) if match else (name, -1)
@@ -237,7 +232,7 @@ def _facts(run: Run) -> _Facts:
 
 def _counts(facts: _Facts) -> list[tuple[str, int]]:
     """(verdict, cases) in severity order; negative controls that ended as expected are not among them."""
-    counts = Counter(r.verdict for r in facts.records if not _control(r))
+    counts = Counter(r.verdict for r in facts.records if not r.ended_as_expected)
     known = [v.value for v in SEVERITY]
     return [(v, counts[v]) for v in [v for v in known if counts[v]] + sorted(set(counts) - set(known))]
 
@@ -414,7 +409,7 @@ def _card(record: CaseRecord, number: int) -> Card:
     return Card(
         number=number,
         record=record,
-        control=_control(record),
+        control=record.ended_as_expected,
         root_cause=_root_cause_text(record),
         unfold=number <= OPEN_STACKS,
         warnings=tuple(dict.fromkeys(str(w) for w in warnings)),
@@ -424,7 +419,7 @@ def _card(record: CaseRecord, number: int) -> Card:
 def _cards(facts: _Facts) -> tuple[list[Card], list[Card]]:
     """The failures, hangs first (``READING_ORDER``), then the negative controls that ended as expected."""
     rungs = {rung.name: i for i, rung in enumerate(facts.ladder)}
-    failing = [r for r in facts.records if r.outcome in FAILURES and not _control(r)]
+    failing = [r for r in facts.records if r.outcome in FAILURES and not r.ended_as_expected]
     failing.sort(
         key=lambda r: (
             FAILURES.index(r.outcome or Verdict.ERROR),  # hangs first, then wrong data, ...
@@ -432,7 +427,7 @@ def _cards(facts: _Facts) -> tuple[list[Card], list[Card]]:
             _natural_key(r.nodeid),
         )
     )
-    controls = sorted((r for r in facts.records if _control(r)), key=lambda r: _natural_key(r.nodeid))
+    controls = sorted((r for r in facts.records if r.ended_as_expected), key=lambda r: _natural_key(r.nodeid))
     cards = [_card(r, number) for number, r in enumerate([*failing, *controls], start=1)]
     return cards[: len(failing)], cards[len(failing) :]
 

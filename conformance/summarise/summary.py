@@ -91,12 +91,12 @@ def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
     The counts show only the verdicts some case had: a healthy run shows no error column.
     """
     lines = [(f"BAD NODE {bad.text}", True) for bad in bad_nodes(records)]
-    worst = [r for r in records if r.outcome in (Verdict.HANG, Verdict.FAIL) and r.expected_verdict != r.verdict]
+    worst = [r for r in records if r.outcome in (Verdict.HANG, Verdict.FAIL) and not r.ended_as_expected]
     for r in sorted(worst, key=lambda r: (r.outcome is not Verdict.HANG, r.nodeid)):
         lines.append((f"{r.verdict.upper():5} {r.nodeid}: {r.summary}", True))
     # A negative control that ended as its test expected is the suite checking itself, not an error here.
-    controls = [r for r in records if r.expected_verdict == r.verdict]
-    counted = [r for r in records if r.expected_verdict != r.verdict]
+    controls = [r for r in records if r.ended_as_expected]
+    counted = [r for r in records if not r.ended_as_expected]
     by_probe: dict[str, Counter[Verdict | None]] = {}
     for r in counted:
         by_probe.setdefault(r.probe, Counter())[r.outcome] += 1
