@@ -1,60 +1,139 @@
-"""The JUnit file pytest writes (``--junitxml``), as CI tools read it: valid xunit2, the run named, failures headlined.
+"""The JUnit file pytest writes (``--junitxml``), as CI tools read it: valid xunit2, the run and its answer in it.
 
 * No test case carries a property (the xunit2 schema allows none there, and GitLab, GitHub and
   junitparser ignore them).  The testsuite names the run instead (``JunitRun``: its id, its
-  results.jsonl as an absolute path, the suite's version), added by the process that writes the
-  file: a plain run's pytest, or the xdist controller (its workers have no JUnit writer).  compare,
-  recommend and report read the run from there (``runs.read_junit``).
+  results.jsonl as an absolute path, the suite's version) and carries its answer: the answer's
+  lines and the export lines as ``conformance.answer.<n>`` / ``conformance.export.<n>``
+  properties, ``conformance.cpu_only`` on a run that tested no GPU, and the same lines as the
+  testsuite's ``<system-out>``, which JUnit viewers show beside the suite.  The testsuite is named
+  after the suite (``gpu-conformance``, ``gpu-conformance.node<k>`` on node k of several) unless
+  ``junit_suite_name`` names it otherwise.
+* The process that writes the file (a plain run's pytest, or the xdist controller: workers have
+  no JUnit writer) completes it once pytest's writer has written it, from the run's answer.
+  compare, recommend and report read the run from there (``runs.read_junit``).
 * A failed case's ``message`` is its headline (``launch.case.headline``: ``HANG gpu0-gpu4 (SYS) in
   send/recv 4B: ...``), not pytest's ``Failed: ...``; the failure's body keeps the whole text.  The
   terminal's short summary (``-rf``) shows the same line.
+* A test case's ``time`` includes its case's wall time, also for a case that ran side by side
+  before pytest reached its test (its call then took milliseconds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import os
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from xml.etree import ElementTree
 
 import pytest
 
-from conformance.discover.versions import suite_version
-from conformance.record.records import JunitRun
+from conformance.record.records import JUNIT_PREFIX, JunitRun
 
 HEADLINE = pytest.StashKey[str]()  # a failed case's headline, set before its pytest.fail
+CASE_SECONDS = pytest.StashKey[float]()  # the wall time of the item's case, set when its result is in
+SUITE_NAME = "gpu-conformance"
+PYTEST_DEFAULT_NAME = "pytest"  # pytest's junit_suite_name when nobody set it
+CPU_ONLY = f"{JUNIT_PREFIX}cpu_only"
+ANSWER = f"{JUNIT_PREFIX}answer"
+EXPORT = f"{JUNIT_PREFIX}export"
+
+
+@dataclass(frozen=True)
+class JunitSummary:
+    """What the testsuite says of the run, beyond its test cases."""
+
+    run: JunitRun
+    node_rank: int | None  # in a run of several nodes
+    answer: tuple[str, ...]  # the answer's lines, as the terminal shows them
+    exports: tuple[str, ...]  # the export lines for a launch script (none when withheld)
+    cpu_only: str | None  # why no GPU was tested, when none was
+
+    @property
+    def suite_name(self) -> str:
+        return SUITE_NAME if self.node_rank is None else f"{SUITE_NAME}.node{self.node_rank}"
+
+    def properties(self) -> list[tuple[str, str]]:
+        found = self.run.properties()
+        if self.cpu_only is not None:
+            found.append((CPU_ONLY, self.cpu_only))
+        found += [(f"{ANSWER}.{n}", line) for n, line in enumerate(self.answer, start=1)]
+        found += [(f"{EXPORT}.{n}", line) for n, line in enumerate(self.exports, start=1)]
+        return found
+
+    def system_out(self) -> str:
+        lines = ["conformance: the answer", *self.answer]
+        if self.exports:
+            lines += ["", "for the launch script:", *self.exports]
+        lines += ["", f"run {self.run.run_id}: records in {self.run.results} (gpu-conformance {self.run.version})"]
+        return "\n".join(lines) + "\n"
 
 
 class RunSide(Protocol):
-    """What the JUnit file names of the run (``ConformanceSession``)."""
+    """What the JUnit file says of the run (``ConformanceSession``)."""
 
-    run_id: str
-    results_path: Path
+    def junit_summary(self) -> JunitSummary: ...
 
 
 class JunitHooks:
-    """Names the run in the JUnit file; puts each failed case's headline in its ``message``."""
+    """Completes the JUnit file with the run and its answer; headlines failures; times cases."""
 
     def __init__(self, run: RunSide) -> None:
         self.run = run
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Before pytest's writer writes the file (a plain hook of its own), once the run id is final."""
+        """After pytest's writer has written the file (a plain hook of its own) and the run has its answer."""
         writer = junit_writer(session.config)
-        if writer is None:
-            return
-        version = suite_version() or "unknown"
-        for name, value in JunitRun(self.run.run_id, str(self.run.results_path.resolve()), version).properties():
-            writer.add_global_property(name, value)
+        path = Path(writer.logfile) if writer is not None else None
+        if path is not None and path.is_file():
+            complete(path, self.run.junit_summary(), session.config.getini("junit_suite_name"))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
         report: pytest.TestReport = yield
+        if report.when != "call":
+            return report
+        seconds = item.stash.get(CASE_SECONDS, None)
+        if seconds is not None:  # what JUnit's time adds up (xdist sends it to the controller)
+            report.duration = max(report.duration, seconds)
         headline = item.stash.get(HEADLINE, None)
         crash = getattr(report.longrepr, "reprcrash", None)
-        if headline is not None and report.when == "call" and report.failed and crash is not None:
+        if headline is not None and report.failed and crash is not None:
             crash.message = headline  # what JUnit's message and -rf show; xdist sends it to the controller
         return report
+
+
+def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT_NAME) -> None:
+    """Name each testsuite of ``path`` and add the run's properties and answer to it (rewritten in place)."""
+    tree = ElementTree.parse(path)
+    root = tree.getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    for suite in suites:
+        if suite_name == PYTEST_DEFAULT_NAME:
+            suite.set("name", summary.suite_name)
+        _add_properties(suite, summary.properties())
+        _set_system_out(suite, summary.system_out())
+    written = path.with_name(f".{path.name}.{os.getpid()}")
+    tree.write(written, encoding="utf-8", xml_declaration=True)
+    os.replace(written, path)
+
+
+def _add_properties(suite: ElementTree.Element, properties: Sequence[tuple[str, str]]) -> None:
+    holder = suite.find("properties")
+    if holder is None:
+        holder = ElementTree.Element("properties")
+        suite.insert(0, holder)
+    for name, value in properties:
+        ElementTree.SubElement(holder, "property", {"name": name, "value": value})
+
+
+def _set_system_out(suite: ElementTree.Element, text: str) -> None:
+    out = suite.find("system-out")
+    if out is None:
+        out = ElementTree.SubElement(suite, "system-out")
+    out.text = (out.text or "") + text
 
 
 def junit_writer(config: pytest.Config) -> Any | None:
@@ -64,4 +143,4 @@ def junit_writer(config: pytest.Config) -> Any | None:
     except ImportError:  # a pytest that moved it: the file is written without the run's properties
         return None
     writer = config.stash.get(xml_key, None)
-    return writer if hasattr(writer, "add_global_property") else None
+    return writer if hasattr(writer, "logfile") else None

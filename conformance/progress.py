@@ -32,6 +32,21 @@ def where_ranks_are(ranks: Sequence[RankProcess]) -> str:
     return "; ".join(f"rank {', '.join(r)} in {where}" for where, r in places.items())
 
 
+def status_line(head: str, nodeid: str, where: str, width: int) -> str:
+    """``head nodeid: where`` in ``width`` characters: the test id gives way first, the ranks' state last.
+
+    The id keeps its end (the device set and rung) behind ``...``, or goes; only a state longer than the
+    line itself is cut.
+    """
+    room = width - len(head) - len(where) - 3  # the spaces and the colon around the id
+    if len(nodeid) <= room:
+        return f"{head} {nodeid}: {where}"
+    if room > 3:
+        return f"{head} ...{nodeid[len(nodeid) - room + 3 :]}: {where}"
+    line = f"{head} {where}"
+    return line if len(line) <= width else where[:width]
+
+
 class CaseProgress:
     """The status line of the case that is running (one at a time per pytest process)."""
 
@@ -57,21 +72,20 @@ class CaseProgress:
             if now - begun < (SHOW_AFTER if self.on_terminal else EVERY_IN_LOG) or now - shown[0] < every:
                 return
             shown[0] = now
-            where = where_ranks_are(alive)
-            self._show(f"conformance [{now - begun:.0f}s, stopped in {seconds_left:.0f}s] {nodeid}: {where}")
+            head = f"conformance [{now - begun:.0f}s, stopped in {seconds_left:.0f}s]"
+            self._show(head, nodeid, where_ranks_are(alive))
 
         return on_wait
 
-    def _show(self, line: str) -> None:
+    def _show(self, head: str, nodeid: str, where: str) -> None:
         with self.capture.global_and_fixture_disabled():
             if not self.on_terminal:
-                self.reporter.write_line(line)
+                self.reporter.write_line(f"{head} {nodeid}: {where}")
                 return
             writer = self.reporter._tw  # pytest's TerminalWriter: the line it is writing is put back later
             if self._saved is None:
                 self._saved = getattr(writer, "_current_line", "")
-            width = max(20, writer.fullwidth - 1)
-            self.reporter.rewrite(line[:width], erase=True)
+            self.reporter.rewrite(status_line(head, nodeid, where, max(20, writer.fullwidth - 1)), erase=True)
 
     def done(self) -> None:
         """Put back the line pytest was writing, if ours replaced it."""

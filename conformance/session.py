@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from conformance import junit
 from conformance.ahead import CaseCall, CasesAhead, PartOf, Pending, case_call
 from conformance.common import casefiles
 from conformance.common.deadlines import DeadlineError
@@ -21,7 +22,8 @@ from conformance.common.jsonl import read_lines
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines
-from conformance.discover.versions import nccl_wheel_version, package_version
+from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
+from conformance.failed_tests import FailedTests
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.launch.forkserver import ForkServerClient
 from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
@@ -43,11 +45,12 @@ from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
 from conformance.record.coverage import Coverage
-from conformance.record.records import CaseRecord, RunEnd, RunFacts, RungFacts
+from conformance.record.records import CaseRecord, JunitRun, RunEnd, RunFacts, RungFacts
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
 from conformance.summarise.answer import Tone
+from conformance.summarise.collectives import collective_lines
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
 from conformance.verdict.decision import Decision, decide_across_nodes, stuck_place
@@ -121,6 +124,7 @@ class ConformanceSession:
         self.progress = CaseProgress(config)
         self.ahead = CasesAhead()
         self.coverage = Coverage()
+        self.failed_tests = FailedTests(config.rootpath)
         self.end: RunEnd | None = None  # how far the run got, once it has ended
         self._plan_run(run_id, build_ladder(self.user_rungs))
 
@@ -195,6 +199,13 @@ class ConformanceSession:
         return self.scenario is not None or (self.topology.kind == "gpu" and self.backend == "gloo")
 
     @property
+    def cpu_only(self) -> str | None:
+        """Why no GPU was tested, on a run of CPU ranks that stands for itself (a simulated one says SIMULATED)."""
+        if self.topology.kind != "cpu" or self.simulated:
+            return None
+        return self.topology.note or "virtual CPU devices"
+
+    @property
     def node_rank(self) -> int | None:
         return self.nodes.me if self.nodes else None
 
@@ -228,6 +239,7 @@ class ConformanceSession:
             step_deadline=self.deadlines.step_deadline,
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
+            cpu_only=self.cpu_only,
             end=RunEnd(),
         )
 
@@ -236,6 +248,7 @@ class ConformanceSession:
         run_json = self.run_dir / RUN_FACTS
         if not run_json.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.results_path.touch()  # a run folder holds both from its start, records or not
             casefiles.write_json_atomic(run_json, self.run_facts().to_json())
             if not self.node_rank:  # other nodes leave 'latest' to node 0 (a shared file system)
                 results.point_latest(self.settings.reports_dir, self.run_id)
@@ -251,7 +264,8 @@ class ConformanceSession:
         run_json = self.run_dir / RUN_FACTS
         if self.is_worker or not run_json.exists():
             return
-        self.end = self.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
+        end = self.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
+        self.end = replace(end, harness_errors=self.failed_tests.unexplained(self._own_records()))
         casefiles.write_json_atomic(run_json, replace(self.run_facts(), end=self.end).to_json())
 
     @property
@@ -343,8 +357,10 @@ class ConformanceSession:
             self.book.record(step, outcome, final_reason, final=bool(final_reason), stuck=stuck)
         if self.nodes and placed.kind == "node_pair" and step.rung_index == 0 and self.plan.pairing.rechecks:
             self.nodes.publish_first_pass(step.key, result.verdict)
-        record = results.case_record(result, self.run_id, expect, step.key)
+        one_rung = self.plan.item_step(item) is None  # a device set of the test's own: not parametrised
+        record = results.case_record(result, self.run_id, expect, step.key, one_rung)
         results.append_case(self.results_path, record)
+        item.stash[junit.CASE_SECONDS] = result.seconds
         if result.verdict not in (Verdict.PASS, Verdict.SKIP):
             self._attach_logs(item, result)
         return result
@@ -404,10 +420,12 @@ class ConformanceSession:
         pending.run(lambda on_wait: runner.run(case, confirm_at=confirm_at, on_wait=on_wait))
         if not together:
             return pending
-        for later, later_probe, later_params in together:
+        for (later, later_probe, later_params), later_part in zip(together, parts[1:], strict=True):
             later_call = case_call(later_probe, None, later_params)
-            self.ahead.pending[later.nodeid] = PartOf(later.nodeid, later_call, pending, partial(part_of, later, parts))
-        return PartOf(item.nodeid, call, pending, partial(part_of, item, parts))
+            self.ahead.pending[later.nodeid] = PartOf(
+                later.nodeid, later_call, pending, partial(part_of, later_part, parts)
+            )
+        return PartOf(item.nodeid, call, pending, partial(part_of, parts[0], parts))
 
     def collective(self, item: pytest.Item) -> tuple[str, dict[str, Any]] | None:
         """The collective and parameters the item declares (``shared.MARKER``), at the run's sizes."""
@@ -569,14 +587,16 @@ class ConformanceSession:
         """A later rung its ladder does not need is not a test that could not run: it never runs as one.
 
         No setup, no report, no JUnit test case; pytest counts it ``deselected`` (most items of a
-        healthy adaptive run are such rungs).  The decision is the one ``run`` would take, kept for it;
-        one that must wait for other cases is left to ``run`` (a skip with the reason, if not needed).
+        healthy adaptive run are such rungs).  The decision is the one ``run`` would take, kept for it.
+        One that must wait for other cases waits here, within the same bound ``run`` would give it,
+        so a plain run and one over xdist workers (where a class leader may be another worker's)
+        report the same tests.  What it waits for always comes earlier: the item's own earlier
+        rungs, and its class leader's (first in every rung of a plain run; an earlier scope of
+        xdist's, ``Plan.worker_scope``).
         """
         step = self._later_local_rung(item)
-        # Only a decision that needs no wait: the cases it waits for may be this worker's own, started
-        # side by side from inside an earlier item's run (ahead.py), so waiting here could stall them.
-        # Nor an item whose case already started side by side: its run takes that case (and its turn).
-        if step is None or item.nodeid in self.ahead.pending or not self.book.ready(step, self.plan.selected):
+        # Not an item whose case already started side by side: its run takes that case (and its turn).
+        if step is None or item.nodeid in self.ahead.pending:
             return None
         decision = item.stash[DECISION_KEY] = self._rung_decision(step)
         if decision.run:
@@ -609,6 +629,7 @@ class ConformanceSession:
         # An interrupted test gets a setup report only, and did not run.
         if report.when not in ("setup", "call"):
             self.coverage.reported(report.nodeid)
+        self.failed_tests.note(report)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Counted for the run's end; every node must run the same tests in the same order.
@@ -656,6 +677,22 @@ class ConformanceSession:
         if self.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def junit_summary(self) -> junit.JunitSummary:
+        """The run and its answer, for the testsuite of the JUnit file (``conformance.junit``)."""
+        answer = self.conclusion.answer
+        return junit.JunitSummary(
+            run=JunitRun(self.run_id, str(self.results_path.resolve()), suite_version() or "unknown"),
+            node_rank=self.node_rank,
+            answer=tuple(answer.lines()) if answer else (),
+            exports=answer.exports if answer else (),
+            cpu_only=self.cpu_only,
+        )
+
+    def _own_records(self) -> list[CaseRecord]:
+        """The records of this run in its results file (none yet: an empty list)."""
+        read = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
+        return [r for r in read if r.run_id == self.run_id]
+
     def _exchange_records(self) -> None:
         """Node 0 gathers every node's records into its results.jsonl; the others send theirs."""
         group = self.nodes
@@ -694,8 +731,7 @@ class ConformanceSession:
                 yellow=True,
                 bold=True,
             )
-        read = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
-        records = one_record_per_case(r for r in read if r.run_id == self.run_id)
+        records = one_record_per_case(self._own_records())
         if records or self.node_notes:
             write.write_sep("=", f"conformance summary{simulated}")
         for line in self.node_notes:
@@ -704,6 +740,8 @@ class ConformanceSession:
             for text, bad in summary_lines(records):
                 write.write_line(text, red=bad)
             for line in ladder_summary_lines(records, self.plan.ladder, self.deadlines.step_deadline):
+                write.write_line(line)
+            for line in collective_lines(records):
                 write.write_line(line)
         for line in self.conclusion.lines:
             write.write_line(line)

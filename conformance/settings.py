@@ -140,7 +140,10 @@ TOPOLOGY_FILE_HELP = "JSON topology (from 'python -m conformance topology --json
 BASELINE_HELP = "A run (folder, results.jsonl or JUnit XML) to compare this run against; a regression fails the run."
 BANDWIDTH_TOLERANCE_HELP = "Bandwidth ratio current/baseline below which a passing case counts as a drop."
 RUN_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
-SCENARIO_HELP = "TOML file of simulated faults applied inside real ranks (marks the run simulated)."
+SCENARIO_HELP = (
+    "TOML file of simulated faults applied inside real ranks (marks the run simulated), or the name of a "
+    "shipped one (pcie-sys-p2p-hang, ...)."
+)
 NNODES_HELP = "Nodes in a multi-node run (one pytest per node). Default: SLURM_NNODES, NNODES, else 1."
 NODE_RANK_HELP = "This node's rank, 0 for the node hosting the run's store. Default: SLURM_NODEID, NODE_RANK."
 MASTER_ADDR_HELP = "Address of node 0, whose TCPStore serves the run. Default: SLURM_JOB_NODELIST, MASTER_ADDR."
@@ -170,7 +173,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),  # parsed into rungs by the plan
     Setting("env_rungs_file", ENV_RUNGS_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
     Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
-    Setting("scenario", SCENARIO_HELP, None, _text, is_path=True, metavar="FILE"),
+    Setting("scenario", SCENARIO_HELP, None, _text, is_path=True, metavar="FILE|NAME"),
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True, metavar="DIR"),
     Setting("baseline", BASELINE_HELP, None, _text, is_path=True, metavar="RUN"),
     Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio, metavar="RATIO"),

@@ -121,6 +121,10 @@ def split(result: CaseResult, parts: Sequence[Part]) -> dict[str, CaseResult | N
     return out
 
 
-def part_of(item: pytest.Item, parts: Sequence[Part], result: CaseResult) -> CaseResult | None:
-    """The item's own result out of the shared case (None: it runs alone)."""
-    return split(result, parts)[item.nodeid]
+def part_of(part: Part, parts: Sequence[Part], result: CaseResult) -> CaseResult | None:
+    """One part's own result out of the shared case (None: it runs alone).
+
+    By the part's own spec, never by pytest's node id: that differs with how the suite was named
+    (``suites/``, ``conformance/suites``, ``--pyargs`` from elsewhere), the spec's does not.
+    """
+    return split(result, parts)[part.spec.nodeid]

@@ -347,7 +347,12 @@ CONTROLS: dict[str, Control] = {
         {**run_folder(), "run/results.jsonl": results(A_RUN, {**A_RUN, "devices": 5})},
     ),
     "recommend": Control(("recommend", "{d}/run"), 0, ("run/recommended.env",), run_folder()),
-    "compare": Control(("compare", "{d}/old", "{d}/new"), 0, (), {**run_folder("old"), **run_folder("new", "run-b")}),
+    "compare": Control(
+        ("compare", "{d}/old", "{d}/new"),
+        0,
+        ("new/comparison.json",),
+        {**run_folder("old"), **run_folder("new", "run-b")},
+    ),
     "report-of-a-junit-file": Control(("report", "{d}/a.xml"), 0, ("report.html",), MERGE_RUN_A),
     "merge": Control(
         ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml", "{d}/b.xml"),

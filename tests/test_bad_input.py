@@ -181,17 +181,17 @@ BAD_INPUTS = {
     "scenario-missing": Case(
         ("--scenario=missing.toml",),
         "ERROR: conformance: command-line option --scenario: scenario file '{here}/missing.toml' "
-        "cannot be read: No such file or directory",
+        "cannot be read: No such file or directory (nor is it a shipped scenario: *)",
     ),
     "scenario-missing-env": Case(
         env={"CONFORMANCE_SCENARIO": "gone.toml"},
         pattern="ERROR: conformance: environment variable CONFORMANCE_SCENARIO: scenario file "
-        "'{here}/gone.toml' cannot be read: No such file or directory",
+        "'{here}/gone.toml' cannot be read: No such file or directory (nor is it a shipped scenario: *)",
     ),
     "scenario-missing-ini": Case(
         ini="conformance_scenario = nowhere.toml",
         pattern="ERROR: conformance: ini key conformance_scenario in {ini}: scenario file "
-        "'{here}/nowhere.toml' cannot be read: No such file or directory",
+        "'{here}/nowhere.toml' cannot be read: No such file or directory (nor is it a shipped scenario: *)",
     ),
     "scenario-not-toml": Case(
         (SCENARIO,),

@@ -31,6 +31,7 @@ from conformance.common.deadlines import (
 from conformance.discover.topology import Device
 from conformance.launch.case import CaseRunner, CaseSpec
 from conformance.launch.watchdog import EVENT_WAIT
+from conformance.progress import status_line
 from conformance.rank import flight_recorder
 from conformance.verdict.decision import Decision
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
@@ -175,9 +176,25 @@ def test_a_rank_that_fails_dumps_its_recorder_itself(pytester: pytest.Pytester, 
     assert dumped["entries"], "torch's own dump, kept beside the rank's logs"
 
 
-def test_a_waiting_case_shows_where_it_is_on_the_terminal(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    """On a terminal, one line rewritten in place while a case waits; pytest's own line put back after."""
-    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce"))
+def test_the_status_line_cuts_the_test_id_before_the_ranks_state() -> None:
+    head, where = "conformance [12s, stopped in 48s]", "rank 0, 1 in probe (send/recv 4B)"
+    nodeid = "suites/test_pairs.py::test_pair_exchange[gpu0-gpu3-SYS-inherited]"
+    assert status_line(head, nodeid, where, 200) == f"{head} {nodeid}: {where}"
+    line = status_line(head, nodeid, where, 79)  # an 80-column terminal
+    assert line == f"{head} ...erited]: {where}" and len(line) == 79, line
+    assert status_line(head, nodeid, where, 70) == f"{head} {where}"  # no room for the id
+    assert status_line(head, nodeid, where, 40) == where  # nor for more than the state
+
+
+@pytest.mark.parametrize("columns", [200, 80])
+def test_a_waiting_case_shows_where_it_is_on_the_terminal(
+    pytester: pytest.Pytester, tmp_path: Path, columns: int
+) -> None:
+    """On a terminal, one line rewritten in place while a case waits; pytest's own line put back after.
+
+    On a narrow terminal the test id gives way: the ranks' state is what the line is for.
+    """
+    pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce").replace("test_case", LONG_NAME))
     scenario = pytester.makefile(".toml", scen=scenario_text('effect = "hang"\nranks = [1]'))
     command = [
         sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", f"--scenario={scenario}",
@@ -185,7 +202,7 @@ def test_a_waiting_case_shows_where_it_is_on_the_terminal(pytester: pytest.Pytes
         f"--reports-dir={tmp_path / 'reports'}", "test_x.py",
     ]  # fmt: skip
     leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "200"}  # the line is cut at the terminal's width
+    env = {**os.environ, "COLUMNS": str(columns)}  # the line is cut at the terminal's width
     with subprocess.Popen(
         command, cwd=pytester.path, stdin=follower, stdout=follower, stderr=follower, env=env
     ) as proc:
@@ -202,11 +219,20 @@ def test_a_waiting_case_shows_where_it_is_on_the_terminal(pytester: pytest.Pytes
         proc.wait(timeout=60)
     os.close(leader)
     text = output.decode(errors="replace")
-    shown = re.findall(r"\rconformance \[(\d+)s, stopped in (\d+)s\] test_x.py::test_case: ([^\r]*)", text)
+    shown = re.findall(r"\rconformance \[(\d+)s, stopped in (\d+)s\] (\S*): ([^\r]*)", text)
     assert shown, text
+    for _, _, test_id, _ in shown:
+        if columns == 200:
+            assert test_id == f"test_x.py::{LONG_NAME}"
+        else:  # the id's end, behind "...", in what the state leaves of 79 columns
+            assert test_id.startswith("...") and f"test_x.py::{LONG_NAME}".endswith(test_id[3:]), test_id
+    shown = [(elapsed, left, where) for elapsed, left, _, where in shown]
     assert all(int(elapsed) >= 3 for elapsed, _, _ in shown)  # a case shorter than 3 s never shows a line
     assert any(where.strip().endswith("in probe (all_reduce 4B)") for _, _, where in shown), shown
     assert re.search(r"\r +\rtest_x.py F", text), text  # pytest's line is back, then its verdict letter
+
+
+LONG_NAME = "test_a_case_whose_name_alone_fills_half_of_an_eighty_column_terminal"
 
 
 # -- hangs decided from progress ---------------------------------------------------------------

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_records, scenario_text
+from conformance.cli.main import main
+from conftest import REPO, read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]
+TOPOLOGIES = REPO / "scenarios" / "topologies"
 
 PAIR_TEST = """
 def test_pair(conformance_case, device_pair):
@@ -71,6 +73,18 @@ def test_regression_fails_a_session_whose_tests_pass(
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"against baseline {baseline}:", "REGRESSIONS (1):", "*test_negative_control*"])
+    # the comparison is kept with the run: a report rendered later, by the command, still shows it
+    run_dir = (reports_dir / "latest").resolve()
+    kept = json.loads((run_dir / "comparison.json").read_text())
+    assert (
+        kept["counts"]["regressions"] == 1
+        and kept["lines"][0]
+        == f"baseline: {baseline} (run older-run, " + (kept["lines"][0].split("(run older-run, ", 1)[1])
+    )
+    assert main(["report", str(run_dir)]) == 0
+    html = (run_dir / "report.html").read_text()
+    regressions = html[html.index('<section id="regressions">') :]
+    assert "Regressions against the baseline (1)" in regressions and "test_negative_control" in regressions
 
     same = run_suite("--virtual-devices=2", f"--baseline={reports_dir / 'latest'}")
     assert same.ret == pytest.ExitCode.OK
@@ -138,9 +152,12 @@ ANSWER_SEP = "*= conformance: the answer =*"
 def test_a_healthy_run_answers_in_one_green_line_and_counts_no_error(
     pytester: pytest.Pytester, run_suite: RunSuite
 ) -> None:
-    """Everything passed: one line says so, first; the negative control's expected error is counted nowhere."""
+    """Everything passed: one line says so, first; the negative control's expected error is counted nowhere.
+
+    On a (simulated) GPU machine: a run of CPU ranks says CPU ONLY instead (``test_honest_answers.py``).
+    """
     pytester.makepyfile(test_p=PAIR_TEST, test_n=NEGATIVE_CONTROL_TEST)
-    result = run_suite("--virtual-devices=2", "--color=yes")
+    result = run_suite(f"--topology-file={TOPOLOGIES / 'pcie-2gpu.json'}", "--color=yes")
     result.assert_outcomes(passed=2)
     green, reset = "\x1b[32m", "\x1b[0m"
     lines = result.outlines

@@ -81,7 +81,13 @@ def test_an_interrupted_run_says_incomplete_everywhere(
     complete = run_suite(*OPTIONS)
     assert complete.ret == pytest.ExitCode.OK, complete.stdout.str()
     baseline = (reports_dir / "latest").resolve().name
-    assert run_json(reports_dir)["end"] == {"state": "complete", "planned": 3, "ran": 3, "stopped_by": None}
+    assert run_json(reports_dir)["end"] == {
+        "state": "complete",
+        "planned": 3,
+        "ran": 3,
+        "stopped_by": None,
+        "harness_errors": [],
+    }
 
     scenario = pytester.makefile(".toml", scen=BARRIER_HANGS)
     text = interrupt_when_hanging(pytester, reports_dir, scenario, baseline)
@@ -118,7 +124,13 @@ def test_a_run_stopped_by_maxfail_is_incomplete(pytester: pytest.Pytester, run_s
     result = run_suite(*OPTIONS, f"--scenario={scenario}", "-x")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     end = run_json(reports_dir)["end"]
-    assert end == {"state": "incomplete", "planned": 3, "ran": 1, "stopped_by": end["stopped_by"]}, end
+    assert end == {
+        "state": "incomplete",
+        "planned": 3,
+        "ran": 1,
+        "stopped_by": end["stopped_by"],
+        "harness_errors": [],
+    }, end
     assert end["stopped_by"].startswith("stopped early ("), end
     result.stdout.fnmatch_lines(["conformance: INCOMPLETE RUN (stopped early (*): 1 of 3 tests ran)*"])
 
@@ -128,7 +140,13 @@ def test_a_deselected_test_is_not_missing(pytester: pytest.Pytester, run_suite, 
     pytester.makepyfile(test_s=SUITE)
     result = run_suite(*OPTIONS, "-k", "not barrier", "-n", "2")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
-    assert run_json(reports_dir)["end"] == {"state": "complete", "planned": 2, "ran": 2, "stopped_by": None}
+    assert run_json(reports_dir)["end"] == {
+        "state": "complete",
+        "planned": 2,
+        "ran": 2,
+        "stopped_by": None,
+        "harness_errors": [],
+    }
     assert "INCOMPLETE" not in result.stdout.str()
 
 

@@ -56,8 +56,9 @@ def suite_properties(path: Path) -> list[list[tuple[str | None, str | None]]]:
 
 
 def named_run(run_id: str, folder: Path) -> list[tuple[str, str]]:
-    """The properties the suite's pytest gives its testsuite."""
-    return [(JUNIT_RUN_ID, run_id), (JUNIT_RESULTS, str(folder / "results.jsonl")), (JUNIT_VERSION, VERSION)]
+    """The properties the suite's pytest gives its testsuite: its run, then its answer (all passed here)."""
+    run = [(JUNIT_RUN_ID, run_id), (JUNIT_RESULTS, str(folder / "results.jsonl")), (JUNIT_VERSION, VERSION)]
+    return [*run, ("conformance.answer.1", "everything passed: 3 cases in 2 classes; nothing to set")]
 
 
 def real_run_facts(run_id: str) -> list[tuple[str, str]]:
@@ -186,7 +187,7 @@ def test_merging_a_merged_file_replaces_its_run_properties(tmp_path: Path, capsy
     (folder / "run.json").write_text(json.dumps({**json.loads((folder / "run.json").read_text()), "host": "box-b"}))
     assert cli(capsys, "-o", twice, once)[0] == 0
     (properties,) = suite_properties(twice)
-    assert [name for name, _ in properties] == [JUNIT_RUN_ID, JUNIT_RESULTS, JUNIT_VERSION] + [
+    assert [name for name, _ in properties] == [name for name, _ in named_run("run-a", folder)] + [
         f"conformance.run.{k}" for k in RUN_KEYS
     ]
     assert dict(properties)["conformance.run.host"] == "box-b"

@@ -16,6 +16,8 @@ import pytest
 import xmlschema
 
 from conformance.cli.main import main
+from conformance.junit import JunitSummary, complete
+from conformance.record.records import JunitRun
 from conformance.record.runs import load_run
 from conftest import copy_suites
 from test_compare import TIMEOUTS, write_tiny_suite
@@ -85,3 +87,32 @@ def test_a_failure_message_is_its_headline(
         assert body.startswith("[simulated] hang: ranks 0,1 all stuck in probe (send/recv 4B)\n"), body
         assert "stopped by the watchdog" in body and "rank logs: " in body
     result.stdout.fnmatch_lines(["FAILED test_tiny.py::test_pair[[]gpu0-gpu2-SYS-inherited[]] - HANG gpu0-gpu2 *"])
+
+
+PYTEST_FILE = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="{name}"
+errors="0" failures="0" skipped="0" tests="1" time="1.0"><testcase classname="suites.test_pairs" name="t" time="1.0"/>
+</testsuite></testsuites>"""
+
+
+@pytest.mark.parametrize(
+    ("suite_name", "node_rank", "named"),
+    [("pytest", None, "gpu-conformance"), ("pytest", 1, "gpu-conformance.node1"), ("nightly", 1, "nightly")],
+)
+def test_the_testsuite_is_named_after_the_suite_and_node_and_carries_the_answer(
+    tmp_path: Path, suite_name: str, node_rank: int | None, named: str
+) -> None:
+    path = tmp_path / "run.xml"
+    path.write_text(PYTEST_FILE.format(name=suite_name))
+    run = JunitRun("run-1", "/r/run-1/results.jsonl", "0.1.0")
+    summary = JunitSummary(run, node_rank, ("HARNESS ERROR in 1 test(s): t",), (), "NVML unavailable")
+    complete(path, summary, suite_name)
+    (suite,) = ElementTree.parse(path).getroot().findall("testsuite")
+    properties = [(p.get("name"), p.get("value")) for p in suite.iter("property")]
+    assert suite.get("name") == named
+    assert properties == [
+        *run.properties(),
+        ("conformance.cpu_only", "NVML unavailable"),
+        ("conformance.answer.1", "HARNESS ERROR in 1 test(s): t"),
+    ]
+    assert suite.findtext("system-out") == summary.system_out()
+    assert schema_errors(path) == []

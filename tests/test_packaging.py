@@ -2,7 +2,8 @@
 
 The fresh environment sees this one's site-packages after its own (a ``.pth`` line: torch, pytest
 and the rest without installing them again), so its ``conformance`` is the wheel's: the checked
-import path says so.
+import path says so.  Every way of naming the suite, installed or in a checkout, with and without
+xdist, gives the verdicts and counts of ``pytest suites/`` in the checkout.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -72,6 +74,9 @@ def test_the_wheel_holds_the_suites_the_scenarios_the_plugin_and_the_command(whe
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[pytest11]\nconformance.plugin = conformance.plugin" in text
     assert "[console_scripts]\nconformance = conformance.cli.main:console" in text
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)  # the MIT text, as project.license says
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: MIT\n" in metadata
 
 
 def test_installed_the_suite_runs_from_any_folder_with_pyargs(installed: Path, tmp_path: Path) -> None:
@@ -119,3 +124,60 @@ def test_a_test_using_the_suites_fixtures_outside_a_suite_run_says_how_to_run_it
         "name the suite (pytest --pyargs conformance.suites, or its folder) or add -p conformance.plugin"
     ) in result.stderr.str()
     assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "conformance.plugin", "--co").ret == 0
+
+
+Verdicts = dict[str, str]
+
+
+def run_the_suite(python: Path, cwd: Path, reports: Path, *naming: str) -> tuple[Verdicts, dict[str, int]]:
+    """Run the suite as named; its records' verdicts by test and pytest's counts of its outcomes."""
+    run = subprocess.run(
+        [str(python), "-m", "pytest", *naming, "-p", "no:cacheprovider", f"--reports-dir={reports}"],
+        cwd=cwd, env={**clean_env(), "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True,
+        timeout=RUN_SECONDS,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    last = run.stdout.strip().splitlines()[-1]
+    counts = {word: int(number) for number, word in re.findall(r"(\d+) (\w+)", last)}
+    records = [json.loads(line) for line in (reports / "latest" / "results.jsonl").read_text().splitlines()]
+    return {r["nodeid"]: r["verdict"] for r in records}, counts
+
+
+@pytest.fixture(scope="module")
+def checkout_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Verdicts, dict[str, int]]:
+    """``pytest suites/`` in the checkout, as the README's quick start runs it."""
+    return run_the_suite(Path(sys.executable), REPO, tmp_path_factory.mktemp("reports"), "suites/")
+
+
+NAMINGS = {
+    "suites": ("checkout", "suites/"),
+    "package-folder": ("checkout", "conformance/suites"),
+    "one-file": ("checkout", "suites/test_collectives.py"),
+    "pyargs-elsewhere": ("elsewhere", "--pyargs", "conformance.suites"),
+}
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["plain", "xdist"])
+@pytest.mark.parametrize("naming", sorted(NAMINGS))
+def test_every_way_of_naming_the_suite_gives_the_same_verdicts(
+    checkout_run: tuple[Verdicts, dict[str, int]], tmp_path: Path, naming: str, xdist: tuple[str, ...]
+) -> None:
+    where, *args = NAMINGS[naming]
+    cwd = REPO if where == "checkout" else tmp_path
+    verdicts, counts = run_the_suite(Path(sys.executable), cwd, tmp_path / "reports", *args, *xdist)
+    expected, expected_counts = checkout_run
+    if naming == "one-file":  # a part of the suite: its own tests' verdicts, the same as in the whole
+        expected = {k: v for k, v in expected.items() if k.startswith("suites/test_collectives.py::")}
+    else:
+        assert counts == expected_counts
+    assert verdicts == expected
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["plain", "xdist"])
+def test_installed_the_whole_suite_gives_the_checkouts_verdicts(
+    installed: Path, checkout_run: tuple[Verdicts, dict[str, int]], tmp_path: Path, xdist: tuple[str, ...]
+) -> None:
+    verdicts, counts = run_the_suite(
+        installed / "python", tmp_path, tmp_path / "reports", "--pyargs", "conformance.suites", *xdist
+    )
+    assert (verdicts, counts) == checkout_run

@@ -25,6 +25,8 @@ from conformance.discover.topology import Device, Topology
 from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, load_run
 from conformance.summarise.answer import answer
+from conformance.summarise.collectives import collective_lines
+from conformance.summarise.compare import compare, write_comparison
 from conformance.summarise.recommend import recommend
 from conformance.summarise.report import HEAT_HIGH, HOST_COPIES, PAIR_PROBES, REPORT_FILE, render_report, write_report
 from conftest import read_records, scenario_text
@@ -231,7 +233,8 @@ def test_sections_grids_heat_map_and_failures() -> None:
     assert_self_contained(html)
 
     sections = [s.attrs["id"] for s in root.find_all("section")]
-    assert sections == ["answer", "machine", "grids", "bandwidth", "failures", "ladder", "recommendation"]
+    assert sections == ["answer", "machine", "grids", "bandwidth", "collectives", "failures", "ladder",
+                        "recommendation"]  # fmt: skip
     machine = root.find("section", id="machine").text
     for fact in ("GPU-00000003-0000-0000-0000-000000000003", "00000000:48:00.0", "550.54.15", "12.4", "2.13.0",
                  "box-17", "NVIDIA RTX 6000 Ada Generation", "scenarios/pcie-sys-p2p-hang.toml"):  # fmt: skip
@@ -267,11 +270,19 @@ def test_sections_grids_heat_map_and_failures() -> None:
     assert [c.text for c in rows[0]] == ["·", "21.0", "5.50", "5.75"]
     assert "alt" in rows[0][2].classes and "alt" not in rows[0][1].classes  # measured on p2p_level_nvl
 
-    # failures: hangs first, then wrong data, each with root cause, stacks and NCCL warnings
-    articles = root.find("section", id="failures").find_all("article")
-    assert [a.attrs["data-verdict"] for a in articles] == ["hang"] * 4 + ["fail"]
+    # failures: hangs first, then wrong data, each with root cause, stacks and NCCL warnings; the four SYS
+    # pairs that hung alike share one card, with a count and every test named
+    section = root.find("section", id="failures")
+    articles = section.find_all("article")
+    assert [a.attrs["data-verdict"] for a in articles] == ["hang", "fail"]
     first = articles[0]
     assert "gpu0-gpu2-SYS-inherited" in first.text
+    assert first.find("span", "count").text == "x4"
+    alike = [li.text.split(" (")[0] for li in first.find("details", "alike").find_all("li")]
+    assert alike == [f"suites/test_pairs.py::test_pair_exchange[{p}-SYS-inherited]"
+                     for p in ("gpu0-gpu3", "gpu1-gpu2", "gpu1-gpu3")]  # fmt: skip
+    glance = section.find("table", "glance").find("tbody").find_all("tr")
+    assert len(glance) == 2 and "and 3 more alike" in glance[0].text
     assert "root cause:" in first.text and "ranks 0,1 all stuck in probe (send/recv 4B)" in first.text
     assert [pre.text for pre in first.find_all("pre", "stack")] == [STACK, STACK]
     assert "NCCL WARN Cuda failure 'peer access is not supported'" in first.text
@@ -281,6 +292,53 @@ def test_sections_grids_heat_map_and_failures() -> None:
     assert rows_text["SYS"] == ["4/8", "–", "4/4", "p2p_level_nvl: export NCCL_P2P_LEVEL=NVL"]  # peer copies pass
     assert rows_text["PIX"] == ["4/4", "0/1", "–", "inherited: nothing to set: the environment as it is"]
     assert root.find("section", id="recommendation").find("pre").text == "\n".join(RECOMMENDATION)
+
+
+def collective_record(probe: str, rung: str, verdict: str, sizes: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    devices = [f"gpu{i}" for i in range(4)]
+    return {
+        "schema": 1, "nodeid": f"suites/test_collectives.py::test_{probe}[all4-{rung}]", "probe": probe,
+        "devices": devices, "device_ids": devices, "link": None, "set_kind": "all",
+        "ladder_key": f"test_{probe}[all4]", "backend": "nccl", "env_name": rung, "verdict": verdict,
+        "metrics": {"algbw_gbps": {s: a for s, (a, _) in sizes.items()},
+                    "busbw_gbps": {s: b for s, (_, b) in sizes.items()}},
+    }  # fmt: skip
+
+
+def test_the_collectives_table_shows_algbw_and_busbw_by_size() -> None:
+    topology = pcie_topology(4)
+    records = [
+        collective_record("all_reduce", "inherited", "pass", {"64MiB": (100.0, 150.0)}),
+        collective_record("all_gather", "inherited", "pass", {"64MiB": (80.0, 60.0), "1MiB": (10.5, 7.875)}),
+        collective_record("reduce_scatter", "inherited", "hang", {"64MiB": (1.0, 1.0)}),  # not passed: not shown
+    ]
+    root = parse(render_report(make_run(topology, records, backend="nccl")))
+    section = root.find("section", id="collectives")
+    body = [[td.text for td in tr.find_all("td")] for tr in section.find("tbody").find_all("tr")]
+    assert body == [
+        ["all_gather", "all4", "4", "1MiB", "10.50", "7.88", "inherited"],
+        ["all_gather", "all4", "4", "64MiB", "80.00", "60.00", "inherited"],
+        ["all_reduce", "all4", "4", "64MiB", "100.00", "150.00", "inherited"],
+    ]
+    assert "host memory" not in section.text  # NCCL figures
+    assert collective_lines(typed(records))[1:] == [
+        "collective  devices  ranks  size   algbw   busbw   rung",
+        "all_gather  all4     4      1MiB   10.50   7.88    inherited",
+        "all_gather  all4     4      64MiB  80.00   60.00   inherited",
+        "all_reduce  all4     4      64MiB  100.00  150.00  inherited",
+    ]
+
+
+def test_a_kept_comparison_is_shown_by_every_render(tmp_path: Path) -> None:
+    topology = pcie_topology(2)
+    old = make_run(topology, [record(topology, 0, 1, "pair_exchange", "inherited", "pass", 20.0)])
+    new = make_run(topology, [record(topology, 0, 1, "pair_exchange", "inherited", "hang")], folder=tmp_path)
+    assert "regressions" not in [s.attrs["id"] for s in parse(render_report(new)).find_all("section")]
+    assert write_comparison(compare(old, new)) == tmp_path / "comparison.json"
+    section = parse(render_report(new)).find("section", id="regressions")
+    assert "Regressions against the baseline (1)" in section.text
+    assert "suites/test_pairs.py::test_pair_exchange[gpu0-gpu1-SYS-inherited]" in section.text
+    assert "REGRESSED: 1 regression(s)" in section.find("details").text  # the whole comparison, folded
 
 
 def test_regressions_section_only_when_given() -> None:
@@ -561,7 +619,8 @@ def test_report_of_a_real_run(pytester: pytest.Pytester, run_suite: RunSuite, re
     values = [td.text for td in heat.find("tbody").find_all("td")]
     assert all(re.fullmatch(r"[\d.]+|·", v) for v in values), values
     failures = root.find("section", id="failures").find_all("article")
-    assert [a.attrs["data-verdict"] for a in failures] == ["hang"] * 2
+    assert [a.attrs["data-verdict"] for a in failures] == ["hang"]  # the two SYS pairs hung alike: one card
+    assert failures[0].find("span", "count").text == "x2"
     stacks = [pre.text for pre in failures[0].find_all("pre", "stack")]
     assert stacks and all("File " in s for s in stacks)
     assert "3-GPU box whose <SYS> P2P hangs" not in html  # the name is not in the run facts; the path is

@@ -277,7 +277,9 @@ def test_load_scenario(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (None, "SRC: scenario file '{p}' cannot be read: No such file or directory"),
+        (None, "SRC: scenario file '{p}' cannot be read: No such file or directory (nor is it a shipped scenario: "
+               "hang-ignores-sigterm, noncontiguous-barrier, oom-at-checkpoint, pcie-sys-p2p-hang, "
+               "single-gpu-nccl-init, wrong-data-p2p)"),
         ("effect = hang", "SRC: scenario file '{p}' is not valid TOML: *"),
         ('rules = 1\n[[rule]]\neffect = "hang"\n',
          "{p}: unknown top-level key(s) ['rules']; expected [scenario] and [[rule]]"),

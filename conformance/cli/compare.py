@@ -17,7 +17,7 @@ from conformance.cli.common import (
 )
 from conformance.common import values
 from conformance.record.runs import RunError
-from conformance.summarise.compare import DEFAULT_TOLERANCE, CompareError, compare
+from conformance.summarise.compare import DEFAULT_TOLERANCE, CompareError, compare, write_comparison
 
 COMMAND = "compare"
 
@@ -60,6 +60,10 @@ def compare_command(args: argparse.Namespace) -> int:
         return fail(COMMAND, str(exc))
     for message in comparison.warnings:
         warn(COMMAND, message)
+    try:
+        write_comparison(comparison)  # kept with the current run: its report shows it
+    except OSError as exc:
+        warn(COMMAND, f"the comparison cannot be kept with {comparison.current.source}: {exc.strerror or exc}")
     if args.json:
         print(json.dumps(comparison.to_json(), indent=2, sort_keys=True))
     else:

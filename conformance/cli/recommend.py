@@ -35,7 +35,7 @@ def recommend_command(args: argparse.Namespace) -> int:
     recommendation = recommend(run)
     for message in run.warnings:
         warn(COMMAND, message)
-    if not recommendation.classes:
+    if not recommendation.classes and not recommendation.harness_errors:
         what = (
             "recorded no case" if not run.records else "has no case to go by (every case skipped or a negative control)"
         )
@@ -51,5 +51,5 @@ def recommend_command(args: argparse.Namespace) -> int:
         for line in recommendation.lines():
             print(line)
         print(f"(written to {path})")
-    # An incomplete run answers nothing a launch script could use: not a success either.
-    return UNFIT_STATUS if recommendation.unfit or recommendation.incomplete else 0
+    # A run with nothing a launch script could use (incomplete, harness errors) is not a success either.
+    return UNFIT_STATUS if recommendation.withheld else 0

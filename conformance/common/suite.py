@@ -12,6 +12,18 @@ from pathlib import Path
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 SUITES_PACKAGE = "conformance.suites"
+SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"  # the simulated machines it ships
+
+
+def shipped_scenarios() -> list[str]:
+    """The names of the scenarios the package ships (``--scenario NAME`` takes them)."""
+    return sorted(path.stem for path in SCENARIOS_DIR.glob("*.toml"))
+
+
+def scenario_path(path: Path) -> Path:
+    """``path`` itself when it exists, else the shipped scenario of that name (with or without ``.toml``)."""
+    shipped = SCENARIOS_DIR / f"{path.name.removesuffix('.toml')}.toml"
+    return shipped if not path.exists() and shipped.is_file() else path
 
 
 def record_nodeid(path: Path, nodeid: str) -> str:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common.inputs import read_user_file
+from conformance.common.suite import scenario_path, shipped_scenarios
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -263,7 +264,14 @@ def parse_rule(raw: Any, where: str) -> Rule:
 
 
 def load_scenario(path: Path, where: str) -> Scenario:
-    """Read and validate a scenario file; ``where`` names the setting that pointed at it."""
+    """Read and validate a scenario file, or a shipped one by name; ``where`` names the setting that pointed at it."""
+    path = scenario_path(path)
+    if not path.exists():
+        shipped = ", ".join(shipped_scenarios())
+        raise ScenarioError(
+            f"{where}: scenario file {str(path)!r} cannot be read: No such file or directory "
+            f"(nor is it a shipped scenario: {shipped})"
+        )
     text = read_user_file(path, "scenario file", where, ScenarioError)
     try:
         data = tomllib.loads(text)

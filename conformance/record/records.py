@@ -90,6 +90,7 @@ class CaseRecord:
     case_dir: str | None = None
     time: float | None = None
     shared_by: str | None = None  # the test whose case also ran this one's collective (one process group)
+    one_rung: bool = False  # its test is not parametrised over the rungs: it runs as inherited only
 
     @property
     def outcome(self) -> Verdict | None:
@@ -135,6 +136,11 @@ class CaseRecord:
         return cls(**values)
 
 
+def _texts(kind: type, data: JsonObject) -> dict[str, str]:
+    """Every field of ``kind`` (all text) from ``data``; a missing or non-text one as text."""
+    return {f.name: str(data.get(f.name, "")) for f in fields(kind)}
+
+
 def _known(kind: type, data: JsonObject, required: bool = False) -> dict[str, Any]:
     names = [f.name for f in fields(kind)]
     if required:
@@ -178,6 +184,23 @@ class JunitRun:
 
 
 @dataclass(frozen=True)
+class HarnessError:
+    """A test pytest reported failed or errored that no case record explains.
+
+    A harness error, a fixture's, a plugin of the user's raising, a worker that crashed, a negative
+    control that did not end as its test expected: the suite cannot say what the machine did there.
+    """
+
+    nodeid: str  # as the records name the suite's tests (``suites/<file>::<test>``)
+    when: str  # setup | call | teardown | worker crashed
+    message: str  # the first line of what pytest reported
+
+    @property
+    def text(self) -> str:
+        return f"{self.nodeid} ({self.when}: {self.message})"
+
+
+@dataclass(frozen=True)
 class RunEnd:
     """How far a run got: ``started`` is written when it begins, the rest when it ends.
 
@@ -189,6 +212,7 @@ class RunEnd:
     planned: int | None = None  # tests collected to run (after -k/-m/deselection)
     ran: int | None = None  # tests that got an outcome
     stopped_by: str | None = None  # what ended an incomplete run early
+    harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no answer from them
 
     @property
     def incomplete(self) -> str | None:
@@ -203,7 +227,12 @@ class RunEnd:
     def from_json(cls, data: object) -> RunEnd:
         if not isinstance(data, dict) or data.get("state") not in ("started", "complete", "incomplete"):
             raise FactsError(f"run.json: end is not a run's end: {data!r}")
-        return cls(**_known(cls, data))
+        values = _known(cls, data)
+        errors = values.get("harness_errors") or []
+        if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
+            raise FactsError(f"run.json: end.harness_errors is not a list of failed tests: {errors!r}")
+        values["harness_errors"] = tuple(HarnessError(**_texts(HarnessError, e)) for e in errors)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -239,6 +268,7 @@ class RunFacts:
     step_deadline: float | None = None  # seconds without progress that made a hang (older runs: None)
     node_rank: int | None = None
     nnodes: int = 1
+    cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
     end: RunEnd | None = None  # None: an older run (whether it finished is not known)
 
     def to_json(self) -> dict[str, Any]:
@@ -264,6 +294,11 @@ class RunFacts:
         Older runs did not say, and count as finished.
         """
         return self.end.incomplete if self.end else None
+
+    @property
+    def harness_errors(self) -> tuple[HarnessError, ...]:
+        """The tests that failed without a record to explain them (older runs did not say: none)."""
+        return self.end.harness_errors if self.end else ()
 
 
 def _ladder(entries: Any) -> tuple[RungFacts, ...]:

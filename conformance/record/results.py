@@ -87,7 +87,11 @@ def rank_records(result: CaseResult) -> tuple[RankRecord, ...]:
 
 
 def case_record(
-    result: CaseResult, run_id: str, expected_verdict: str | None = None, ladder_key: str | None = None
+    result: CaseResult,
+    run_id: str,
+    expected_verdict: str | None = None,
+    ladder_key: str | None = None,
+    one_rung: bool = False,
 ) -> CaseRecord:
     spec, nccl = result.spec, result.nccl or {}
     return CaseRecord(
@@ -126,6 +130,7 @@ def case_record(
         case_dir=str(result.case_dir),
         time=time.time(),
         shared_by=result.shared_by,
+        one_rung=one_rung,
     )
 
 

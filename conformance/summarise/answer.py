@@ -16,10 +16,11 @@ from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.plan.matrix import Rung
-from conformance.record.records import HOST_SET_KIND, CaseRecord
+from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
+from conformance.summarise.causes import cause_lines
 from conformance.summarise.recommend import ClassAdvice, Recommendation
-from conformance.summarise.summary import link_class_of, one_record_per_case, run_ladder, rung_env_text
+from conformance.summarise.summary import counted_cases, link_class_of, run_ladder, rung_env_text
 
 Tone = Literal["bad", "good", "warn", "plain"]
 
@@ -35,6 +36,7 @@ class ClassAnswer:
     fix: Rung | None  # the first rung on which every case of the class passed
     unfit: bool  # wrong data somewhere in the run: no setting is handed out
     tried: tuple[str, ...] = ()
+    causes: tuple[str, ...] = ()  # what the verdict stage recognised, with its fix (``causes.py``)
 
     @property
     def worst(self) -> Verdict:
@@ -60,26 +62,42 @@ class Answer:
     cases: int
     simulated: bool
     incomplete: str | None
+    harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains
+    cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
 
     @property
     def all_passed(self) -> bool:
-        return not self.classes and not self.others and self.incomplete is None
+        return not self.classes and not self.others and self.incomplete is None and not self.harness_errors
 
     @property
     def tone(self) -> Tone:
-        """The whole answer's: bad when anything failed, warn when the run is incomplete."""
+        """The whole answer's: bad when anything failed, warn when the run is incomplete or tested no GPU."""
+        if self.harness_errors:
+            return "bad"
         if self.incomplete is not None:
             return "warn"
-        return "good" if self.all_passed else "bad"
+        if self.all_passed:
+            return "warn" if self.cpu_only is not None else "good"
+        return "bad"
 
     def rows(self) -> list[tuple[str, Tone]]:
-        """The answer's lines with how each reads: bad (red), good (green), plain."""
+        """The answer's lines with how each reads: bad (red), good (green), warn (yellow), plain."""
+        first: list[tuple[str, Tone]] = []
+        if self.harness_errors:
+            first.append((harness_error_line(self.harness_errors), "bad"))
+        if self.cpu_only is not None and not (self.all_passed and not first):
+            first.append((f"{CPU_ONLY} ({self.cpu_only})", "warn"))
+        return first + self._verdict_rows()
+
+    def _verdict_rows(self) -> list[tuple[str, Tone]]:
         if self.incomplete is not None:
             return [(f"INCOMPLETE RUN ({self.incomplete}): no answer from part of a run", "warn")]
         if self.all_passed:
             cases, classes = _count(self.cases, "case"), _count(len(self.passed), "class")
+            if self.cpu_only is not None:
+                return [(f"{CPU_ONLY} ({self.cpu_only}): {cases} in {classes} passed on CPU ranks", "warn")]
             return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
-        rows: list[tuple[str, Tone]] = [(c.text(), "bad") for c in self.classes]
+        rows: list[tuple[str, Tone]] = [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
         rows += [(line, "bad") for line in self.others]
         if self.passed:
             rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
@@ -89,6 +107,20 @@ class Answer:
 
     def lines(self) -> list[str]:
         return [text for text, _ in self.rows()]
+
+
+CPU_ONLY = "CPU ONLY: no GPU was tested"
+HARNESS_ERRORS_NAMED = 3  # the answer's line names this many failed tests, then counts the rest
+
+
+def harness_error_line(errors: Sequence[HarnessError]) -> str:
+    """``HARNESS ERROR in 2 test(s): <test> (<when>: <message>); ...``: no answer can be read from them."""
+    named = "; ".join(e.text for e in errors[:HARNESS_ERRORS_NAMED])
+    more = f"; and {len(errors) - HARNESS_ERRORS_NAMED} more" if len(errors) > HARNESS_ERRORS_NAMED else ""
+    return (
+        f"HARNESS ERROR in {len(errors)} test(s): {named}{more}: pytest failed them without a verdict on the "
+        "machine, so no recommendation is handed out"
+    )
 
 
 def _count(n: int, noun: str) -> str:
@@ -121,6 +153,7 @@ def _class_answer(advice: ClassAdvice, records: list[CaseRecord], order: dict[st
         fix=advice.rung,
         unfit=unfit,
         tried=advice.tried,
+        causes=tuple(cause_lines(failed)),
     )
 
 
@@ -136,7 +169,7 @@ def _outside_classes(records: Sequence[CaseRecord]) -> tuple[str, ...]:
 def answer(run: Run, recommendation: Recommendation) -> Answer:
     ladder = run_ladder(run)
     order = {r.name: i for i, r in enumerate(ladder)}
-    counted = one_record_per_case(r for r in run.records if r.counts)
+    counted = counted_cases(run.records)
     by_class: dict[str, list[CaseRecord]] = {}
     for r in counted:
         by_class.setdefault(link_class_of(r), []).append(r)
@@ -157,4 +190,6 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         cases=len(counted),
         simulated=run.simulated,
         incomplete=recommendation.incomplete,
+        harness_errors=recommendation.harness_errors,
+        cpu_only=run.facts.cpu_only,
     )

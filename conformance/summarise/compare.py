@@ -27,17 +27,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal, TypedDict, TypeGuard, TypeVar
 
+from conformance.common.casefiles import write_json_atomic
 from conformance.common.tables import align_columns
 from conformance.common.verdicts import Verdict
-from conformance.record.records import CaseRecord, JsonObject
+from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run, unusable
 from conformance.settings import default_of
 from conformance.summarise.summary import link_class_of
 
 DEFAULT_TOLERANCE: float = default_of("bandwidth_tolerance")
+COMPARISON_FILE = "comparison.json"  # the last comparison of a run against a baseline, in its folder
 SUMMARY_WIDTH = 100
 
 CaseKey = tuple[str, tuple[str, ...], str, str, str]  # probe, device ids, link class, test id, rung
@@ -311,8 +314,13 @@ class Comparison:
         return self.current.facts.incomplete
 
     @property
+    def harness_errors(self) -> tuple[HarnessError, ...]:
+        """Tests of the current run that failed without a record: what they would have shown is unknown."""
+        return self.current.facts.harness_errors
+
+    @property
     def exit_status(self) -> int:
-        return 1 if self.regressions or self.incomplete else 0
+        return 1 if self.regressions or self.incomplete or self.harness_errors else 0
 
     def add_match(self, old: CaseRecord, new: CaseRecord) -> None:
         self.matched += 1
@@ -380,7 +388,9 @@ class Comparison:
             "missing": self.missing,
             "warnings": self.warnings,
             "incomplete": self.incomplete,
+            "harness_errors": [asdict(e) for e in self.harness_errors],
             "exit_status": self.exit_status,
+            "lines": self.lines(),
         }
 
     def lines(self) -> list[str]:
@@ -433,6 +443,10 @@ class Comparison:
         )
         if self.regressions:
             return f"REGRESSED: {text}"
+        if self.harness_errors:
+            errors = "; ".join(e.text for e in self.harness_errors)
+            why = f"{len(self.harness_errors)} test(s) of the current run failed without a verdict ({errors})"
+            return f"HARNESS ERROR: {why}; it cannot show that nothing regressed: {text}"
         if self.incomplete:
             why = f"the current run is incomplete ({self.incomplete}); it cannot show that nothing regressed"
             return f"INCOMPLETE: {why}: {text}"
@@ -477,6 +491,19 @@ def _case_row(entry: CaseVerdict) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------
 # the comparison
 # --------------------------------------------------------------------------------------------
+
+
+def write_comparison(comparison: Comparison) -> Path | None:
+    """Keep the comparison with the current run (``comparison.json``), so every report of it shows it.
+
+    None when the current run has no folder to keep it in.
+    """
+    folder = comparison.current.folder
+    if folder is None:
+        return None
+    path = folder / COMPARISON_FILE
+    write_json_atomic(path, comparison.to_json())
+    return path
 
 
 def _ordered(keys: Iterable[CaseKey], wanted: set[CaseKey]) -> list[CaseKey]:

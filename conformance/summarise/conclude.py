@@ -6,14 +6,13 @@ its folder exactly as ``python -m conformance recommend/compare/report`` would.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
 from conformance.summarise.answer import Answer, answer
-from conformance.summarise.compare import CompareError, compare
+from conformance.summarise.compare import CompareError, compare, write_comparison
 from conformance.summarise.recommend import recommend, write_env_file
 from conformance.summarise.report import write_report
 
@@ -33,13 +32,12 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
     except RunError as exc:
         conclusion.lines.append(f"no recommendation: {exc}")
         return conclusion
-    if not run.records:
+    if not run.records and not run.facts.harness_errors:
         return conclusion
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)
     env_file = write_env_file(run, recommendation)
     conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
-    regressions: Sequence[Mapping[str, object]] = ()
     if baseline is not None:
         try:
             comparison = compare(baseline, run, settings.bandwidth_tolerance)
@@ -48,9 +46,10 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             conclusion.regressed = True
         else:
             conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
-            regressions = comparison.regressions
             conclusion.regressed = comparison.exit_status != 0
+            kept = write_comparison(comparison)
+            conclusion.lines += [f"(comparison kept in {kept})"] if kept else []
     if settings.run_report:
-        path = write_report(run, recommendation.lines(), regressions, conclusion.answer)
+        path = write_report(run, recommendation.lines(), answer=conclusion.answer)
         conclusion.lines.append(f"HTML report: {path}")
     return conclusion

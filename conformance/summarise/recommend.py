@@ -20,13 +20,13 @@ folder (``VAR=VALUE`` lines under a comment header).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeGuard
 
 from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
-from conformance.record.records import CaseRecord, JsonObject
+from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run, RunError
 from conformance.summarise.summary import (
     case_of,
@@ -194,12 +194,13 @@ class Recommendation:
     needed_by: dict[str, list[str]] = field(default_factory=dict)  # "VAR=VALUE" or the unset text -> classes
     inherited_env: dict[str, str] = field(default_factory=dict)
     incomplete: str | None = None  # the run did not cover its plan: no recommendation (RunFacts.incomplete)
+    harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no recommendation
 
     # -- derived ---------------------------------------------------------------------------
     @property
     def withheld(self) -> bool:
-        """No environment is handed out: wrong data (unfit), or a run that did not cover its plan."""
-        return self.unfit or self.incomplete is not None
+        """No environment is handed out: wrong data (unfit), a run that did not cover its plan, harness errors."""
+        return self.unfit or self.incomplete is not None or bool(self.harness_errors)
 
     @property
     def fixed(self) -> list[ClassAdvice]:
@@ -230,10 +231,14 @@ class Recommendation:
     # -- text --------------------------------------------------------------------------------
     def lines(self) -> list[str]:
         lines = ["SIMULATED run: this is for the simulated machine, not this host"] if self.simulated else []
+        if self.harness_errors:
+            lines.append(self._harness_line())
         if self.unfit:
             return lines + self._unfit_lines()
         if self.incomplete:
             return lines + [self._incomplete_line()]
+        if self.harness_errors:
+            return lines
         if not self.classes:
             return lines + ["nothing to recommend: no case ran that can be used (all skipped or negative controls)"]
         lines.append("per topology class, the first rung on which every case of the class passed:")
@@ -245,6 +250,14 @@ class Recommendation:
                 lines += [f"      {verdict.upper()} {nodeid}" for nodeid, verdict in advice.not_passing_on_rung]
         lines += self._overall_lines()
         return lines
+
+    def _harness_line(self) -> str:
+        # A test that failed without a verdict may be the case that would have changed a class's rung.
+        tests = "; ".join(e.text for e in self.harness_errors)
+        return (
+            f"no recommendation: {len(self.harness_errors)} test(s) failed without a verdict on the machine "
+            f"(harness errors): {tests}; fix what failed them and run the suite again"
+        )
 
     def _incomplete_line(self) -> str:
         # A class whose leader passed may still hang on a pair that never ran: advice would be a guess.
@@ -308,6 +321,9 @@ class Recommendation:
         if self.incomplete:
             lines.append(f"# {self._incomplete_line()}")
             return "\n".join(lines) + "\n"
+        if self.harness_errors:
+            lines.append(f"# {self._harness_line()}")
+            return "\n".join(lines) + "\n"
         if not self.classes:
             lines.append("# nothing to recommend: no case ran that can be used")
             return "\n".join(lines) + "\n"
@@ -343,6 +359,7 @@ class Recommendation:
             "simulated": self.simulated,
             "unfit": self.unfit,
             "incomplete": self.incomplete,
+            "harness_errors": [asdict(e) for e in self.harness_errors],
             "wrong_data": [case.to_json() for case in self.wrong_data],
             "classes": {c.name: c.to_json() for c in self.classes},
             "unfixed": self.unfixed,
@@ -505,6 +522,7 @@ def recommend(run: Run) -> Recommendation:
         needed_by=_needed_by(classes, env, tuple(unset)),
         inherited_env={str(k): str(v) for k, v in inherited.items()} if isinstance(inherited, Mapping) else {},
         incomplete=run.facts.incomplete,
+        harness_errors=run.facts.harness_errors,
     )
 
 

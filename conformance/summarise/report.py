@@ -27,6 +27,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from conformance.common.casefiles import read_json
 from conformance.common.verdicts import FAILURES, SEVERITY, Verdict, worst
 from conformance.discover.topology import Topology
 from conformance.plan.matrix import Rung
@@ -34,6 +35,8 @@ from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause, Run
 from conformance.record.runs import Run
 from conformance.summarise.answer import Answer, Tone
 from conformance.summarise.answer import answer as answer_of
+from conformance.summarise.collectives import collective_rows
+from conformance.summarise.compare import COMPARISON_FILE
 from conformance.summarise.recommend import recommend
 from conformance.summarise.summary import (
     bad_nodes,
@@ -41,6 +44,7 @@ from conformance.summarise.summary import (
     first_passing_rungs,
     link_class_of,
     one_record_per_case,
+    record_counts,
     run_ladder,
     rung_env_text,
 )
@@ -126,14 +130,19 @@ class Figure:
 
 @dataclass(frozen=True)
 class Card:
-    """One case that did not pass, or a negative control that ended as its test expected."""
+    """A case that did not pass (with the others that failed alike), or a negative control as expected."""
 
     number: int
-    record: CaseRecord
+    record: CaseRecord  # the first case of its kind: its details are shown
     control: bool
     root_cause: str
     unfold: bool  # its stacks shown unfolded
     warnings: tuple[str, ...]
+    alike: tuple[CaseRecord, ...] = ()  # the other cases that failed the same way (``_likeness``)
+
+    @property
+    def count(self) -> int:
+        return 1 + len(self.alike)
 
 
 @dataclass(frozen=True)
@@ -403,7 +412,8 @@ def _root_cause_text(record: CaseRecord) -> str:
     return f"{who}{' in ' + where if where else ''}: {kind_text}{root.message or ''}"
 
 
-def _card(record: CaseRecord, number: int) -> Card:
+def _card(group: Sequence[CaseRecord], number: int) -> Card:
+    record = group[0]
     nccl = record.nccl if isinstance(record.nccl, dict) else {}
     warnings = [*(record.nccl_warnings or ()), *(nccl.get("p2p_warnings") or [])]
     return Card(
@@ -413,11 +423,28 @@ def _card(record: CaseRecord, number: int) -> Card:
         root_cause=_root_cause_text(record),
         unfold=number <= OPEN_STACKS,
         warnings=tuple(dict.fromkeys(str(w) for w in warnings)),
+        alike=tuple(group[1:]),
     )
 
 
+def _likeness(record: CaseRecord) -> tuple[str, ...]:
+    """What makes two failures the same story: verdict, probe, rung, link class and what was said, devices aside."""
+    said = f"{record.summary}|{_root_cause_text(record)}"
+    for device in record.devices:
+        said = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(str(device))}(?![A-Za-z0-9_])", "<device>", said)
+    return (record.verdict, record.probe, str(record.env_name), link_class_of(record), str(record.node_rank), said)
+
+
+def _grouped(records: Iterable[CaseRecord]) -> list[list[CaseRecord]]:
+    """Records that failed alike, together, in the order the first of each came."""
+    groups: dict[tuple[str, ...], list[CaseRecord]] = {}
+    for record in records:
+        groups.setdefault(_likeness(record), []).append(record)
+    return list(groups.values())
+
+
 def _cards(facts: _Facts) -> tuple[list[Card], list[Card]]:
-    """The failures, hangs first (``READING_ORDER``), then the negative controls that ended as expected."""
+    """The failures, hangs first (``READING_ORDER``), alike ones in one card; then the negative controls."""
     rungs = {rung.name: i for i, rung in enumerate(facts.ladder)}
     failing = [r for r in facts.records if r.outcome in FAILURES and not r.ended_as_expected]
     failing.sort(
@@ -428,8 +455,10 @@ def _cards(facts: _Facts) -> tuple[list[Card], list[Card]]:
         )
     )
     controls = sorted((r for r in facts.records if r.ended_as_expected), key=lambda r: _natural_key(r.nodeid))
-    cards = [_card(r, number) for number, r in enumerate([*failing, *controls], start=1)]
-    return cards[: len(failing)], cards[len(failing) :]
+    groups = [*_grouped(failing), *([r] for r in controls)]
+    cards = [_card(group, number) for number, group in enumerate(groups, start=1)]
+    failures = len(groups) - len(controls)
+    return cards[:failures], cards[failures:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -454,6 +483,25 @@ def _ladder(facts: _Facts) -> tuple[list[str], list[LadderRow]]:
     return rungs, rows
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The comparison kept with the run (``comparison.json``), as the report shows it."""
+
+    lines: tuple[str, ...]
+    regressions: tuple[Mapping[str, object], ...]
+
+
+def kept_comparison(run: Run) -> Baseline | None:
+    """The run's last comparison against a baseline, if one was kept in its folder (and is readable)."""
+    data = read_json(run.folder / COMPARISON_FILE) if run.folder is not None else None
+    if not isinstance(data, dict):
+        return None
+    lines, regressions = data.get("lines"), data.get("regressions")
+    if not isinstance(lines, list) or not isinstance(regressions, list):
+        return None
+    return Baseline(tuple(str(line) for line in lines), tuple(r for r in regressions if isinstance(r, dict)))
+
+
 def _regressions(regressions: Sequence[Mapping[str, object]]) -> tuple[list[str], list[tuple[object, ...]]]:
     columns: list[str] = []
     for entry in regressions:
@@ -462,10 +510,11 @@ def _regressions(regressions: Sequence[Mapping[str, object]]) -> tuple[list[str]
 
 
 def _page(
-    run: Run, found: Answer, recommendation_lines: Sequence[str], regressions: Sequence[Mapping[str, object]]
+    run: Run, found: Answer, recommendation_lines: Sequence[str], regressions: Sequence[Mapping[str, object]] | None
 ) -> dict[str, Any]:
-    """Everything the templates show, by name."""
+    """Everything the templates show, by name; regressions None: the kept comparison's, if any."""
     facts = _facts(run)
+    baseline = kept_comparison(run) if regressions is None else Baseline((), tuple(regressions))
     failures, controls = _cards(facts)
     rungs, ladder = _ladder(facts)
     title = f"conformance {run.run_id or run.source}" + (" (SIMULATED)" if facts.simulated else "")
@@ -474,7 +523,7 @@ def _page(
         "title": title + (" (INCOMPLETE)" if run.facts.incomplete else ""),
         "run": run,
         "simulated": facts.simulated,
-        "cases": len(facts.records),
+        "cases": record_counts(facts.records).text(),
         "deadlines": deadlines_text(facts.records, run.facts.step_deadline),
         "answer": found,
         "answer_rows": _answer_rows(found),
@@ -497,19 +546,22 @@ def _page(
         "rungs": rungs,
         "ladder": ladder,
         "recommendation": list(recommendation_lines),
-        "regressions": _regressions(regressions) if regressions else None,
+        "regressions": _regressions(baseline.regressions) if baseline and baseline.regressions else None,
+        "baseline_lines": baseline.lines if baseline else (),
+        "collectives": collective_rows(facts.records),
     }
 
 
 def render_report(
     run: Run,
     recommendation_lines: Sequence[str] = (),
-    regressions: Sequence[Mapping[str, object]] = (),
+    regressions: Sequence[Mapping[str, object]] | None = None,
     answer: Answer | None = None,
 ) -> str:
     """The whole report as one HTML document (no script, no external reference).
 
     ``answer``: the run's answer (``conformance.summarise.answer``); worked out here when not given.
+    ``regressions``: None for those of the comparison kept with the run (``comparison.json``).
     """
     answer = answer if answer is not None else answer_of(run, recommend(run))
     return _TEMPLATES.get_template("report.html.j2").render(_page(run, answer, recommendation_lines, regressions))
@@ -525,7 +577,7 @@ def report_path(run: Run) -> Path:
 def write_report(
     run: Run,
     recommendation_lines: Sequence[str] = (),
-    regressions: Sequence[Mapping[str, object]] = (),
+    regressions: Sequence[Mapping[str, object]] | None = None,
     answer: Answer | None = None,
 ) -> Path:
     """Write ``report.html`` into the run folder; returns its path."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.plan.matrix import BUILTIN_LADDER, INHERITED, Rung
-from conformance.record.records import CaseRecord
+from conformance.record.records import HOST_SET_KIND, CaseRecord
 from conformance.record.runs import Run
 
 
@@ -31,6 +31,44 @@ def one_record_per_case(records: Iterable[CaseRecord]) -> list[CaseRecord]:
         if key not in kept or (r.node_rank or 0) < (kept[key].node_rank or 0):
             kept[key] = r
     return list(kept.values())
+
+
+def counted_cases(records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    """The cases the answer and the recommendation count: run on a rung, not skipped, no negative control."""
+    return one_record_per_case(r for r in records if r.counts)
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """A run's records, each counted once, in the words every summary uses.
+
+    pytest counts tests (items), a later rung not needed among its deselected ones and a test that
+    does not apply here (one GPU, one node) among its skips; a test that ran a case or a host check
+    left a record.  ``cases`` is the number the answer gives; host checks, skipped records and
+    negative controls are counted apart.
+    """
+
+    cases: int
+    host_checks: int
+    skipped: int
+    controls: int
+
+    def text(self) -> str:
+        parts = [_plural(self.cases, "case"), _plural(self.host_checks, "host check"), f"{self.skipped} skipped"]
+        return ", ".join(parts + ([_plural(self.controls, "negative control")] if self.controls else []))
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def record_counts(records: Sequence[CaseRecord]) -> RecordCounts:
+    return RecordCounts(
+        cases=len(counted_cases(records)),
+        host_checks=sum(r.set_kind == HOST_SET_KIND and r.outcome is not Verdict.SKIP for r in records),
+        skipped=sum(r.outcome is Verdict.SKIP for r in records),
+        controls=sum(r.expected_verdict is not None for r in records),
+    )
 
 
 def link_class_of(record: CaseRecord) -> str:
@@ -116,10 +154,18 @@ def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
 
 
 def first_passing_rungs(records: list[CaseRecord], ladder: Sequence[Rung]) -> dict[str, Rung | None]:
-    """Per class: the earliest rung at which every case of the class had passed (None: never)."""
+    """Per class: the earliest rung at which every case of the class had passed (None: never).
+
+    A case its test runs on one rung only (``CaseRecord.one_rung``) was never offered the others, so
+    it decides nothing where the class has cases that climb the ladder: the whole suite and any part
+    of it give a class the same rung.
+    """
     order = {r.name: i for i, r in enumerate(ladder)}
+    climbing = {link_class_of(r) for r in records if not r.one_rung}
     per_case: dict[tuple[str, str], int | None] = {}
     for r in records:
+        if r.one_rung and link_class_of(r) in climbing:
+            continue
         key = (link_class_of(r), case_of(r))
         best = per_case.setdefault(key, None)
         if r.outcome is Verdict.PASS:

@@ -135,3 +135,14 @@ def rank_cause(rank_path: Path) -> Cause | None:
     warnings = [line for line in nccl.splitlines() if "NCCL WARN" in line]
     stderr = casefiles.tail(rank_path / casefiles.STDERR, TAIL_LINES, TAIL_BYTES)
     return recognise("\n".join([*warnings, stderr]))
+
+
+def cause_parts(text: str) -> tuple[str, str]:
+    """A recorded cause's text (``Cause.text``) as (name, fix); a cause NCCL's warning names has no fix."""
+    for known in KNOWN_CAUSES:
+        if text == known.cause.text:
+            return known.cause.name, known.cause.fix
+    name, _, rest = text.rpartition(" (")
+    if name and rest.endswith(")") and not rest.startswith("NCCL's "):
+        return name, rest[:-1]
+    return (name, "") if name else (text, "")

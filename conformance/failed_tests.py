@@ -1,0 +1,55 @@
+"""Tests pytest reported failed that no case record explains: the run's harness errors.
+
+A test of the suite fails for one of two reasons: its case ended with a failing verdict (the record
+says what the machine did), or something else failed: the harness, a fixture, a plugin of the
+user's, a worker that crashed, a negative control that did not end as its test expected.  The
+second kind leaves no record, or one that does not explain the failure, and would vanish from every
+summary.  The process that owns the run folder (a plain run, xdist's controller, each node) sees
+every test's reports; at the end it names the failures no record explains (``HarnessError``), and
+``run.json`` carries them, so the answer, the recommendation, ``compare`` and the report say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from conformance.common.suite import record_nodeid
+from conformance.record.records import CaseRecord, HarnessError
+
+MESSAGE_CHARS = 200
+CRASHED = "worker crashed"  # xdist's report for a test its worker died in has when="???"
+
+
+def _message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = str(crash.message if crash is not None else report.longrepr or "failed")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "failed")
+    return first if len(first) <= MESSAGE_CHARS else first[: MESSAGE_CHARS - 3] + "..."
+
+
+def explains(record: CaseRecord) -> bool:
+    """A record that explains its test's failure: a failing verdict of the machine, no negative control."""
+    return record.outcome is not None and record.outcome.failed and record.expected_verdict is None
+
+
+class FailedTests:
+    """Every test reported failed or errored in this process, by the name its records carry."""
+
+    def __init__(self, rootpath: Path) -> None:
+        self.rootpath = rootpath
+        self._failed: dict[str, HarnessError] = {}
+
+    def note(self, report: pytest.TestReport) -> None:
+        if not report.failed:
+            return
+        nodeid = record_nodeid(self.rootpath / report.location[0], report.nodeid)
+        when = report.when if report.when in ("setup", "call", "teardown") else CRASHED
+        self._failed.setdefault(nodeid, HarnessError(nodeid, when, _message(report)))
+
+    def unexplained(self, records: Iterable[CaseRecord]) -> tuple[HarnessError, ...]:
+        """The failed tests that no record of this run explains, in the order they failed."""
+        explained = {r.nodeid for r in records if explains(r)}
+        return tuple(error for nodeid, error in self._failed.items() if nodeid not in explained)

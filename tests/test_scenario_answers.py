@@ -1,0 +1,124 @@
+"""Each shipped scenario, run as its header says (the whole suite, the scenario by name), gives its answer.
+
+The answer is what a user acts on, so its lines are asserted whole: the same for a class whatever
+other tests of the suite run beside it (a test that runs on one rung only never vetoes its class's
+rung), and naming the cause and its fix where no environment variable is the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conformance.common.suite import SCENARIOS_DIR, shipped_scenarios
+from conftest import copy_suites
+
+RunSuite = Callable[..., pytest.RunResult]
+SUITE_FILES = ("test_collectives.py", "test_environment.py", "test_failure_handling.py", "test_multinode.py",
+               "test_pairs.py")  # fmt: skip
+pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
+
+NO_SETTING = "no setting fixes it"
+ANSWERS = {
+    "hang-ignores-sigterm": [
+        f"all sets: HANG on inherited (all_reduce 1/1); no rung passed (tried inherited, *): {NO_SETTING}",
+        "passed as they are: CPU pairs, every_other sets, last_half sets, single sets",
+    ],
+    "noncontiguous-barrier": [
+        "last_half_all_visible sets: HANG on inherited (barrier_no_device_ids 1/1); no rung passed (tried "
+        f"inherited, *): {NO_SETTING}",
+        "  FIRST BARRIER ON ANOTHER RANK'S GPU: rank 0, 1, 2, 3 in barrier_no_device_ids: rank 0 uses GPU 4 but ran "
+        "its first barrier on GPU 0 (a guess: global rank 0 % 8 devices) -> fix: in the job's code: "
+        "init_process_group(..., device_id=torch.device('cuda', local_rank)) or "
+        "dist.barrier(device_ids=[local_rank])*",
+        "reversed sets: HANG on inherited (barrier_no_device_ids 1/1); no rung passed (tried inherited, *): "
+        + NO_SETTING,
+        "  FIRST BARRIER ON ANOTHER RANK'S GPU: rank 0, 1, 2, 3, 4, 5, 6, 7 in barrier_no_device_ids: rank 0 uses "
+        "GPU 7 but ran its first barrier on GPU 0 * -> fix: in the job's code: *device_id=*",
+        "passed as they are: NV18 pairs, all sets, every_other sets, last_half sets, single sets",
+    ],
+    "oom-at-checkpoint": [
+        "all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1); no rung passed (tried inherited, *): "
+        + NO_SETTING,
+        "  OUT OF MEMORY: rank 0 (gpu0) in probe of all_gather, all_reduce: CUDA out of memory. Tried to allocate "
+        "20.00 GiB.*; rank 1 only waited for it (victims) -> fix: free that GPU *",
+        "passed as they are: PHB pairs, reversed sets, single sets",
+    ],
+    "pcie-sys-p2p-hang": [
+        "SYS pairs: HANG on inherited (pair_exchange 16/16); passes with NCCL_P2P_LEVEL=NVL -> "
+        "export NCCL_P2P_LEVEL=NVL",
+        "passed as they are: NODE pairs, PIX pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
+        "for every class together: export NCCL_P2P_LEVEL=NVL",
+    ],
+    "single-gpu-nccl-init": [
+        "single sets: ERROR on inherited (all_reduce 1/1, environment 1/1); passes with NCCL_SHM_DISABLE=1 -> "
+        "export NCCL_SHM_DISABLE=1",
+        "  /dev/shm is full: rank 0 (gpu0) in init of all_reduce, environment: SimulatedError: NCCL Error 2: "
+        "unhandled system error * -> fix: free it or enlarge it: docker `--shm-size` or `--ipc=host`",
+        "for every class together: export NCCL_SHM_DISABLE=1",
+    ],
+    "wrong-data-p2p": [
+        "PIX pairs: FAIL on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL, but wrong data makes the "
+        "machine NOT FIT: no export",
+        "passed as they are: NODE pairs, SYS pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
+    ],
+}
+
+
+def header_command(name: str) -> list[str]:
+    """The command a scenario's header ends with (its last comment line before ``[scenario]``)."""
+    text = (SCENARIOS_DIR / f"{name}.toml").read_text()
+    header = [line for line in text.partition("[scenario]")[0].splitlines() if line.startswith("#")]
+    command = shlex.split(header[-1].removeprefix("#"))
+    assert command[:4] == ["pytest", "suites/", "--scenario", name], header[-1]
+    return command[2:]
+
+
+def matches(line: str, pattern: str) -> bool:
+    """``*`` stands for anything; every other character, brackets included, for itself."""
+    return re.fullmatch(".*".join(re.escape(part) for part in pattern.split("*")), line) is not None
+
+
+def answer_lines(result: pytest.RunResult) -> list[str]:
+    lines = result.outlines
+    (start,) = [i for i, line in enumerate(lines) if "= conformance: the answer" in line]
+    end = next(i for i in range(start + 1, len(lines)) if "= conformance summary" in lines[i])
+    return lines[start + 1 : end]
+
+
+def test_every_shipped_scenario_has_its_expected_answer() -> None:
+    assert sorted(ANSWERS) == shipped_scenarios()
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_the_whole_suite_on_a_shipped_scenario_gives_its_answer(
+    pytester: pytest.Pytester, run_suite: RunSuite, name: str
+) -> None:
+    files = copy_suites(pytester, *SUITE_FILES)
+    result = run_suite(*header_command(name), *files, timeout=240)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    got = answer_lines(result)
+    assert len(got) == len(ANSWERS[name]), "\n".join(got)
+    for line, pattern in zip(got, ANSWERS[name], strict=True):
+        assert matches(line, pattern), f"{line!r} is not {pattern!r}"
+
+
+def test_a_scenario_named_that_is_neither_a_file_nor_shipped_is_refused(
+    pytester: pytest.Pytester, run_suite: RunSuite
+) -> None:
+    files = copy_suites(pytester, "test_environment.py")
+    result = run_suite("--scenario", "no-such-machine", *files)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    here = Path(str(pytester.path))
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: conformance: command-line option --scenario: scenario file '{here}/no-such-machine' cannot be "
+            f"read: No such file or directory (nor is it a shipped scenario: {', '.join(shipped_scenarios())})"
+        ]
+    )
