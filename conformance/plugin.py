@@ -14,7 +14,13 @@ from conformance.common.deadlines import DeadlineError
 from conformance.common.lifetime import die_with_parent
 from conformance.common.suite import SUITES_DIR, SUITES_PACKAGE
 from conformance.common.verdicts import Verdict
-from conformance.discover.topology import Topology, TopologyError, discover, load_topology_file
+from conformance.discover.topology import (
+    Topology,
+    TopologyError,
+    discover,
+    load_topology_file,
+    refuse_broken_gpu_machine,
+)
 from conformance.launch.case import CaseResult, failure_text, headline
 from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, extra_local_process, node_setup
 from conformance.plan.matrix import (
@@ -54,10 +60,14 @@ def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | No
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and WORKER_TOPOLOGY in workerinput:
         return Topology.from_json(workerinput[WORKER_TOPOLOGY])
+    simulated = None
     if settings.topology_file is not None:
-        return load_topology_file(settings.topology_file, settings.source("topology_file"))
-    if scenario is not None and scenario.topology is not None:
-        return load_topology_file(scenario.topology, f"{scenario.path} [scenario] topology")
+        simulated = load_topology_file(settings.topology_file, settings.source("topology_file"))
+    elif scenario is not None and scenario.topology is not None:
+        simulated = load_topology_file(scenario.topology, f"{scenario.path} [scenario] topology")
+    if simulated is not None:  # a simulated machine whose NVML fails stops as a real one does
+        refuse_broken_gpu_machine(simulated, settings.backend, f"simulated ({simulated.source}): ")
+        return simulated
     try:
         return discover(settings.backend, settings.virtual_devices)
     except TopologyError:

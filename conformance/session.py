@@ -552,6 +552,7 @@ class ConformanceSession:
             lines.append(f"conformance: {t.note}")
         if t.driver or t.cuda_driver:
             lines.append(f"conformance: driver {t.driver or '?'}, CUDA driver {t.cuda_driver or '?'}")
+        lines += self._inventory_header_lines()
         lines.extend(f"conformance:   {line}" for line in link_matrix_lines(t))
         lines.extend(f"conformance: {line}" for line in link_note_lines(t))
         lines.append(f"conformance: matrix {self.plan.mode}, rungs: {', '.join(r.name for r in self.plan.rungs)}")
@@ -561,6 +562,15 @@ class ConformanceSession:
         if self.scenario:
             lines.append(f"conformance: SIMULATED run, scenario {self.scenario.name!r} ({self.scenario.path})")
         return lines + self._node_header_lines()
+
+    def _inventory_header_lines(self) -> list[str]:
+        """The machine's GPUs counted on the PCI bus and by NVML, beside those this run tests."""
+        inventory, expected = self.topology.inventory, self.settings.expect_gpus
+        if not (inventory.nvidia_present or inventory.nvml_gpus or expected):
+            return []
+        tested = sum(d.kind == "gpu" for d in self.topology.devices)
+        wanted = f", {expected} expected" if expected else ""
+        return [f"conformance: GPUs: {inventory.counts_text()}, {tested} tested{wanted}"]
 
     def _node_header_lines(self) -> list[str]:
         if self.nodes is None or self.start is None:

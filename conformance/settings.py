@@ -157,11 +157,16 @@ RUN_TOKEN_HELP = (
     "turned away; runs by hand have no other identity (SLURM's job and step, torchrun's run id)."
 )
 RENDEZVOUS_TIMEOUT_HELP = "Seconds the nodes wait for each other at the start before a missing node is a hang."
+EXPECT_GPUS_HELP = (
+    "GPUs the machine must have (NVML's count, whatever CUDA_VISIBLE_DEVICES hides); fewer fails the run "
+    "(host check gpu_inventory)."
+)
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", BACKEND_HELP, "auto", _Choice("backend", BACKENDS)),
     Setting("virtual_devices", VIRTUAL_DEVICES_HELP, "4", _device_count, metavar="N"),
+    Setting("expect_gpus", EXPECT_GPUS_HELP, None, _positive_int, metavar="N"),
     Setting("init_timeout", INIT_TIMEOUT_HELP, "20", _positive_number, metavar="SECONDS"),
     Setting("op_timeout", OP_TIMEOUT_HELP, "20", _positive_number, metavar="SECONDS"),
     Setting("step_timeout", STEP_TIMEOUT_HELP, "30", _positive_number, metavar="SECONDS"),
@@ -195,6 +200,7 @@ class Settings:
 
     backend: str
     virtual_devices: int
+    expect_gpus: int | None
     init_timeout: float
     op_timeout: float
     step_timeout: float

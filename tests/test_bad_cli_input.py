@@ -318,6 +318,16 @@ REFUSALS: dict[str, Refusal] = {
         "--topology-file: topology file '{d}/box.json' is not a topology: \"links\" is [], not an object",
         {"box.json": json.dumps({"kind": "gpu", "devices": TWO_GPUS, "links": []})},
     ),
+    "topology-inventory-pci-gpus-a-number": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' is not a topology: inventory pci_gpus is 8, which is not a list",
+        {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "inventory": {"pci_gpus": 8}})},
+    ),
+    "topology-inventory-unknown-field": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' is not a topology: unknown inventory field 'ecc'",
+        {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "inventory": {"ecc": 0}})},
+    ),
     "topology-devices-not-a-list": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
         "--topology-file: topology file '{d}/box.json' is not a topology: \"devices\" is 5, not a list",

@@ -156,6 +156,18 @@ BAD_INPUTS = {
         env={"CONFORMANCE_VIRTUAL_DEVICES": "2.5"},
         pattern="ERROR: conformance: environment variable CONFORMANCE_VIRTUAL_DEVICES: '2.5' is not a whole number",
     ),
+    "expect-gpus-zero": Case(
+        ("--expect-gpus=0",),
+        "ERROR: conformance: command-line option --expect-gpus: '0' must be a positive whole number",
+    ),
+    "expect-gpus-negative": Case(
+        ("--expect-gpus=-1",),
+        "ERROR: conformance: command-line option --expect-gpus: '-1' must be a positive whole number",
+    ),
+    "expect-gpus-word-env": Case(
+        env={"CONFORMANCE_EXPECT_GPUS": "eight"},
+        pattern="ERROR: conformance: environment variable CONFORMANCE_EXPECT_GPUS: 'eight' is not a whole number",
+    ),
     # deadline layers: in-rank timeouts must be shorter than the watchdog's
     "init-timeout-equals-step-timeout": Case(
         ("--init-timeout=30",),

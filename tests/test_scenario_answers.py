@@ -24,6 +24,12 @@ pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
 
 NO_SETTING = "no setting fixes it"
 ANSWERS = {
+    "gpu-lost": [
+        "host check host:gpu_inventory: ERROR: 1 GPU(s) on the PCI bus that NVML does not list: 0000:48:00.0 "
+        "(8 on the PCI bus, 7 in NVML); they failed to initialise or fell off the bus: *",
+        "passed as they are: NODE pairs, PIX pairs, SYS pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
+    ],
     "hang-ignores-sigterm": [
         f"all sets: HANG on inherited (all_reduce 1/1); no rung passed (tried inherited, *): {NO_SETTING}",
         "passed as they are: CPU pairs, every_other sets, last_half sets, single sets",
@@ -71,6 +77,16 @@ ANSWERS = {
 }
 
 
+# Machines no case may run on: the run stops before any case, exit 4, with one line.
+STOPS = {
+    "nvml-driver-mismatch": "ERROR: conformance: simulated (*nvml-driver-mismatch-8gpu.json): this machine has NVIDIA "
+    "GPUs (8 on the PCI bus: 0000:18:00.0, 0000:28:00.0, 0000:38:00.0, 0000:48:00.0 and 4 more; kernel module "
+    "535.104.05) but NVML gives none (NVML unavailable: RM has detected an NVML/RM version mismatch): the driver was "
+    "upgraded and the old kernel module is still loaded (kernel module 535.104.05, NVML library 550.54.15); reboot, "
+    "or reload the module (*); or test the CPU on purpose with --backend gloo",
+}
+
+
 def header_command(name: str) -> list[str]:
     """The command a scenario's header ends with (its last comment line before ``[scenario]``)."""
     text = (SCENARIOS_DIR / f"{name}.toml").read_text()
@@ -93,7 +109,20 @@ def answer_lines(result: pytest.RunResult) -> list[str]:
 
 
 def test_every_shipped_scenario_has_its_expected_answer() -> None:
-    assert sorted(ANSWERS) == shipped_scenarios()
+    assert sorted([*ANSWERS, *STOPS]) == shipped_scenarios()
+
+
+@pytest.mark.parametrize("name", sorted(STOPS))
+def test_a_shipped_machine_no_case_may_run_on_stops_the_run(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, name: str
+) -> None:
+    files = copy_suites(pytester, *SUITE_FILES)
+    result = run_suite(*header_command(name), *files, timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and matches(errors[0], STOPS[name]), result.stderr.str()
+    assert "conformance: the answer" not in result.stdout.str()
+    assert not reports_dir.exists() or not any(reports_dir.iterdir())  # no case ran: no run folder
 
 
 @pytest.mark.parametrize("name", sorted(ANSWERS))

@@ -24,7 +24,8 @@ import pytest
 
 import fake_nvml as nv
 from conformance.cli.main import main
-from conformance.discover import topology
+from conformance.discover import inventory, topology
+from conformance.discover.inventory import HostPaths, Inventory
 from conformance.discover.topology import (
     Device,
     DeviceSelectionError,
@@ -36,7 +37,7 @@ from conformance.discover.topology import (
     link_note_lines,
     load_topology_file,
     nvml_gpus,
-    nvml_topology,
+    nvml_view,
 )
 from fake_nvml import Failure, FakeMachine, FakeNvmlLibrary
 
@@ -49,7 +50,14 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     sysfs = tmp_path / "sys-bus-pci-devices"
     sysfs.mkdir()
     monkeypatch.setattr(topology, "SYSFS_PCI_DEVICES", sysfs)
+    host = HostPaths(sysfs, tmp_path / "proc-driver-nvidia-version", tmp_path / "dev-nvidia0", ())
+    monkeypatch.setattr(inventory, "DEFAULT_HOST", host)  # a machine without NVIDIA's traces, unless a test adds them
     return sysfs
+
+
+def nvml_topology(environ: dict[str, str]) -> tuple[Topology | None, str]:
+    view = nvml_view(environ)
+    return view.topology, view.reason
 
 
 @pytest.fixture
@@ -453,9 +461,10 @@ def test_visible_hides_every_gpu(monkeypatch: pytest.MonkeyPatch, visible: str) 
     library = nv.install(monkeypatch, nv.pcie_box())
     assert nvml_topology({"CUDA_VISIBLE_DEVICES": visible}) == (None, "CUDA_VISIBLE_DEVICES hides every GPU")
     assert library.initialised == 0
+    listed = tuple(topology.sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
     assert discover("auto", 2, {"CUDA_VISIBLE_DEVICES": visible}) == cpu_topology(
-        2, note="no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
-    )
+        2, note="no GPU: CUDA_VISIBLE_DEVICES hides every GPU", inventory=Inventory(nvml_gpus=listed)
+    )  # hidden on purpose: no NVML error, the machine's GPUs still counted
     with pytest.raises(
         ValueError, match=r"^the nccl backend needs GPUs, and none was found \(CUDA_VISIBLE_DEVICES hides"
     ):
@@ -666,7 +675,8 @@ def test_no_nvml_library(monkeypatch: pytest.MonkeyPatch) -> None:
     nv.install_no_library(monkeypatch)
     reason = "NVML unavailable: NVML Shared Library Not Found"
     assert nvml_topology({"CUDA_VISIBLE_DEVICES": "0,9"}) == (None, reason)  # nothing to check the list against
-    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}")
+    failed = Inventory(nvml_error=reason)
+    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}", inventory=failed)
 
 
 def test_driver_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -674,7 +684,8 @@ def test_driver_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     reason = "NVML unavailable: Driver Not Loaded"
     assert nvml_topology({}) == (None, reason)
     assert library.calls == ["nvmlInitWithFlags"]  # nothing to shut down
-    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}")
+    failed = Inventory(nvml_error=reason)
+    assert discover("auto", 3, environ={}) == cpu_topology(3, note=f"no GPU: {reason}", inventory=failed)
     with pytest.raises(ValueError, match=f"^the nccl backend needs GPUs, and none was found \\({reason}\\)$"):
         discover("nccl", 3, environ={})
 
@@ -682,7 +693,8 @@ def test_driver_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_nvml_reports_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     library = nv.install(monkeypatch, FakeMachine(gpus=[], ancestors=[], p2p=[]))
     assert nvml_topology({"CUDA_VISIBLE_DEVICES": "0"}) == (None, "NVML reports no GPU")
-    assert discover("auto", 2, environ={}).note == "no GPU: NVML reports no GPU"
+    found = discover("auto", 2, environ={})
+    assert (found.note, found.inventory) == ("no GPU: NVML reports no GPU", Inventory(nvml_gpus=()))
     assert library.initialised == 0
 
 
@@ -710,7 +722,7 @@ def test_error_while_listing(monkeypatch: pytest.MonkeyPatch, machine: FakeMachi
             discover(backend, 2, environ={"CUDA_VISIBLE_DEVICES": "0"})
         assert str(caught.value) == LISTING_FAILED.format(problem)
         assert library.initialised == 0
-    assert discover("gloo", 2, environ={}) == cpu_topology(2, note="backend gloo chosen")
+    assert discover("gloo", 2, environ={}) == cpu_topology(2, note="backend gloo chosen", inventory=Inventory())
 
 
 # --------------------------------------------------------------------------------------------
@@ -728,10 +740,12 @@ def test_nvml_gpus_is_the_identity_view(monkeypatch: pytest.MonkeyPatch) -> None
 def test_discover_uses_nvml_topology(monkeypatch: pytest.MonkeyPatch) -> None:
     library = nv.install(monkeypatch, nv.pcie_box())
     environ = {"CUDA_VISIBLE_DEVICES": "5,7"}
-    assert discover("auto", 4, environ=environ) == nvml_topology(environ)[0]
+    found = discover("auto", 4, environ=environ)
+    listed = tuple(topology.sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
+    assert found == replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed))
     assert discover("nccl", 4, environ=environ).links == {"gpu0-gpu1": "NODE"}
     calls = len(library.calls)
-    assert discover("gloo", 4, environ=environ) == cpu_topology(4, note="backend gloo chosen")
+    assert discover("gloo", 4, environ=environ) == cpu_topology(4, note="backend gloo chosen", inventory=Inventory())
     assert len(library.calls) == calls
 
 
@@ -845,8 +859,8 @@ def test_cli_json_round_trip(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,1")
     assert main(["topology", "--json"]) == 0
     out = capsys.readouterr().out
-    found = nvml_topology({"CUDA_VISIBLE_DEVICES": "5,7,1"})[0]
-    assert found is not None
+    found = discover("auto", 1, {"CUDA_VISIBLE_DEVICES": "5,7,1"})
+    assert found.inventory.nvml_gpus is not None and len(found.inventory.nvml_gpus) == 8
     assert out == found.to_json(indent=2) + "\n"
     saved = tmp_path / "t.json"
     saved.write_text(out)
@@ -871,7 +885,9 @@ def test_cli_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
     )
     assert main(["topology", "--json", "--virtual-devices", "2"]) == 0
     assert Topology.from_json(capsys.readouterr().out) == cpu_topology(
-        2, note="no GPU: NVML unavailable: Driver Not Loaded"
+        2,
+        note="no GPU: NVML unavailable: Driver Not Loaded",
+        inventory=Inventory(nvml_error="NVML unavailable: Driver Not Loaded"),
     )
 
 

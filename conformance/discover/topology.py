@@ -36,6 +36,13 @@ from typing import Any, TypeVar
 from conformance.common.inputs import json_type_name, read_user_file, wrong_field_type
 from conformance.common.tables import align_columns
 from conformance.common.values import MAX_DEVICES
+from conformance.discover.inventory import (
+    HostPaths,
+    Inventory,
+    broken_gpu_machine,
+    inventory_from_json,
+    read_inventory,
+)
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
@@ -66,6 +73,7 @@ P2P_STATUS_PREFIX = "NVML_P2P_STATUS_"
 P2P_STATUS_SPELLING = {"CHIPSET_NOT_SUPPORED": "CHIPSET_NOT_SUPPORTED"}
 MAX_PAIRS_NAMED = 3  # a link note naming more pairs counts them instead
 HIDE_EVERY_GPU = "CUDA_VISIBLE_DEVICES hides every GPU"
+NVML_NO_GPU = "NVML reports no GPU"
 WHOLE_GPUS_ONLY = "this suite tests whole GPUs (NCCL has no P2P between MIG instances): list GPUs by index or GPU- UUID"
 
 T = TypeVar("T")
@@ -98,6 +106,10 @@ class DeviceSelectionError(TopologyError):
     """CUDA_VISIBLE_DEVICES has an entry that names no whole GPU of this machine exactly once."""
 
 
+class BrokenGpuMachine(TopologyError):
+    """NVML failed on a machine with NVIDIA GPUs: it is not tested as a CPU box."""
+
+
 def pair_key(a: Device, b: Device) -> str:
     first, second = sorted((a, b), key=lambda d: d.index)
     return f"{first.name}-{second.name}"
@@ -114,6 +126,7 @@ class Topology:
     driver: str | None = None
     cuda_driver: str | None = None
     link_notes: Mapping[str, str] = field(default_factory=dict)  # pair_key -> why its link class is PCIe-only
+    inventory: Inventory = field(default_factory=Inventory)  # the GPUs counted on the PCI bus and by NVML
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -137,6 +150,8 @@ class Topology:
     def from_json(cls, text: str) -> Topology:
         data: dict[str, Any] = json.loads(text)
         devices = tuple(Device(**d) for d in data.pop("devices"))
+        if "inventory" in data:
+            data["inventory"] = inventory_from_json(data["inventory"])
         return cls(devices=devices, **data)
 
 
@@ -151,6 +166,9 @@ def load_topology_file(path: Path, where: str) -> Topology:
     problem = _content_problem(topology, data)
     if problem:
         raise TopologyError(f"{source} {problem}")
+    if "inventory" not in data and topology.kind == "gpu":  # a file from before inventories: its GPUs, all present
+        bus_ids = tuple(sysfs_bus_id(d.pci_bus_id or d.name) for d in topology.devices)
+        return replace(topology, inventory=Inventory(pci_gpus=bus_ids, nvml_gpus=bus_ids))
     return topology
 
 
@@ -260,9 +278,9 @@ def _wrong_type(topology: Topology) -> str:
     return ""
 
 
-def cpu_topology(count: int, note: str = "") -> Topology:
+def cpu_topology(count: int, note: str = "", inventory: Inventory | None = None) -> Topology:
     devices = tuple(Device(name=f"cpu{i}", index=i, kind="cpu") for i in range(count))
-    return Topology(kind="cpu", devices=devices, source="virtual", note=note)
+    return Topology(kind="cpu", devices=devices, source="virtual", note=note, inventory=inventory or Inventory())
 
 
 def link_matrix_lines(topology: Topology) -> list[str]:
@@ -615,32 +633,42 @@ def _start_nvml() -> tuple[Any, str]:
     return pynvml, ""
 
 
-def _read_nvml(nvml: Any, visible: str | None) -> tuple[Topology | None, str]:
+@dataclass(frozen=True)
+class NvmlView:
+    """What NVML said: the visible GPUs' topology, or why there is none; the bus ids of every GPU it lists."""
+
+    topology: Topology | None
+    reason: str  # why there is no topology ("" when there is one)
+    listed: tuple[str, ...] | None  # every GPU NVML lists, CUDA_VISIBLE_DEVICES or not; None: NVML failed
+
+
+def _read_nvml(nvml: Any, visible: str | None) -> NvmlView:
     reader = _NvmlReader(nvml)
     listed = reader.list_gpus()
+    bus_ids = tuple(sysfs_bus_id(gpu.pci_bus_id or "") for gpu in listed)
     if not listed:
-        return None, "NVML reports no GPU"
+        return NvmlView(None, NVML_NO_GPU, bus_ids)
     chosen = _visible_filter(listed, visible, lambda entry: reader.mig_parent(listed, entry))
     if not chosen:
-        return None, HIDE_EVERY_GPU
+        return NvmlView(None, HIDE_EVERY_GPU, bus_ids)
     devices = tuple(reader.describe(gpu) for gpu in chosen)
     links, p2p, notes = reader.pairs(devices)
     driver, cuda_driver = reader.driver_versions()
     topology = Topology(
         "gpu", devices, "nvml", links=links, p2p=p2p, driver=driver, cuda_driver=cuda_driver, link_notes=notes
     )
-    return topology, ""
+    return NvmlView(topology, "", bus_ids)
 
 
-def nvml_topology(environ: Mapping[str, str]) -> tuple[Topology | None, str]:
-    """The GPUs CUDA_VISIBLE_DEVICES selects, their links and NVML's P2P status; else None and why.
+def nvml_view(environ: Mapping[str, str]) -> NvmlView:
+    """The GPUs CUDA_VISIBLE_DEVICES selects, their links and NVML's P2P status; else why not.
 
     Raises TopologyError (DeviceSelectionError for CUDA_VISIBLE_DEVICES) where NVML is loaded but the
     GPUs cannot be listed or selected.
     """
     nvml, reason = _start_nvml()
     if nvml is None:
-        return None, reason
+        return NvmlView(None, reason, None)
     try:
         return _read_nvml(nvml, environ.get("CUDA_VISIBLE_DEVICES"))
     finally:
@@ -653,29 +681,45 @@ def nvml_topology(environ: Mapping[str, str]) -> tuple[Topology | None, str]:
 def nvml_gpus(environ: Mapping[str, str]) -> tuple[list[Device], str]:
     """The visible GPUs' identities (name, ordinal, UUID, model, bus id); an empty list comes with the reason.
 
-    ``nvml_topology`` has the rest (NUMA, memory, MIG, NVML index, links, P2P status) and raises as it does.
+    ``nvml_view`` has the rest (NUMA, memory, MIG, NVML index, links, P2P status) and raises as it does.
     """
-    topology, reason = nvml_topology(environ)
-    if topology is None:
-        return [], reason
-    return [Device(d.name, d.index, d.kind, d.uuid, d.model, d.pci_bus_id) for d in topology.devices], ""
+    view = nvml_view(environ)
+    if view.topology is None:
+        return [], view.reason
+    return [Device(d.name, d.index, d.kind, d.uuid, d.model, d.pci_bus_id) for d in view.topology.devices], ""
 
 
-def discover(backend: str, virtual_devices: int, environ: Mapping[str, str] | None = None) -> Topology:
-    """Pick the topology for a run.
+def refuse_broken_gpu_machine(topology: Topology, backend: str, prefix: str = "") -> None:
+    """Raises BrokenGpuMachine where NVML failed on a machine with NVIDIA GPUs, unless gloo was asked for."""
+    problem = broken_gpu_machine(topology.inventory)
+    if problem is not None and backend != "gloo":
+        raise BrokenGpuMachine(prefix + problem)
 
-    Raises ValueError when ``nccl`` is asked for without GPUs, and TopologyError (a ValueError) when
-    NVML cannot list the GPUs or CUDA_VISIBLE_DEVICES names something that is not a GPU here.
+
+def discover(
+    backend: str, virtual_devices: int, environ: Mapping[str, str] | None = None, paths: HostPaths | None = None
+) -> Topology:
+    """Pick the topology for a run; its inventory counts the GPUs on the PCI bus and in NVML.
+
+    Raises BrokenGpuMachine where NVML fails on a machine with NVIDIA GPUs (backend gloo excepted),
+    ValueError when ``nccl`` is asked for without GPUs, and TopologyError (a ValueError) when NVML
+    cannot list the GPUs or CUDA_VISIBLE_DEVICES names something that is not a GPU here.
     """
     environ = os.environ if environ is None else environ
+    machine = read_inventory(paths)
     if backend == "gloo":
-        return cpu_topology(virtual_devices, note="backend gloo chosen")
-    topology, reason = nvml_topology(environ)
-    if topology is not None:
-        return topology
+        untested = f": the NVIDIA GPUs here are not tested ({machine.counts_text()})" if machine.pci_gpus else ""
+        return cpu_topology(virtual_devices, note=f"backend gloo chosen{untested}", inventory=machine)
+    view = nvml_view(environ)
+    failed = view.listed is None or (not view.listed and machine.nvidia_present)
+    machine = replace(machine, nvml_gpus=view.listed, nvml_error=view.reason if failed else None)
+    if view.topology is not None:
+        return replace(view.topology, inventory=machine)
+    note = f"no GPU: {view.reason}"
+    refuse_broken_gpu_machine(cpu_topology(0, inventory=machine), backend)
     if backend == "nccl":
-        raise ValueError(f"the nccl backend needs GPUs, and none was found ({reason})")
-    return cpu_topology(virtual_devices, note=f"no GPU: {reason}")
+        raise ValueError(f"the nccl backend needs GPUs, and none was found ({view.reason})")
+    return cpu_topology(virtual_devices, note=note, inventory=machine)
 
 
 def choose_backend(setting: str, topology: Topology) -> str:

@@ -290,8 +290,9 @@ def load_scenario(path: Path, where: str) -> Scenario:
     if topology is not None and not isinstance(topology, str):
         raise ScenarioError(f"{path}: [scenario] topology must be a file name")
     rules_raw = data.get("rule", [])
-    if not isinstance(rules_raw, list) or not rules_raw:
-        raise ScenarioError(f"{path}: no [[rule]] tables; a scenario needs at least one rule")
+    if not isinstance(rules_raw, list) or not (rules_raw or topology):
+        # a machine's own faults (NVML failing, a GPU gone, a link down) are its topology's: no rule needed
+        raise ScenarioError(f"{path}: no [[rule]] tables; a scenario needs at least one rule or a topology")
     rules = tuple(parse_rule(raw, f"{path} rule {i + 1}") for i, raw in enumerate(rules_raw))
     return Scenario(
         name=str(header.get("name", path.stem)),

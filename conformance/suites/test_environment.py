@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.common.families import inherited_variables
+from conformance.discover.inventory import bus_id_list
 from conformance.host_checks import HostMetric
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
@@ -242,6 +243,32 @@ def test_socket_interface_variables(host_metric: HostMetric) -> None:
         )
     if not checked:
         pytest.skip("no GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME (without ^) to check")
+
+
+@pytest.mark.host_check("gpu_inventory")
+def test_gpu_inventory(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """NVML lists every NVIDIA GPU on the PCI bus, and the machine has the GPUs --expect-gpus asks for.
+
+    The PCI bus lists a GPU whatever its driver's state; one missing from NVML failed to initialise
+    (``RmInitAdapter failed``) or fell off the bus (Xid 79).  CUDA_VISIBLE_DEVICES hiding GPUs on
+    purpose is no loss: the machine's count is NVML's, the tested set is the visible one.
+    """
+    inventory, expected = conformance.topology.inventory, conformance.settings.expect_gpus
+    host_metric("pci_gpus", len(inventory.pci_gpus))
+    host_metric("nvml_gpus", None if inventory.nvml_gpus is None else len(inventory.nvml_gpus))
+    host_metric("tested_gpus", sum(d.kind == "gpu" for d in conformance.topology.devices))
+    if expected is None and not inventory.nvidia_present and not inventory.nvml_gpus:
+        pytest.skip("no NVIDIA GPU on this machine, and none expected (--expect-gpus)")
+    missing = inventory.not_in_nvml()
+    assert not missing, (
+        f"{len(missing)} GPU(s) on the PCI bus that NVML does not list: {bus_id_list(missing)} "
+        f"({inventory.counts_text()}); they failed to initialise or fell off the bus: "
+        "`dmesg | grep -i -e RmInitAdapter -e Xid`; reset the GPU or reboot, a GPU that stays lost is a hardware case"
+    )
+    assert expected is None or inventory.machine_gpus >= expected, (
+        f"the machine has {inventory.machine_gpus} GPU(s) ({inventory.counts_text()}) where "
+        f"{conformance.settings.source('expect_gpus')} expects {expected}"
+    )
 
 
 @pytest.mark.conformance_gpu

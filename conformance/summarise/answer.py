@@ -97,8 +97,9 @@ class Answer:
             if self.cpu_only is not None:
                 return [(f"{CPU_ONLY} ({self.cpu_only}): {cases} in {classes} passed on CPU ranks", "warn")]
             return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
-        rows: list[tuple[str, Tone]] = [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
-        rows += [(line, "bad") for line in self.others]
+        # the machine's own faults first: a class that failed on a broken machine may be its victim
+        rows: list[tuple[str, Tone]] = [(line, "bad") for line in self.others]
+        rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
         if self.passed:
             rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
         if self.exports:
