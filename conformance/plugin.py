@@ -12,7 +12,7 @@ import pytest
 from conformance import host_checks, junit
 from conformance.common.deadlines import DeadlineError
 from conformance.common.lifetime import die_with_parent
-from conformance.common.suite import SUITES_DIR, SUITES_PACKAGE
+from conformance.common.suite import SUITES_DIR, SUITES_PACKAGE, baseline_path, shipped_baselines
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import (
     Topology,
@@ -90,8 +90,13 @@ def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
     """Read before any case starts, so a bad baseline stops the run at once (the controller only)."""
     if settings.baseline is None or hasattr(config, "workerinput"):
         return None
+    path = baseline_path(settings.baseline)
+    if not path.exists():
+        shipped = ", ".join(shipped_baselines())
+        where = settings.source("baseline")
+        raise SettingError(f"{where}: {path}: no such run folder or file (nor is it a shipped baseline: {shipped})")
     try:
-        return load_run(settings.baseline)
+        return load_run(path)
     except RunError as exc:
         raise SettingError(f"{settings.source('baseline')}: {exc}") from None
 

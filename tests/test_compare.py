@@ -285,8 +285,9 @@ def test_fixes_other_changes_new_and_missing() -> None:
     assert cases(comparison.missing, "verdict") == [(f"{prefix}[gpu0-gpu1-PIX-p2p_level_nvl]", "pass")]
     assert comparison.regressions == [] and comparison.exit_status == 0
     assert comparison.counts() == {
-        "matched": 3, "regressions": 0, "verdict_regressions": 0, "bandwidth_drops": 0, "fixes": 1,
-        "verdict_changes": 1, "transport_changes": 0, "new": 1, "missing": 1, "bandwidth_not_compared": 0,
+        "matched": 3, "regressions": 0, "verdict_regressions": 0, "bandwidth_drops": 0, "links_changed": 0,
+        "gpus_lost": 0, "fixes": 1, "verdict_changes": 1, "transport_changes": 0, "new": 1, "missing": 1,
+        "bandwidth_not_compared": 0,
     }  # fmt: skip
     assert json.loads(json.dumps(comparison.to_json()))["counts"] == comparison.counts()
 
@@ -322,7 +323,7 @@ def test_cases_match_by_device_identity_not_by_name() -> None:
     )  # fmt: skip
     original = record("gpu1-gpu2")
     assert match_id(CaseRecord.from_json(original)) == (
-        f"test_pairs.py::test_pair_exchange[{UUIDS[1]}-{UUIDS[2]}-SYS-inherited]"
+        f"test_pairs.py::test_pair_exchange[{UUIDS[1]}-{UUIDS[2]}-inherited]"  # the link class is no part of it
     )
     assert case_key(CaseRecord.from_json(renamed)) == case_key(CaseRecord.from_json(original))
     comparison = compare(run(original, record()), run(renamed))
@@ -533,3 +534,69 @@ def test_a_host_check_that_stops_passing_is_a_regression() -> None:
         ("suites/test_environment.py::test_open_file_limit", "pass", "error", "soft 512")
     ]
     assert comparison.matched == 2 and comparison.exit_status == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the machine: a GPU lost, a link changed, a health check that fails now
+# --------------------------------------------------------------------------------------------
+
+BUS_IDS = [f"0000:{0x18 + i:02x}:00.0" for i in range(3)]
+
+
+def inventoried(topology: dict[str, Any], listed: list[str]) -> dict[str, Any]:
+    return {**topology, "inventory": {"pci_gpus": BUS_IDS, "nvml_gpus": listed}}
+
+
+def run_on(listed: list[str], visible: list[int], *records: dict[str, Any]) -> Run:
+    """A run whose machine's NVML lists ``listed`` bus ids and which tested the GPUs ``visible``."""
+    topology = machine()
+    topology["devices"] = [topology["devices"][i] for i in visible]
+    facts = {"host": HOST, "run_id": "r", "topology": inventoried(topology, listed), "torch": "2.5.1"}
+    return Run("run", RunFacts.from_json(facts), typed(list(records)))
+
+
+def test_a_gpu_the_machine_no_longer_has_is_a_regression_whatever_the_run_tested() -> None:
+    baseline = run_on(BUS_IDS, [0, 1, 2], record("gpu0-gpu1"), record("gpu0-gpu2"), record("gpu1-gpu2"))
+    current = run_on(BUS_IDS[:2], [0, 1], record("gpu0-gpu1"))
+    comparison = compare(baseline, current)
+    assert [(r["kind"], r["metric"], r["case"]) for r in comparison.regressions] == [
+        ("machine", "GPU lost", f"gpu2 ({UUIDS[2]}, {BUS_IDS[2]})")
+    ]
+    assert comparison.exit_status == 1
+    lines = comparison.lines()
+    assert lines[-1].startswith("REGRESSED: 1 regression(s) (1 GPU lost, 0 verdict, 0 bandwidth below 0.8x)")
+    assert any(line.split()[:3] == ["GPU", "lost", "gpu2"] for line in lines)
+    # the same machine with a GPU hidden on purpose (CUDA_VISIBLE_DEVICES=0,1): nothing lost
+    hidden = compare(baseline, run_on(BUS_IDS, [0, 1], record("gpu0-gpu1")))
+    assert (hidden.regressions, hidden.exit_status) == ([], 0)
+    # a run from before inventories says nothing of the GPUs it did not test
+    old = Run("run", RunFacts.from_json({"host": HOST, "topology": machine()}), typed([record("gpu0-gpu1")]))
+    assert compare(baseline, old).regressions == []
+
+
+def test_a_pair_whose_link_changed_is_one_regression_not_a_case_gone_and_a_new_one() -> None:
+    def pair(link: str, probe: str, verdict: str = "pass") -> dict[str, Any]:
+        return record("gpu0-gpu1", verdict=verdict, link=link, probe=probe,
+                      nodeid=f"suites/test_pairs.py::test_{probe}[gpu0-gpu1-{link}-inherited]",
+                      ladder_key=f"test_{probe}[gpu0-gpu1-{link}]")  # fmt: skip
+
+    baseline = run(pair("NV18", "pair_exchange"), pair("NV18", "p2p_copy"))
+    comparison = compare(baseline, run(pair("NV17", "pair_exchange"), pair("NV17", "p2p_copy")))
+    assert (comparison.new, comparison.missing, comparison.matched) == ([], [], 2)
+    assert [(r["kind"], r["baseline"], r["current"]) for r in comparison.regressions] == [("link", "NV18", "NV17")]
+    assert comparison.regressions[0]["summary"].startswith("gpu0-gpu1 was NV18, now NV17")
+    assert comparison.exit_status == 1 and "1 link changed" in comparison.lines()[-1]
+
+
+def test_a_health_check_that_passed_and_fails_now_is_a_regression() -> None:
+    def check(verdict: str) -> dict[str, Any]:
+        nodeid = "suites/test_environment.py::test_gpu_inventory"
+        summary = "1 GPU(s) on the PCI bus that NVML does not list"
+        return {"schema": 1, "nodeid": nodeid, "probe": "host:gpu_inventory", "verdict": verdict, "set_kind": "host",
+                "summary": summary}  # fmt: skip
+
+    comparison = compare(run(check("pass"), record()), run(check("error"), record()))
+    assert [(r["kind"], r["case"], r["current"]) for r in comparison.regressions] == [
+        ("verdict", "suites/test_environment.py::test_gpu_inventory", "error")
+    ]
+    assert comparison.exit_status == 1

@@ -102,7 +102,7 @@ def baseline_folder(tmp_path: Path, facts: dict, records: list[dict]) -> Path:
 A_RECORD = {"nodeid": "test_p.py::test_pair[cpu0-cpu1-CPU-inherited]", "probe": "pair_exchange", "verdict": "pass"}
 # Baselines a run could never be compared with: refused before any case, naming the file and why.
 UNCOMPARABLE = {
-    "missing": (None, None, "*/missing: no such run folder or file"),
+    "missing": (None, None, "*/missing: no such run folder or file (nor is it a shipped baseline: pcie-2socket-8gpu)"),
     "another-host": ({"host": "elsewhere"}, [A_RECORD], "* comes from another machine (hosts differ: elsewhere / *"),
     "no-records": ({}, [], "*: no case of this suite recorded, nothing to compare with"),
     "no-record-of-this-suite": ({}, [{"name": "x"}], "*: no record of this suite*"),

@@ -13,6 +13,7 @@ from pathlib import Path
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 SUITES_PACKAGE = "conformance.suites"
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"  # the simulated machines it ships
+BASELINES_DIR = SCENARIOS_DIR / "baselines"  # runs of healthy simulated machines, to compare broken ones with
 
 
 def shipped_scenarios() -> list[str]:
@@ -24,6 +25,17 @@ def scenario_path(path: Path) -> Path:
     """``path`` itself when it exists, else the shipped scenario of that name (with or without ``.toml``)."""
     shipped = SCENARIOS_DIR / f"{path.name.removesuffix('.toml')}.toml"
     return shipped if not path.exists() and shipped.is_file() else path
+
+
+def shipped_baselines() -> list[str]:
+    """The names of the baseline runs the package ships (``--baseline NAME`` takes them)."""
+    return sorted(path.name for path in BASELINES_DIR.iterdir() if (path / "results.jsonl").is_file())
+
+
+def baseline_path(path: Path) -> Path:
+    """``path`` itself when it exists, else the shipped baseline run of that name."""
+    shipped = BASELINES_DIR / path.name
+    return shipped if not path.exists() and (shipped / "results.jsonl").is_file() else path
 
 
 def record_nodeid(path: Path, nodeid: str) -> str:

@@ -6,11 +6,18 @@ are matched by what they test, not by the names a run happened to give the devic
 * the probe;
 * the devices by identity (``device_ids``: GPU UUIDs), so the same physical GPUs match whatever
   ``CUDA_VISIBLE_DEVICES`` order named them ``gpu0..``, and another machine's GPUs never do;
-* the link class of a pair (``NV4``, ``PIX``, ``SYS``, ...), the kind of set otherwise;
-* the test id (module file, test, parameters) with each device name replaced by its id;
+* the kind of set (pair, all, single, ...);
+* the test id (module file, test, parameters) with each device name replaced by its id and a pair's
+  link class left out: a pair whose link changed (``NV18`` -> ``NV17``, ``PIX`` -> ``PHB``) is the
+  same case, and the change a regression (``link changed``), not a case gone and another new;
 * the environment rung (``env_name``).
 
-Reported, regressions first: verdict regressions (``pass`` -> anything else), bandwidth drops below
+The machines are compared too: a GPU of the baseline's machine that the current machine's NVML no
+longer lists (by bus id, whatever ``CUDA_VISIBLE_DEVICES`` shows; ``run.json``'s
+``topology.inventory``) is a regression ``GPU lost``.
+
+Reported, regressions first: verdict regressions (``pass`` -> anything else, a host check that
+passed and fails now among them), bandwidth drops below
 the tolerance (current/baseline, for ``bandwidth_gbps`` and every size of ``metrics.busbw_gbps``) on
 cases that pass on both sides and ran on GPUs (NCCL): gloo ranks on a shared CPU measure noise,
 fixes (anything else -> ``pass``), other verdict changes, changed NCCL transports (reported, not a
@@ -34,6 +41,7 @@ from typing import Literal, TypedDict, TypeGuard, TypeVar
 from conformance.common.casefiles import write_json_atomic
 from conformance.common.tables import align_columns
 from conformance.common.verdicts import Verdict
+from conformance.discover.topology import sysfs_bus_id
 from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run, unusable
 from conformance.settings import default_of
@@ -43,7 +51,7 @@ DEFAULT_TOLERANCE: float = default_of("bandwidth_tolerance")
 COMPARISON_FILE = "comparison.json"  # the last comparison of a run against a baseline, in its folder
 SUMMARY_WIDTH = 100
 
-CaseKey = tuple[str, tuple[str, ...], str, str, str]  # probe, device ids, link class, test id, rung
+CaseKey = tuple[str, tuple[str, ...], str, str, str]  # probe, device ids, kind of set, test id, rung
 
 
 class CompareError(ValueError):
@@ -82,7 +90,24 @@ class BandwidthDrop(CaseFields):
     ratio: float
 
 
-Regression = VerdictRegression | BandwidthDrop
+class LinkChange(CaseFields):  # a pair whose link class changed (a degraded NVLink, a retrained PCIe path)
+    kind: Literal["link"]
+    metric: str
+    baseline: str
+    current: str
+    summary: str
+
+
+class MachineChange(TypedDict):  # the machine itself changed: a GPU lost
+    case: str  # what changed: "gpu3 (GPU-..., 0000:48:00.0)"
+    kind: Literal["machine"]
+    metric: str  # "GPU lost"
+    baseline: str
+    current: str
+    summary: str
+
+
+Regression = VerdictRegression | BandwidthDrop | LinkChange | MachineChange
 
 
 class VerdictChange(CaseFields):  # a fix: anything else -> pass
@@ -123,16 +148,23 @@ def with_device_ids(text: str, record: CaseRecord) -> str:
     return pattern.sub(lambda match: mapping[match.group(1)], text)
 
 
+def without_link(text: str, record: CaseRecord) -> str:
+    """A pair's test id less its link class (``[gpu0-gpu1-PIX-inherited]`` -> ``[gpu0-gpu1-inherited]``)."""
+    if record.set_kind != "pair" or not record.link:
+        return text
+    return text.replace(f"-{record.link}-", "-").replace(f"-{record.link}]", "]")
+
+
 def match_id(record: CaseRecord) -> str:
-    """The node id without its folder (the module file, test and parameters), devices by id.
+    """The node id without its folder (the module file, test and parameters), devices by id, no link class.
 
     Records without a node id fall back on the ladder key (the test id without the rung).
     """
     nodeid = record.nodeid
     if "::" not in nodeid:
-        return with_device_ids(record.ladder_key or nodeid, record)
+        return with_device_ids(without_link(record.ladder_key or nodeid, record), record)
     module, rest = nodeid.split("::", 1)
-    return f"{module.rsplit('/', 1)[-1]}::{with_device_ids(rest, record)}"
+    return f"{module.rsplit('/', 1)[-1]}::{with_device_ids(without_link(rest, record), record)}"
 
 
 def measured_on_gpu(record: CaseRecord) -> bool:
@@ -145,7 +177,7 @@ def case_key(record: CaseRecord) -> CaseKey:
     ids = tuple(str(i) for i in record.device_ids)
     node = record.node_rank  # a multi-node run holds every node's records
     where = match_id(record) if node is None else f"node{node}:{match_id(record)}"
-    return (record.probe, ids, link_class_of(record), where, str(record.env_name))
+    return (record.probe, ids, record.set_kind or "all", where, str(record.env_name))
 
 
 def _usable_records(run: Run, warnings: list[str]) -> list[CaseRecord]:
@@ -198,7 +230,9 @@ def machine_difference(baseline: Run, current: Run) -> str | None:
     neither side's set contains the other's.
     """
     old_host, new_host = _host(baseline), _host(current)
-    if old_host and new_host and old_host != new_host:
+    # a simulated machine is its topology file, whichever host played it: its device ids decide
+    played = baseline.simulated and current.simulated
+    if old_host and new_host and old_host != new_host and not played:
         return f"hosts differ: {old_host} / {new_host}"
     old, new = run_device_ids(baseline), run_device_ids(current)
     if old and new and not (old <= new or new <= old):
@@ -208,6 +242,39 @@ def machine_difference(baseline: Run, current: Run) -> str | None:
             f"{len(only_new)} only in the current run ({only_new[0]}, ...)"
         )
     return None
+
+
+def _topology_devices(run: Run) -> list[Mapping[str, object]]:
+    topology = run.facts.topology
+    devices = topology.get("devices") if isinstance(topology, Mapping) else None
+    return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
+
+
+def machine_gpus(run: Run) -> tuple[str, ...] | None:
+    """Bus ids of every GPU the run's machine has as NVML listed them (``topology.inventory``); None: unknown."""
+    topology = run.facts.topology
+    inventory = topology.get("inventory") if isinstance(topology, Mapping) else None
+    listed = inventory.get("nvml_gpus") if isinstance(inventory, Mapping) else None
+    return tuple(str(bus) for bus in listed) if isinstance(listed, list) else None
+
+
+def lost_gpus(baseline: Run, current: Run) -> list[MachineChange]:
+    """The baseline machine's GPUs the current machine's NVML no longer lists (by bus id, visible or not)."""
+    now = machine_gpus(current)
+    if now is None:
+        return []  # a run from before inventories: what its machine had beyond the tested GPUs is unknown
+    named = {sysfs_bus_id(str(d.get("pci_bus_id"))): d for d in _topology_devices(baseline) if d.get("pci_bus_id")}
+    before = machine_gpus(baseline) or tuple(named)
+    lost = []
+    for bus in before:
+        if bus in now:
+            continue
+        device = named.get(bus, {})
+        what = f"{device.get('name', '?')} ({device.get('uuid') or 'uuid unknown'}, {bus})"
+        summary = f"NVML lists {len(now)} GPU(s) now, {len(before)} in the baseline"
+        lost.append(MachineChange(case=what, kind="machine", metric="GPU lost", baseline="present",
+                                  current="missing", summary=summary))  # fmt: skip
+    return lost
 
 
 @dataclass(frozen=True)
@@ -324,6 +391,7 @@ class Comparison:
 
     def add_match(self, old: CaseRecord, new: CaseRecord) -> None:
         self.matched += 1
+        self._link_change(old, new)
         before, after = old.verdict, new.verdict
         passed, passes = old.outcome is Verdict.PASS, new.outcome is Verdict.PASS
         verdicts: VerdictChange = {**case_fields(new), "baseline": before, "current": after}
@@ -340,6 +408,19 @@ class Comparison:
         old_transports, new_transports = transport_labels(old), transport_labels(new)
         if old_transports and new_transports and old_transports != new_transports:
             self.transport_changes.append({**case_fields(new), "baseline": old_transports, "current": new_transports})
+
+    def _link_change(self, old: CaseRecord, new: CaseRecord) -> None:
+        """One regression per pair whose link class changed (its every test and rung share the pair)."""
+        if new.set_kind != "pair" or not old.link or not new.link or old.link == new.link:
+            return
+        if any(r["kind"] == "link" and r["device_ids"] == list(new.device_ids) for r in self.regressions):
+            return
+        pair = "-".join(new.devices)
+        summary = f"{pair} was {old.link}, now {new.link}: a link lost or retrained (nvidia-smi topo -m, nvlink -s)"
+        self.regressions.append(
+            {**case_fields(new), "kind": "link", "metric": "link", "baseline": old.link, "current": new.link,
+             "summary": summary}
+        )  # fmt: skip
 
     def _bandwidth_drops(self, old: CaseRecord, new: CaseRecord) -> None:
         now = bandwidths(new)
@@ -365,6 +446,8 @@ class Comparison:
             "regressions": len(self.regressions),
             "verdict_regressions": sum(r["kind"] == "verdict" for r in self.regressions),
             "bandwidth_drops": sum(r["kind"] == "bandwidth" for r in self.regressions),
+            "links_changed": sum(r["kind"] == "link" for r in self.regressions),
+            "gpus_lost": sum(r["kind"] == "machine" for r in self.regressions),
             "fixes": len(self.fixes),
             "verdict_changes": len(self.verdict_changes),
             "transport_changes": len(self.transport_changes),
@@ -433,11 +516,18 @@ class Comparison:
             )
         return lines
 
+    def _machine_counts(self) -> str:
+        """``1 GPU lost, 2 link changed, `` where the machine changed; nothing where it did not."""
+        c = self.counts()
+        named = [(c["gpus_lost"], "GPU lost"), (c["links_changed"], "link changed")]
+        return "".join(f"{n} {what}, " for n, what in named if n)
+
     def _verdict_line(self) -> str:
         c = self.counts()
         text = (
-            f"{c['regressions']} regression(s) ({c['verdict_regressions']} verdict, {c['bandwidth_drops']} bandwidth "
-            f"below {self.tolerance:g}x), {c['fixes']} fix(es), {c['verdict_changes']} other verdict change(s), "
+            f"{c['regressions']} regression(s) ({self._machine_counts()}{c['verdict_regressions']} verdict, "
+            f"{c['bandwidth_drops']} bandwidth below {self.tolerance:g}x), {c['fixes']} fix(es), "
+            f"{c['verdict_changes']} other verdict change(s), "
             f"{c['transport_changes']} transport change(s), {c['new']} new, {c['missing']} missing; "
             f"{c['matched']} case(s) matched"
         )
@@ -468,6 +558,10 @@ def _section(
 def _regression_row(entry: Regression) -> tuple[str, ...]:
     if entry["kind"] == "verdict":
         return ("verdict", entry["case"], entry["baseline"], entry["current"], entry["summary"])
+    if entry["kind"] == "link":
+        return ("link changed", entry["case"], entry["baseline"], entry["current"], entry["summary"])
+    if entry["kind"] == "machine":
+        return (entry["metric"], entry["case"], entry["baseline"], entry["current"], entry["summary"])
     detail = f"{entry['metric']}: {entry['ratio']:g}x"
     return ("bandwidth", entry["case"], f"{entry['baseline']:g} GB/s", f"{entry['current']:g} GB/s", detail)
 
@@ -539,7 +633,9 @@ def compare(
         comparison.add_match(old[key], new[key])
     comparison.new = [_with_verdict(new[k]) for k in _ordered(new, set(new) - set(old))]
     comparison.missing = [_with_verdict(old[k]) for k in _ordered(old, set(old) - set(new))]
-    comparison.regressions.sort(key=lambda r: r["kind"] != "verdict")  # stable: verdicts, then bandwidth
+    comparison.regressions[:0] = lost_gpus(baseline, current)
+    order = ("machine", "link", "verdict", "bandwidth")  # the machine's own changes explain the cases'
+    comparison.regressions.sort(key=lambda r: order.index(r["kind"]))
     return comparison
 
 
