@@ -96,6 +96,9 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
+WHOLE_SUITE = tuple(sorted(path.name for path in (REPO / "suites").glob("test_*.py")))  # every file of the suite
+
+
 def copy_suites(pytester: pytest.Pytester, *names: str) -> list[str]:
     """Copy the repository's suite files into the pytester folder; return their relative paths."""
     return copy_suite_files(pytester.path, *names)

@@ -66,6 +66,10 @@ P2P_DISABLED_BY_REGKEY, P2P_NOT_SUPPORTED, P2P_UNKNOWN = 4, 5, 6
 LINK_TO_GPU, LINK_TO_IBMNPU, LINK_TO_SWITCH = 0x00, 0x01, 0x02
 FEATURE_DISABLED, FEATURE_ENABLED = 0, 1
 MIG_DISABLE, MIG_ENABLE = 0, 1
+# nvmlComputeMode_t, nvmlGpuFabricState_t, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+COMPUTE_DEFAULT, COMPUTE_PROHIBITED, COMPUTE_EXCLUSIVE_PROCESS = 0, 2, 3
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC = 1, 0
 MAX_MIG_DEVICES = 7  # what an A100 or H100 reports with MIG on
 
 # Queries that name a GPU; they still answer for a GPU that is lost (its other queries fail).
@@ -103,6 +107,14 @@ class FakeGpu:
     nvlinks: list[NvLink] | None = None  # None: no NVLink at all (NotSupported on link 0)
     mig: tuple[int, int] | None = (MIG_DISABLE, MIG_DISABLE)  # (current, pending); None: no MIG
     migs: list[FakeMig | None] = field(default_factory=list)  # MIG instances by slot
+    # health (None: the query is NotSupported on this GPU)
+    pcie: tuple[int, int, int, int] | None = (16, 16, 4, 4)  # width, max width, generation, max generation
+    ecc_uncorrected: int | None = 0  # volatile uncorrectable ECC errors
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corrected, uncorrected, pending, failed
+    retired_pages_pending: int | None = None  # NotSupported from A100 on (row remapping replaced it)
+    fabric: tuple[int, int] | None = None  # (state, status) with Fabric Manager; None: no NVSwitch fabric
+    persistence: int = FEATURE_ENABLED
+    compute_mode: int = COMPUTE_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,8 @@ class FakeMachine:
 def _gpu_from_dict(data: dict[str, Any]) -> FakeGpu:
     nvlinks = data.pop("nvlinks")
     mig = data.pop("mig")
+    for name in ("pcie", "remapped_rows", "fabric"):  # tuples, as JSON lists
+        data[name] = None if data.get(name) is None else tuple(data[name])
     return FakeGpu(
         **{key: value for key, value in data.items() if key != "migs"},
         nvlinks=None if nvlinks is None else [None if link is None else (link[0], link[1]) for link in nvlinks],
@@ -241,6 +255,16 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlDeviceGetMigDeviceHandleByIndex": (_device, _uint, _DEVICE_OUT),
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (_device, _DEVICE_OUT),
     "nvmlDeviceIsMigDeviceHandle": (_device, _UINT_OUT),
+    "nvmlDeviceGetCurrPcieLinkWidth": (_device, _UINT_OUT),
+    "nvmlDeviceGetMaxPcieLinkWidth": (_device, _UINT_OUT),
+    "nvmlDeviceGetCurrPcieLinkGeneration": (_device, _UINT_OUT),
+    "nvmlDeviceGetMaxPcieLinkGeneration": (_device, _UINT_OUT),
+    "nvmlDeviceGetTotalEccErrors": (_device, _uint, _uint, _out(ctypes.c_ulonglong)),
+    "nvmlDeviceGetRemappedRows": (_device, _UINT_OUT, _UINT_OUT, _UINT_OUT, _UINT_OUT),
+    "nvmlDeviceGetRetiredPagesPendingStatus": (_device, _UINT_OUT),
+    "nvmlDeviceGetGpuFabricInfo": (_device, _out(pynvml.c_nvmlGpuFabricInfo_t)),
+    "nvmlDeviceGetPersistenceMode": (_device, _UINT_OUT),
+    "nvmlDeviceGetComputeMode": (_device, _UINT_OUT),
 }
 NEEDS_NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlErrorString"})
 
@@ -463,6 +487,58 @@ class FakeNvmlLibrary:
     def _nvmlDeviceIsMigDeviceHandle(self, device: int, is_mig: ctypes.c_uint) -> None:  # noqa: N802
         is_mig.value = int(self.decode(device)[1] is not None)
 
+    # -- health ------------------------------------------------------------------------------
+    def pcie(self, device: int, part: int) -> int:
+        pcie = self.gpu(device)[1].pcie
+        if pcie is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        return pcie[part]
+
+    def _nvmlDeviceGetCurrPcieLinkWidth(self, device: int, width: ctypes.c_uint) -> None:  # noqa: N802
+        width.value = self.pcie(device, 0)
+
+    def _nvmlDeviceGetMaxPcieLinkWidth(self, device: int, width: ctypes.c_uint) -> None:  # noqa: N802
+        width.value = self.pcie(device, 1)
+
+    def _nvmlDeviceGetCurrPcieLinkGeneration(self, device: int, gen: ctypes.c_uint) -> None:  # noqa: N802
+        gen.value = self.pcie(device, 2)
+
+    def _nvmlDeviceGetMaxPcieLinkGeneration(self, device: int, gen: ctypes.c_uint) -> None:  # noqa: N802
+        gen.value = self.pcie(device, 3)
+
+    def _nvmlDeviceGetTotalEccErrors(self, device: int, error_type: int, counter: int, count: Any) -> None:  # noqa: N802
+        if (error_type, counter) != (MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC):
+            raise FakeNvmlMisuse(f"this fake keeps volatile uncorrected counts only, got {error_type}, {counter}")
+        errors = self.gpu(device)[1].ecc_uncorrected
+        if errors is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        count.value = errors
+
+    def _nvmlDeviceGetRemappedRows(self, device: int, *out: ctypes.c_uint) -> None:  # noqa: N802
+        rows = self.gpu(device)[1].remapped_rows
+        if rows is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        for target, value in zip(out, rows, strict=True):
+            target.value = value
+
+    def _nvmlDeviceGetRetiredPagesPendingStatus(self, device: int, pending: ctypes.c_uint) -> None:  # noqa: N802
+        value = self.gpu(device)[1].retired_pages_pending
+        if value is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        pending.value = value
+
+    def _nvmlDeviceGetGpuFabricInfo(self, device: int, info: Any) -> None:  # noqa: N802
+        fabric = self.gpu(device)[1].fabric
+        if fabric is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        info.state, info.status = fabric
+
+    def _nvmlDeviceGetPersistenceMode(self, device: int, mode: ctypes.c_uint) -> None:  # noqa: N802
+        mode.value = self.gpu(device)[1].persistence
+
+    def _nvmlDeviceGetComputeMode(self, device: int, mode: ctypes.c_uint) -> None:  # noqa: N802
+        mode.value = self.gpu(device)[1].compute_mode
+
 
 def _matches(failure: Failure, subjects: Sequence[int]) -> bool:
     wanted = (failure.gpu, failure.peer)
@@ -532,7 +608,8 @@ def nvswitch_box() -> FakeMachine:
     gpus = [
         FakeGpu(uuid=f"GPU-a1b2c3d{i}-5e6f-7a8b-9c0d-1e2f3a4b5c6{i}", name="NVIDIA H100 80GB HBM3",
                 bus_id=f"00000000:{bus}:00.0", memory_mib=81559, numa=i // 4,
-                nvlinks=[(NVSWITCH_BUSES[link % 4], LINK_TO_SWITCH) for link in range(18)])
+                nvlinks=[(NVSWITCH_BUSES[link % 4], LINK_TO_SWITCH) for link in range(18)],
+                pcie=(16, 16, 1, 5), fabric=(FABRIC_COMPLETED, SUCCESS))
         for i, bus in enumerate(H100_BUSES)
     ]  # fmt: skip
     return FakeMachine(

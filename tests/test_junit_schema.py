@@ -19,13 +19,12 @@ from conformance.cli.main import main
 from conformance.junit import JunitSummary, complete
 from conformance.record.records import JunitRun
 from conformance.record.runs import load_run
-from conftest import copy_suites
+from conftest import WHOLE_SUITE, copy_suites
 from test_compare import TIMEOUTS, write_tiny_suite
 
 RunSuite = Callable[..., pytest.RunResult]
 SCHEMA = Path(__file__).with_name("junit-10.xsd")
-SUITE_FILES = ("test_collectives.py", "test_environment.py", "test_failure_handling.py", "test_multinode.py",
-               "test_pairs.py")  # fmt: skip
+SUITE_FILES = WHOLE_SUITE
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 

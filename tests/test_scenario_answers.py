@@ -15,20 +15,38 @@ from pathlib import Path
 import pytest
 
 from conformance.common.suite import SCENARIOS_DIR, shipped_scenarios
-from conftest import copy_suites
+from conftest import WHOLE_SUITE, copy_suites
 
 RunSuite = Callable[..., pytest.RunResult]
-SUITE_FILES = ("test_collectives.py", "test_environment.py", "test_failure_handling.py", "test_multinode.py",
-               "test_pairs.py")  # fmt: skip
+SUITE_FILES = WHOLE_SUITE
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
 
 NO_SETTING = "no setting fixes it"
+PCIE_8GPU_PASSED = (
+    "passed as they are: NODE pairs, PIX pairs, SYS pairs, all sets, every_other sets, last_half sets, "
+    "last_half_all_visible sets, reversed sets, single sets"
+)
 ANSWERS = {
+    "pcie-link-downtrained": [
+        "host check host:pcie_link: ERROR: gpu5: PCIe link x8, the GPU and slot allow x16: a downtrained link "
+        "(reseat the card or its riser, clean the contacts; `nvidia-smi -q -d PCIE`)",
+        PCIE_8GPU_PASSED,
+    ],
+    "row-remap-pending": [
+        "host check host:gpu_memory: ERROR: gpu6: row remapping pending (reset the GPU: `nvidia-smi -r`, or "
+        "reboot) (`nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`)",
+        "passed as they are: NV18 pairs, all sets, every_other sets, last_half sets, last_half_all_visible sets, "
+        "reversed sets, single sets",
+    ],
+    "nvlink-down": [
+        "host check host:nvlink: ERROR: gpu2: 17 of 18 NVLinks up where its siblings have 18 (link 11 down): *",
+        "passed as they are: NV17 pairs, NV18 pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
+    ],
     "gpu-lost": [
         "host check host:gpu_inventory: ERROR: 1 GPU(s) on the PCI bus that NVML does not list: 0000:48:00.0 "
         "(8 on the PCI bus, 7 in NVML); they failed to initialise or fell off the bus: *",
-        "passed as they are: NODE pairs, PIX pairs, SYS pairs, all sets, every_other sets, last_half sets, "
-        "last_half_all_visible sets, reversed sets, single sets",
+        PCIE_8GPU_PASSED,
     ],
     "hang-ignores-sigterm": [
         f"all sets: HANG on inherited (all_reduce 1/1); no rung passed (tried inherited, *): {NO_SETTING}",

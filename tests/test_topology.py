@@ -121,8 +121,13 @@ WRAPPER_SYMBOLS = [
     ("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex"),
     ("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle"),
     ("nvmlDeviceIsMigDeviceHandle", "nvmlDeviceIsMigDeviceHandle"),
+    *((name, name) for name in ("nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth",
+                                "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
+                                "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+                                "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetGpuFabricInfo",
+                                "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode")),
     ("nvmlShutdown", "nvmlShutdown"),
-]
+]  # fmt: skip
 
 
 def call_wrapper(name: str) -> Any:
@@ -139,6 +144,8 @@ def call_wrapper(name: str) -> Any:
         "nvmlDeviceGetMigDeviceHandleByIndex": (gpu3, 1),
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (mig,),
         "nvmlDeviceIsMigDeviceHandle": (mig,),
+        "nvmlDeviceGetTotalEccErrors": (gpu3, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+        "nvmlDeviceGetGpuFabricInfo": (gpu3, ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t())),
     }
     no_device = ("nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
                  "nvmlDeviceGetCount")  # fmt: skip
@@ -185,6 +192,12 @@ NVML_VALUES = {
     "NVML_NVLINK_DEVICE_TYPE_SWITCH": nv.LINK_TO_SWITCH,
     "NVML_FEATURE_DISABLED": nv.FEATURE_DISABLED, "NVML_FEATURE_ENABLED": nv.FEATURE_ENABLED,
     "NVML_DEVICE_MIG_DISABLE": nv.MIG_DISABLE, "NVML_DEVICE_MIG_ENABLE": nv.MIG_ENABLE,
+    "NVML_COMPUTEMODE_DEFAULT": nv.COMPUTE_DEFAULT, "NVML_COMPUTEMODE_PROHIBITED": nv.COMPUTE_PROHIBITED,
+    "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS": nv.COMPUTE_EXCLUSIVE_PROCESS,
+    "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED": nv.FABRIC_NOT_SUPPORTED,
+    "NVML_GPU_FABRIC_STATE_NOT_STARTED": nv.FABRIC_NOT_STARTED,
+    "NVML_GPU_FABRIC_STATE_IN_PROGRESS": nv.FABRIC_IN_PROGRESS, "NVML_GPU_FABRIC_STATE_COMPLETED": nv.FABRIC_COMPLETED,
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": nv.MEMORY_ERROR_UNCORRECTED, "NVML_VOLATILE_ECC": nv.VOLATILE_ECC,
 }  # fmt: skip
 
 

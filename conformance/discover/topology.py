@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from conformance.common.inputs import json_type_name, read_user_file, wrong_field_type
 from conformance.common.tables import align_columns
 from conformance.common.values import MAX_DEVICES
+from conformance.discover.health import GpuHealth, ask, health_from_json, nvlink_states, read_health
 from conformance.discover.inventory import (
     HostPaths,
     Inventory,
@@ -127,6 +128,7 @@ class Topology:
     cuda_driver: str | None = None
     link_notes: Mapping[str, str] = field(default_factory=dict)  # pair_key -> why its link class is PCIe-only
     inventory: Inventory = field(default_factory=Inventory)  # the GPUs counted on the PCI bus and by NVML
+    health: Mapping[str, GpuHealth] = field(default_factory=dict)  # GPU name -> NVML's health facts (health.py)
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -152,6 +154,8 @@ class Topology:
         devices = tuple(Device(**d) for d in data.pop("devices"))
         if "inventory" in data:
             data["inventory"] = inventory_from_json(data["inventory"])
+        if "health" in data:
+            data["health"] = health_from_json(data["health"])
         return cls(devices=devices, **data)
 
 
@@ -492,10 +496,7 @@ class _NvmlReader:
         self.handles: dict[int, Any] = {}
 
     def optional(self, query: Callable[[], T]) -> T | None:
-        try:
-            return query()
-        except self.nvml.NVMLError:
-            return None
+        return ask(self.nvml, query)
 
     def handle(self, gpu: Device) -> Any:
         assert gpu.nvml_index is not None, "listed GPUs carry their NVML index"
@@ -593,12 +594,8 @@ class _NvmlReader:
         nvml = self.nvml
         to_gpu: Counter[str] = Counter()
         to_switch = 0
-        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
-            try:
-                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
-                break
-            if state != nvml.NVML_FEATURE_ENABLED:
+        for link, up in enumerate(nvlink_states(nvml, handle) or ()):
+            if not up:
                 continue
             far_end = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
             if far_end == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
@@ -654,9 +651,11 @@ def _read_nvml(nvml: Any, visible: str | None) -> NvmlView:
     devices = tuple(reader.describe(gpu) for gpu in chosen)
     links, p2p, notes = reader.pairs(devices)
     driver, cuda_driver = reader.driver_versions()
+    health = {gpu.name: read_health(nvml, reader.handle(gpu)) for gpu in devices}
     topology = Topology(
-        "gpu", devices, "nvml", links=links, p2p=p2p, driver=driver, cuda_driver=cuda_driver, link_notes=notes
-    )
+        "gpu", devices, "nvml", links=links, p2p=p2p, driver=driver, cuda_driver=cuda_driver, link_notes=notes,
+        health=health,
+    )  # fmt: skip
     return NvmlView(topology, "", bus_ids)
 
 

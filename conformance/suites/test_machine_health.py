@@ -1,0 +1,80 @@
+"""The GPUs' own health, as NVML reports it when the run starts: links, memory, fabric, modes.
+
+Each check is a host check (no ranks): it judges the facts the topology read
+(``conformance/discover/health.py``, where each rule cites its source), records every GPU's values
+as its metrics, and fails naming each GPU at fault and the fix.  A check with nothing to read (no
+GPU, or NVML refusing every query it needs) skips, saying why: unknown is never a pass.  A
+simulated machine's topology file carries the same facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from conformance.discover import health as rules
+from conformance.host_checks import HostMetric
+from conformance.session import ConformanceSession
+
+PCIE = ("pcie_width", "pcie_max_width", "pcie_gen", "pcie_max_gen")
+NVLINK = ("nvlinks",)
+MEMORY = ("ecc_uncorrected", "remap_pending", "remap_failed", "retired_pages_pending")
+FABRIC = ("fabric_state", "fabric_status")
+MODES = ("persistence", "compute_mode")
+
+
+def _facts(
+    conformance: ConformanceSession, fields: Sequence[str], host_metric: HostMetric, unknown: str = ""
+) -> rules.HealthMap:
+    """The GPUs' facts for ``fields``, recorded as metrics; skips when there is nothing to judge (``unknown``: why)."""
+    topology = conformance.topology
+    if topology.kind != "gpu":
+        pytest.skip(f"GPU-only check: {topology.note or 'no GPU in this run'}")
+    health = topology.health
+    for name, values in rules.health_values(health, fields).items():
+        host_metric(name, values)
+    if not rules.known(health, fields):
+        pytest.skip(
+            unknown
+            or f"no GPU's health says {', '.join(fields)} (NVML does not support or denies them here, or the "
+            "topology file has no health)"
+        )
+    return health
+
+
+def _fail_on(problems: rules.Problems) -> None:
+    assert not problems, "; ".join(f"{name}: {problem}" for name, problem in problems.items())
+
+
+@pytest.mark.host_check("pcie_link")
+def test_pcie_links_trained_to_their_width(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """Each GPU's PCIe link runs at the width the GPU and its slot allow."""
+    _fail_on(rules.pcie_problems(_facts(conformance, PCIE, host_metric)))
+
+
+@pytest.mark.host_check("nvlink")
+def test_nvlinks_up(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """No GPU has fewer NVLinks up than its siblings of the same model."""
+    health = _facts(conformance, NVLINK, host_metric, "no NVLink: NVML reports none on these GPUs")
+    models = {d.name: d.model for d in conformance.topology.devices}
+    _fail_on(rules.nvlink_problems(health, models))
+
+
+@pytest.mark.host_check("gpu_memory")
+def test_gpu_memory_errors(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """No uncorrectable ECC error, no row remapping pending or failed, no page retirement pending."""
+    _fail_on(rules.memory_problems(_facts(conformance, MEMORY, host_metric)))
+
+
+@pytest.mark.host_check("fabric_manager")
+def test_fabric_manager_registered_every_gpu(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """NVSwitch systems: Fabric Manager has registered every GPU (else every CUDA call fails, error 802)."""
+    no_fabric = "no NVSwitch fabric: NVML reports no Fabric Manager state for these GPUs"
+    _fail_on(rules.fabric_problems(_facts(conformance, FABRIC, host_metric, no_fabric)))
+
+
+@pytest.mark.host_check("gpu_modes")
+def test_gpu_compute_modes(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """No GPU prohibits compute; persistence and compute mode recorded (exclusive mode explains "busy")."""
+    _fail_on(rules.mode_problems(_facts(conformance, MODES, host_metric)))
