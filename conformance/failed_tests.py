@@ -18,6 +18,7 @@ import pytest
 
 from conformance.common.suite import record_nodeid
 from conformance.record.records import CaseRecord, HarnessError
+from conformance.verdict.machine_faults import machine_fault
 
 MESSAGE_CHARS = 200
 CRASHED = "worker crashed"  # xdist's report for a test its worker died in has when="???"
@@ -31,8 +32,14 @@ def _message(report: pytest.TestReport) -> str:
 
 
 def explains(record: CaseRecord) -> bool:
-    """A record that explains its test's failure: a failing verdict of the machine, no negative control."""
-    return record.outcome is not None and record.outcome.failed and record.expected_verdict is None
+    """A record that explains its test's failure: a failing verdict of the machine, no negative control.
+
+    A negative control whose case met a machine fault (``machine_faults.py``: error 802, a lost GPU, ...)
+    is explained by the machine too: it could not show what it tests, and the answer names the fault.
+    """
+    if record.outcome is None or not record.outcome.failed:
+        return False
+    return record.expected_verdict is None or machine_fault(record.verdict, record.summary) is not None
 
 
 class FailedTests:

@@ -28,7 +28,7 @@ from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.launch.forkserver import ForkServerClient
 from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
 from conformance.nodes.layout import NodeSetup, local_fingerprint
-from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step, unchangeable
+from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step
 from conformance.plan.matrix import (
     NODE_SET_FIXTURES,
     DeviceSet,
@@ -54,6 +54,7 @@ from conformance.summarise.collectives import collective_lines
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
 from conformance.verdict.decision import Decision, decide_across_nodes, stuck_place
+from conformance.verdict.machine_faults import unchangeable
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter

@@ -26,7 +26,25 @@ PCIE_8GPU_PASSED = (
     "passed as they are: NODE pairs, PIX pairs, SYS pairs, all sets, every_other sets, last_half sets, "
     "last_half_all_visible sets, reversed sets, single sets"
 )
+FM_DOWN = (
+    "MACHINE FAULT, no setting changes it: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)"
+)
 ANSWERS = {
+    "fabric-manager-down": [
+        "host check host:fabric_manager: ERROR: gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7: Fabric Manager state "
+        "not_started, status Success: start nvidia-fabricmanager (the driver's exact version): *",
+        "MACHINE FAULT: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized) in 7 classes (NV18 "
+        "pairs, all sets, every_other sets, last_half sets, last_half_all_visible sets, reversed sets, single sets) "
+        "-> fix: start nvidia-fabricmanager, the driver's exact version *",
+        f"NV18 pairs: ERROR on inherited (pair_exchange 28/28); {FM_DOWN}",
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); {FM_DOWN}",
+        *(
+            f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {FM_DOWN}"
+            for name in ("every_other", "last_half", "last_half_all_visible", "reversed")
+        ),
+        f"single sets: ERROR on inherited (all_reduce 8/8, environment 1/1); {FM_DOWN}",
+    ],
     "pcie-link-downtrained": [
         "host check host:pcie_link: ERROR: gpu5: PCIe link x8, the GPU and slot allow x16: a downtrained link "
         "(reseat the card or its riser, clean the contacts; `nvidia-smi -q -d PCIE`)",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.plan.ladder import unchangeable
+from conformance.verdict.machine_faults import MACHINE_FAULTS, machine_fault, unchangeable
 from conftest import REPO, ladder_lines, read_records, scenario_text
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
@@ -35,10 +35,27 @@ NCCL_CUDA_ERROR = "NCCL error: unhandled cuda error, Cuda failure 'operation not
         ("error", NCCL_CUDA_ERROR, False),
         ("hang", "CUDA error: operation not supported", False),
         ("error", "NCCL Error 2: unhandled system error", False),
+        (
+            "error",
+            "RuntimeError: Unexpected error from cudaGetDeviceCount() ... Error 802: system not yet initialized",
+            True,
+        ),
+        ("crash", "RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
+        ("error", "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable", True),
+        ("error", "pynvml.NVMLError_GPUIsLost: GPU is lost", True),
+        ("hang", "system not yet initialized", False),  # a hang names no fault: its ranks said nothing
     ],
 )
 def test_which_failures_no_rung_changes(verdict: str, message: str, final: bool) -> None:
     assert unchangeable(verdict, message) is final
+    assert (machine_fault(verdict, message) is not None) is final
+
+
+def test_each_machine_fault_names_itself_and_a_fix_that_is_no_variable() -> None:
+    assert machine_fault("error", "Error 802: system not yet initialized").name.startswith("FABRIC MANAGER NOT RUNNING")
+    assert machine_fault("error", "CUDA error: uncorrectable ECC error encountered").name == "UNCORRECTABLE ECC ERROR"
+    for fault in MACHINE_FAULTS:
+        assert fault.fix and "NCCL_" not in fault.fix, fault.name
 
 
 @pytest.mark.parametrize(("message", "climbs"), [(TORCH_CUDA_ERROR, False), (NCCL_CUDA_ERROR, True)])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -41,21 +40,6 @@ SKIPPED = "skipped"
 Selected = AbstractSet[tuple[str, int]] | None
 LOG = logging.getLogger("conformance.plan")
 POLL_SECONDS = 0.1
-# Failures no NCCL or torch NCCL variable changes: CUDA itself refused, in the rank's own torch call
-# (torch spells these "CUDA error: ..."; NCCL's own "Cuda failure '...'" is not here, because an NCCL
-# rung such as cumem_off can change what NCCL asks of CUDA).  Only rungs that set variables beyond
-# NCCL's (CUDA_*, GLOO_*, TORCH_*: user rungs) still run after one of these.
-UNCHANGEABLE_FAILURES = re.compile(
-    r"CUDA error: (?:operation not supported|no CUDA-capable device is detected"
-    r"|CUDA driver version is insufficient for CUDA runtime version|invalid device ordinal)"
-    r"|No CUDA GPUs are available",
-    re.IGNORECASE,
-)
-
-
-def unchangeable(verdict: str, message: str) -> bool:
-    """Whether a case's failure is one that no NCCL environment rung can change."""
-    return verdict in (Verdict.ERROR, Verdict.CRASH) and bool(UNCHANGEABLE_FAILURES.search(message))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,11 @@ def _facts(
 
 
 def _fail_on(problems: rules.Problems) -> None:
-    assert not problems, "; ".join(f"{name}: {problem}" for name, problem in problems.items())
+    """Fails naming each problem once, with every GPU that has it."""
+    gpus: dict[str, list[str]] = {}
+    for name, problem in problems.items():
+        gpus.setdefault(problem, []).append(name)
+    assert not problems, "; ".join(f"{', '.join(names)}: {problem}" for problem, names in gpus.items())
 
 
 @pytest.mark.host_check("pcie_link")

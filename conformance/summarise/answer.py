@@ -21,6 +21,7 @@ from conformance.record.runs import Run
 from conformance.summarise.causes import cause_lines
 from conformance.summarise.recommend import ClassAdvice, Recommendation
 from conformance.summarise.summary import counted_cases, link_class_of, run_ladder, rung_env_text
+from conformance.verdict.machine_faults import MachineFault, machine_fault
 
 Tone = Literal["bad", "good", "warn", "plain"]
 
@@ -37,6 +38,7 @@ class ClassAnswer:
     unfit: bool  # wrong data somewhere in the run: no setting is handed out
     tried: tuple[str, ...] = ()
     causes: tuple[str, ...] = ()  # what the verdict stage recognised, with its fix (``causes.py``)
+    fault: MachineFault | None = None  # a fault of the machine no rung can change (``machine_faults.py``)
 
     @property
     def worst(self) -> Verdict:
@@ -46,6 +48,8 @@ class ClassAnswer:
         verdicts = "/".join(v.value.upper() for v in self.verdicts)
         counts = ", ".join(f"{probe} {failed}/{ran}" for probe, failed, ran in self.probes)
         head = f"{self.label}: {verdicts} on {self.rung} ({counts})"
+        if self.fix is None and self.fault is not None:
+            return f"{head}; MACHINE FAULT, no setting changes it: {self.fault.name}"
         if self.fix is None:
             return f"{head}; no rung passed (tried {', '.join(self.tried)}): no setting fixes it"
         if self.unfit:
@@ -99,12 +103,24 @@ class Answer:
             return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
         # the machine's own faults first: a class that failed on a broken machine may be its victim
         rows: list[tuple[str, Tone]] = [(line, "bad") for line in self.others]
+        rows += [(line, "bad") for line in self._fault_lines()]
         rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
         if self.passed:
             rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
         if self.exports:
             rows.append((f"for every class together: {'; '.join(self.exports)}", "plain"))
         return rows
+
+    def _fault_lines(self) -> list[str]:
+        """One line per machine fault: the classes it failed and its fix (their lines name it only)."""
+        classes: dict[MachineFault, list[str]] = {}
+        for found in self.classes:
+            if found.fault is not None and found.fix is None:
+                classes.setdefault(found.fault, []).append(found.label)
+        return [
+            f"MACHINE FAULT: {fault.name} in {_count(len(labels), 'class')} ({', '.join(labels)}) -> fix: {fault.fix}"
+            for fault, labels in classes.items()
+        ]
 
     def lines(self) -> list[str]:
         return [text for text, _ in self.rows()]
@@ -155,6 +171,7 @@ def _class_answer(advice: ClassAdvice, records: list[CaseRecord], order: dict[st
         unfit=unfit,
         tried=advice.tried,
         causes=tuple(cause_lines(failed)),
+        fault=next((f for r in failed if (f := machine_fault(r.verdict, r.summary)) is not None), None),
     )
 
 
@@ -182,7 +199,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
             failing.append(found)
         else:
             passed.append(found.label)
-    failing.sort(key=lambda c: (READING_ORDER.index(c.worst), c.label))
+    failing.sort(key=lambda c: (c.fault is None, READING_ORDER.index(c.worst), c.label))  # machine faults first
     return Answer(
         classes=tuple(failing),
         passed=tuple(passed),

@@ -1,0 +1,101 @@
+"""Faults of the machine that no environment rung can change: the ladder stops, the answer names them.
+
+CUDA itself refusing in the rank's own torch call is the same under every NCCL variable: torch
+raises ``CUDA error: <cudaGetErrorString>`` (or, from ``cudaGetDeviceCount``, ``Error <code>:
+<string>``).  NCCL's own ``Cuda failure '...'`` is not here: an NCCL rung (cumem_off, ...) changes
+what NCCL asks of CUDA.  Only rungs that set variables beyond NCCL's (CUDA_*, GLOO_*, TORCH_*: user
+rungs) still run after one of these.  Each row names the fault as the answer's class line shows it
+and the fix, which is the machine's, never an environment variable.
+
+The texts are the CUDA runtime's error strings (CUDA Runtime API, "Data types: cudaError",
+https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html):
+cudaErrorSystemNotReady 802 "system not yet initialized" (on NVSwitch systems: Fabric Manager is
+not running, pytorch/pytorch#35710), cudaErrorECCUncorrectable 214 "uncorrectable ECC error
+encountered", cudaErrorDevicesUnavailable 46 "CUDA-capable device(s) is/are busy or unavailable"
+(exclusive or prohibited compute mode, or a GPU another process holds), cudaErrorNoDevice 100
+"no CUDA-capable device is detected", cudaErrorInsufficientDriver 35 "CUDA driver version is
+insufficient for CUDA runtime version", cudaErrorInvalidDevice 101 "invalid device ordinal",
+cudaErrorNotSupported 801 "operation not supported"; torch's own "No CUDA GPUs are available"
+(torch/cuda/__init__.py, _lazy_init); NVML's "GPU is lost" (NVML_ERROR_GPU_IS_LOST, Xid 79: the
+GPU fell off the bus).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from conformance.common.verdicts import Verdict
+
+
+@dataclass(frozen=True)
+class MachineFault:
+    """A failure no NCCL variable changes: what it is, and what fixes the machine."""
+
+    name: str
+    pattern: re.Pattern[str]
+    fix: str
+
+
+def _said(*texts: str) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(text) for text in texts), re.IGNORECASE)
+
+
+MACHINE_FAULTS: tuple[MachineFault, ...] = (
+    MachineFault(
+        "FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)",
+        _said("system not yet initialized", "Error 802"),
+        "start nvidia-fabricmanager, the driver's exact version (`systemctl status nvidia-fabricmanager`; "
+        "`nvidia-smi -q -d FABRIC` shows each GPU's state)",
+    ),
+    MachineFault(
+        "UNCORRECTABLE ECC ERROR",
+        _said("uncorrectable ECC error encountered"),
+        "reset the GPU (`nvidia-smi -r`) or reboot; a row remapping that fails means replacing it "
+        "(`nvidia-smi -q -d ECC,ROW_REMAPPER`)",
+    ),
+    MachineFault(
+        "GPU BUSY OR UNAVAILABLE",
+        _said("busy or unavailable"),
+        "the GPU's compute mode is exclusive or prohibited, or another process holds it: `nvidia-smi -q -d "
+        "COMPUTE` and `nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv`; `nvidia-smi -c DEFAULT`",
+    ),
+    MachineFault(
+        "GPU LOST",
+        _said("GPU is lost", "fallen off the bus"),
+        "the GPU fell off the bus (Xid 79: `dmesg | grep -i xid`): reset it or reboot; one that stays lost is a "
+        "hardware case",
+    ),
+    MachineFault(
+        "NO CUDA DEVICE IN THE RANK",
+        _said("no CUDA-capable device is detected", "No CUDA GPUs are available"),
+        "the rank sees no GPU: check CUDA_VISIBLE_DEVICES and the container's GPUs (docker --gpus all)",
+    ),
+    MachineFault(
+        "CUDA DRIVER TOO OLD",
+        _said("CUDA driver version is insufficient for CUDA runtime version"),
+        "upgrade the driver, or install a torch built for the CUDA this driver supports",
+    ),
+    MachineFault(
+        "INVALID DEVICE ORDINAL",
+        _said("invalid device ordinal"),
+        "the rank sees fewer GPUs than it was given: check CUDA_VISIBLE_DEVICES",
+    ),
+    MachineFault(
+        "CUDA OPERATION NOT SUPPORTED",
+        re.compile(r"CUDA error: operation not supported", re.IGNORECASE),
+        "this GPU or its virtualisation (vGPU, MIG) does not support what the rank asked of CUDA",
+    ),
+)
+
+
+def machine_fault(verdict: str, message: str) -> MachineFault | None:
+    """The machine fault an error or crash names, if any (a hang names none: its ranks said nothing)."""
+    if verdict not in (Verdict.ERROR, Verdict.CRASH):
+        return None
+    return next((fault for fault in MACHINE_FAULTS if fault.pattern.search(message)), None)
+
+
+def unchangeable(verdict: str, message: str) -> bool:
+    """Whether a case's failure is one that no NCCL environment rung can change."""
+    return machine_fault(verdict, message) is not None
