@@ -43,7 +43,7 @@ PCI = (("0000:18:00.0", "0x10de", "0x030200"), ("0000:18:00.1", "0x10de", "0x040
 def host(root: Path, pci: tuple[tuple[str, str, str], ...] = (), module: str | None = None,
          libraries: tuple[str, ...] = (), device_node: bool = False) -> HostPaths:  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
-    paths = HostPaths(root / "pci", root / "version", root / "nvidia0", (root / "lib",))
+    paths = HostPaths(root / "pci", root / "version", root / "nvidia0", (root / "lib",), root / "cmdline")
     for bus_id, vendor, pci_class in pci:
         (paths.pci_devices / bus_id).mkdir(parents=True)
         (paths.pci_devices / bus_id / "vendor").write_text(vendor + "\n")

@@ -26,6 +26,7 @@ import fake_nvml as nv
 from conformance.cli.main import main
 from conformance.discover import inventory, topology
 from conformance.discover.inventory import HostPaths, Inventory
+from conformance.discover.iommu import IommuFacts
 from conformance.discover.topology import (
     Device,
     DeviceSelectionError,
@@ -50,7 +51,7 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     sysfs = tmp_path / "sys-bus-pci-devices"
     sysfs.mkdir()
     monkeypatch.setattr(topology, "SYSFS_PCI_DEVICES", sysfs)
-    host = HostPaths(sysfs, tmp_path / "proc-driver-nvidia-version", tmp_path / "dev-nvidia0", ())
+    host = HostPaths(sysfs, tmp_path / "proc-driver-nvidia-version", tmp_path / "dev-nvidia0", (), tmp_path / "cmdline")
     monkeypatch.setattr(inventory, "DEFAULT_HOST", host)  # a machine without NVIDIA's traces, unless a test adds them
     return sysfs
 
@@ -755,7 +756,8 @@ def test_discover_uses_nvml_topology(monkeypatch: pytest.MonkeyPatch) -> None:
     environ = {"CUDA_VISIBLE_DEVICES": "5,7"}
     found = discover("auto", 4, environ=environ)
     listed = tuple(topology.sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
-    assert found == replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed))
+    iommu = IommuFacts(mode="off")  # the stand-in sysfs has no IOMMU group for the GPUs
+    assert found == replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed), iommu=iommu)
     assert discover("nccl", 4, environ=environ).links == {"gpu0-gpu1": "NODE"}
     calls = len(library.calls)
     assert discover("gloo", 4, environ=environ) == cpu_topology(4, note="backend gloo chosen", inventory=Inventory())

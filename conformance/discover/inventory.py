@@ -48,6 +48,7 @@ class HostPaths:
         Path("/usr/lib"),
         Path("/usr/local/nvidia/lib64"),
     )
+    cmdline: Path = Path("/proc/cmdline")  # the kernel's parameters (the IOMMU's, iommu.py)
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,14 @@ def inventory_from_json(data: object) -> Inventory:
 DEFAULT_HOST = HostPaths()
 
 
+def host_paths(paths: HostPaths | None = None) -> HostPaths:
+    """``paths``, else the real host's (``DEFAULT_HOST``, which tests point elsewhere)."""
+    return paths or DEFAULT_HOST
+
+
 def read_inventory(paths: HostPaths | None = None) -> Inventory:
     """The PCI bus's NVIDIA GPUs and the driver's traces (NVML's part is added by whoever asks it)."""
-    paths = paths or DEFAULT_HOST
+    paths = host_paths(paths)
     return Inventory(
         pci_gpus=pci_gpus(paths.pci_devices),
         kernel_module=kernel_module_version(paths.driver_version),

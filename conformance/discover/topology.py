@@ -41,9 +41,11 @@ from conformance.discover.inventory import (
     HostPaths,
     Inventory,
     broken_gpu_machine,
+    host_paths,
     inventory_from_json,
     read_inventory,
 )
+from conformance.discover.iommu import IommuFacts, iommu_from_json, read_iommu
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
@@ -129,6 +131,7 @@ class Topology:
     link_notes: Mapping[str, str] = field(default_factory=dict)  # pair_key -> why its link class is PCIe-only
     inventory: Inventory = field(default_factory=Inventory)  # the GPUs counted on the PCI bus and by NVML
     health: Mapping[str, GpuHealth] = field(default_factory=dict)  # GPU name -> NVML's health facts (health.py)
+    iommu: IommuFacts = field(default_factory=IommuFacts)  # IOMMU mode and ACS above the GPUs (iommu.py)
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -156,6 +159,8 @@ class Topology:
             data["inventory"] = inventory_from_json(data["inventory"])
         if "health" in data:
             data["health"] = health_from_json(data["health"])
+        if "iommu" in data:
+            data["iommu"] = iommu_from_json(data["iommu"])
         return cls(devices=devices, **data)
 
 
@@ -713,7 +718,10 @@ def discover(
     failed = view.listed is None or (not view.listed and machine.nvidia_present)
     machine = replace(machine, nvml_gpus=view.listed, nvml_error=view.reason if failed else None)
     if view.topology is not None:
-        return replace(view.topology, inventory=machine)
+        host = host_paths(paths)
+        buses = tuple(sysfs_bus_id(d.pci_bus_id or "") for d in view.topology.devices)
+        iommu = read_iommu(buses, host.pci_devices, host.cmdline)
+        return replace(view.topology, inventory=machine, iommu=iommu)
     note = f"no GPU: {view.reason}"
     refuse_broken_gpu_machine(cpu_topology(0, inventory=machine), backend)
     if backend == "nccl":

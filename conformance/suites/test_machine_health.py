@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from conformance.discover import health as rules
+from conformance.discover.iommu import IOMMU_FIX
 from conformance.host_checks import HostMetric
 from conformance.session import ConformanceSession
 
@@ -82,3 +83,25 @@ def test_fabric_manager_registered_every_gpu(conformance: ConformanceSession, ho
 def test_gpu_compute_modes(conformance: ConformanceSession, host_metric: HostMetric) -> None:
     """No GPU prohibits compute; persistence and compute mode recorded (exclusive mode explains "busy")."""
     _fail_on(rules.mode_problems(_facts(conformance, MODES, host_metric)))
+
+
+@pytest.mark.host_check("p2p_path")
+def test_no_acs_redirect_between_the_gpus(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """No bridge above the GPUs redirects P2P to the root complex (ACS); the IOMMU's mode is recorded.
+
+    NCCL's troubleshooting guide (ACS): the redirect costs P2P much of its bandwidth, or hangs it.
+    IOMMU translation alone is recorded, not failed: it is judged beside a P2P failure (the answer's
+    cause line), where it is the likely cause.
+    """
+    topology = conformance.topology
+    if topology.kind != "gpu" or len(topology.devices) < 2:
+        pytest.skip("needs two GPUs or more: P2P is between GPUs")
+    iommu = topology.iommu
+    for name in ("mode", "cmdline", "acs_redirect", "acs_unreadable"):
+        host_metric(name, getattr(iommu, name))
+    if iommu.mode is None:
+        pytest.skip('the IOMMU and ACS were not read (a topology file without "iommu")')
+    assert not iommu.acs_redirect, (
+        f"ACS redirects P2P on bridge(s) {', '.join(iommu.acs_redirect)} above the GPUs: P2P goes through the root "
+        f"complex (slow, or a hang); {IOMMU_FIX}"
+    )

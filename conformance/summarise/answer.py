@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
+from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
 from conformance.plan.matrix import Rung
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
-from conformance.summarise.causes import cause_lines
+from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.recommend import ClassAdvice, Recommendation
 from conformance.summarise.summary import counted_cases, link_class_of, run_ladder, rung_env_text
 from conformance.verdict.machine_faults import MachineFault, machine_fault
@@ -156,7 +157,9 @@ def class_label(record: CaseRecord) -> str:
     return f"{link_class_of(record)} {suffix}"
 
 
-def _class_answer(advice: ClassAdvice, records: list[CaseRecord], order: dict[str, int], unfit: bool) -> ClassAnswer:
+def _class_answer(
+    advice: ClassAdvice, records: list[CaseRecord], order: dict[str, int], unfit: bool, iommu: IommuFacts
+) -> ClassAnswer:
     first = min((r.env_name or "" for r in records), key=lambda name: order.get(name, len(order)))
     there = [r for r in records if r.env_name == first]
     failed = [r for r in there if r.outcome is not None and r.outcome.failed]
@@ -170,7 +173,7 @@ def _class_answer(advice: ClassAdvice, records: list[CaseRecord], order: dict[st
         fix=advice.rung,
         unfit=unfit,
         tried=advice.tried,
-        causes=tuple(cause_lines(failed)),
+        causes=tuple(cause_lines(failed)) + tuple(line for line in [p2p_path_line(failed, iommu)] if line),
         fault=next((f for r in failed if (f := machine_fault(r.verdict, r.summary)) is not None), None),
     )
 
@@ -184,6 +187,16 @@ def _outside_classes(records: Sequence[CaseRecord]) -> tuple[str, ...]:
     )
 
 
+def run_iommu(run: Run) -> IommuFacts:
+    """The run's IOMMU facts (run.json's topology); unknown where it has none or they do not read."""
+    topology = run.facts.topology
+    data = topology.get("iommu") if isinstance(topology, dict) else None
+    try:
+        return iommu_from_json(data) if data is not None else IommuFacts()
+    except IommuError:
+        return IommuFacts()
+
+
 def answer(run: Run, recommendation: Recommendation) -> Answer:
     ladder = run_ladder(run)
     order = {r.name: i for i, r in enumerate(ladder)}
@@ -192,9 +205,10 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
     for r in counted:
         by_class.setdefault(link_class_of(r), []).append(r)
     failing, passed = [], []
+    iommu = run_iommu(run)
     for advice in recommendation.classes:
         records = by_class[advice.name]
-        found = _class_answer(advice, records, order, recommendation.unfit)
+        found = _class_answer(advice, records, order, recommendation.unfit, iommu)
         if found.verdicts:
             failing.append(found)
         else:

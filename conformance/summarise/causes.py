@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from conformance.common.verdicts import Verdict
+from conformance.discover.iommu import IOMMU_FIX, IommuFacts
 from conformance.record.records import CaseRecord, RankRecord
 from conformance.verdict.stderr_causes import cause_parts
 
@@ -105,6 +107,25 @@ def known_cause(record: CaseRecord) -> KnownCause | None:
     if record.outcome is None or not record.outcome.failed:
         return None
     return _wrong_barrier_gpu(record) or _out_of_memory(record) or _logged(record)
+
+
+PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nvidia-smi's PCIe path classes (no NVLink between them)
+P2P_THROUGH_ROOT = "LIKELY CAUSE: P2P THROUGH THE ROOT COMPLEX"
+
+
+def p2p_path_line(records: Iterable[CaseRecord], iommu: IommuFacts) -> str | None:
+    """Pairs over PCIe that hung or got wrong data on a machine whose IOMMU or ACS redirects P2P.
+
+    NCCL's troubleshooting guide (ACS): the redirect makes P2P slow or hang; the NCCL variable the
+    ladder found only avoids P2P, the machine's fix is the IOMMU's mode and ACS.
+    """
+    failed = [
+        r for r in records
+        if r.set_kind == "pair" and r.link in PCIE_PATHS and r.outcome in (Verdict.HANG, Verdict.FAIL)
+    ]  # fmt: skip
+    if not failed or not iommu.redirects_p2p:
+        return None
+    return f"  {P2P_THROUGH_ROOT}: {iommu.cause_text()} -> fix: {IOMMU_FIX} (the NCCL setting only avoids P2P)"
 
 
 def cause_lines(records: Iterable[CaseRecord]) -> list[str]:
