@@ -43,7 +43,8 @@ PCI = (("0000:18:00.0", "0x10de", "0x030200"), ("0000:18:00.1", "0x10de", "0x040
 def host(root: Path, pci: tuple[tuple[str, str, str], ...] = (), module: str | None = None,
          libraries: tuple[str, ...] = (), device_node: bool = False) -> HostPaths:  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
-    paths = HostPaths(root / "pci", root / "version", root / "nvidia0", (root / "lib",), root / "cmdline")
+    paths = HostPaths(root / "pci", root / "version", root / "nvidia0", (root / "lib",), root / "cmdline",
+                      (root / "dockerenv",))  # fmt: skip
     for bus_id, vendor, pci_class in pci:
         (paths.pci_devices / bus_id).mkdir(parents=True)
         (paths.pci_devices / bus_id / "vendor").write_text(vendor + "\n")
@@ -70,7 +71,8 @@ def test_the_pci_bus_and_the_drivers_traces_are_read_without_nvml(tmp_path: Path
     )  # fmt: skip
     open_module = host(tmp_path / "open", module=OPEN_MODULE)
     assert read_inventory(open_module).kernel_module == "550.54.15"
-    nothing = read_inventory(HostPaths(tmp_path / "no", tmp_path / "no", tmp_path / "no", (tmp_path / "no",)))
+    no = tmp_path / "no"
+    nothing = read_inventory(HostPaths(no, no, no, (no,), no, (no,)))
     assert nothing == Inventory() and not nothing.nvidia_present
 
 
@@ -162,8 +164,8 @@ def test_the_default_host_is_the_real_one() -> None:
     ("data", "message"),
     [
         ([1], "inventory is [1], not an object"),
-        ({"gpus": 8}, "unknown inventory field 'gpus' (it has device_node, kernel_module, nvml_error, "
-                      "nvml_gpus, nvml_libraries, pci_gpus)"),
+        ({"gpus": 8}, "unknown inventory field 'gpus' (it has container, device_node, kernel_module, "
+                      "nvml_error, nvml_gpus, nvml_libraries, pci_gpus)"),
         ({"pci_gpus": "0000:18:00.0"}, "inventory pci_gpus is '0000:18:00.0', which is not a list"),
         ({"nvml_gpus": [18]}, "inventory nvml_gpus[0] is 18, which is not a text"),
         ({"device_node": "yes"}, "inventory device_node is 'yes', which is not true or false"),
@@ -196,7 +198,10 @@ def test_the_inventory_check_passes_a_whole_machine_and_fails_one_with_fewer_gpu
     assert whole.ret == 0, whole.stdout.str()
     whole.stdout.fnmatch_lines(["conformance: GPUs: 8 on the PCI bus, 8 in NVML, 8 tested, 8 expected"])
     record = inventory_record(reports_dir)
-    assert (record["verdict"], record["metrics"]) == ("pass", {"pci_gpus": 8, "nvml_gpus": 8, "tested_gpus": 8})
+    assert (record["verdict"], record["metrics"]) == (
+        "pass",
+        {"pci_gpus": 8, "nvml_gpus": 8, "tested_gpus": 8, "container": False},
+    )
 
     junit = pytester.path / "short.xml"
     short = run_suite("--topology-file", str(EIGHT_GPUS), "--expect-gpus", "9", f"--junitxml={junit}",
@@ -223,3 +228,25 @@ def test_the_inventory_check_skips_on_a_machine_without_nvidia_gpus_unless_some_
     expected = run_suite("-k", "gpu_inventory", *files, "--expect-gpus", "1")
     assert expected.ret == pytest.ExitCode.TESTS_FAILED
     assert "CPU ONLY" in answer_lines(expected)[0] and "the machine has 0 GPU(s)" in answer_lines(expected)[1]
+
+
+def test_in_a_container_only_the_device_nodes_it_was_given_count(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Docker shows the host's /sys: 8 GPUs on the PCI bus, of which the container was given 2 (NVML lists 2)."""
+    nv.install(monkeypatch, nv.pcie_box())
+    paths = gpu_box(tmp_path, device_node=True)
+    (tmp_path / "dockerenv").touch()
+    given = discover("auto", 2, environ={}, paths=paths)
+    assert given.inventory.container and given.inventory.not_in_nvml() == ()  # the host's GPUs are not lost
+    assert given.inventory.counts_text() == "8 on the PCI bus (the host's: in a container), 8 in NVML"
+    # a container given no GPU on a GPU host: no device node, so a CPU box, not a broken GPU one
+    nv.install(monkeypatch, replace(nv.pcie_box(), init_error=nv.ERROR_DRIVER_NOT_LOADED))
+    paths.device_node.unlink()
+    assert discover("auto", 2, environ={}, paths=paths).kind == "cpu"
+    # given a GPU (its device node) without the driver's utility libraries: a broken GPU box
+    paths.device_node.touch()
+    nv.install_no_library(monkeypatch)
+    with pytest.raises(BrokenGpuMachine, match=r"^this machine has NVIDIA GPUs \(/dev/nvidia0 in this container\)"):
+        discover("auto", 2, environ={}, paths=paths)
+    assert read_inventory(host(tmp_path / "pod"), {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}).container

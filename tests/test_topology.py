@@ -51,7 +51,8 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     sysfs = tmp_path / "sys-bus-pci-devices"
     sysfs.mkdir()
     monkeypatch.setattr(topology, "SYSFS_PCI_DEVICES", sysfs)
-    host = HostPaths(sysfs, tmp_path / "proc-driver-nvidia-version", tmp_path / "dev-nvidia0", (), tmp_path / "cmdline")
+    no = tmp_path / "none"
+    host = HostPaths(sysfs, no / "proc-driver-nvidia-version", no / "dev-nvidia0", (), no / "cmdline", (no,))
     monkeypatch.setattr(inventory, "DEFAULT_HOST", host)  # a machine without NVIDIA's traces, unless a test adds them
     return sysfs
 

@@ -13,6 +13,7 @@ A topology file carries the same facts (``"inventory"``), so a simulated machine
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ class HostPaths:
         Path("/usr/local/nvidia/lib64"),
     )
     cmdline: Path = Path("/proc/cmdline")  # the kernel's parameters (the IOMMU's, iommu.py)
+    # files a container runtime leaves: Docker's /.dockerenv, Podman's /run/.containerenv
+    container_markers: tuple[Path, ...] = (Path("/.dockerenv"), Path("/run/.containerenv"))
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,24 @@ class Inventory:
     kernel_module: str | None = None  # the loaded module's version (/proc/driver/nvidia/version)
     nvml_libraries: tuple[str, ...] = ()  # versions of libnvidia-ml.so.<version> found
     device_node: bool = False  # /dev/nvidia0 exists
+    # In a container /sys and /proc/driver are the host's: the PCI bus lists every GPU of the host,
+    # given to this container or not, so only the device nodes it was given say it has GPUs.
+    container: bool = False
 
     @property
     def nvidia_present(self) -> bool:
-        """The machine has NVIDIA GPUs or their driver, whatever NVML says."""
+        """Whether the machine (or this container) has NVIDIA GPUs or their driver, whatever NVML says."""
+        if self.container:
+            return self.device_node
         return bool(self.pci_gpus) or self.kernel_module is not None or self.device_node
 
     def not_in_nvml(self) -> tuple[str, ...]:
-        """GPUs on the PCI bus that NVML does not list (fell off the bus, failed to initialise)."""
+        """GPUs on the PCI bus that NVML does not list (fell off the bus, failed to initialise).
+
+        None are judged in a container, whose PCI bus is the host's.
+        """
+        if self.container:
+            return ()
         listed = set(self.nvml_gpus or ())
         return tuple(bus for bus in self.pci_gpus if bus not in listed)
 
@@ -80,7 +93,8 @@ class Inventory:
     def counts_text(self) -> str:
         """``8 on the PCI bus, 7 in NVML`` (what the header and the inventory check say)."""
         nvml = "NVML failed" if self.nvml_gpus is None else f"{len(self.nvml_gpus)} in NVML"
-        return f"{len(self.pci_gpus)} on the PCI bus, {nvml}"
+        host = " (the host's: in a container)" if self.container else ""
+        return f"{len(self.pci_gpus)} on the PCI bus{host}, {nvml}"
 
 
 class InventoryError(ValueError):
@@ -110,14 +124,21 @@ def host_paths(paths: HostPaths | None = None) -> HostPaths:
     return paths or DEFAULT_HOST
 
 
-def read_inventory(paths: HostPaths | None = None) -> Inventory:
+# Kubernetes sets it in every pod's containers; systemd-nspawn, Podman and LXC set "container".
+CONTAINER_VARIABLES = ("KUBERNETES_SERVICE_HOST", "container")
+
+
+def read_inventory(paths: HostPaths | None = None, environ: Mapping[str, str] | None = None) -> Inventory:
     """The PCI bus's NVIDIA GPUs and the driver's traces (NVML's part is added by whoever asks it)."""
     paths = host_paths(paths)
+    environ = {} if environ is None else environ
     return Inventory(
         pci_gpus=pci_gpus(paths.pci_devices),
         kernel_module=kernel_module_version(paths.driver_version),
         nvml_libraries=nvml_library_versions(paths.library_dirs),
         device_node=paths.device_node.exists(),
+        container=any(marker.exists() for marker in paths.container_markers)
+        or any(name in environ for name in CONTAINER_VARIABLES),
     )
 
 
@@ -235,6 +256,8 @@ def broken_gpu_machine(inventory: Inventory) -> str | None:
 
 def _traces(inventory: Inventory) -> str:
     seen = []
+    if inventory.container:
+        return "/dev/nvidia0 in this container"
     if inventory.pci_gpus:
         seen.append(f"{len(inventory.pci_gpus)} on the PCI bus: {bus_id_list(inventory.pci_gpus)}")
     if inventory.kernel_module is not None:

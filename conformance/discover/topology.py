@@ -710,7 +710,7 @@ def discover(
     cannot list the GPUs or CUDA_VISIBLE_DEVICES names something that is not a GPU here.
     """
     environ = os.environ if environ is None else environ
-    machine = read_inventory(paths)
+    machine = read_inventory(paths, environ)
     if backend == "gloo":
         untested = f": the NVIDIA GPUs here are not tested ({machine.counts_text()})" if machine.pci_gpus else ""
         return cpu_topology(virtual_devices, note=f"backend gloo chosen{untested}", inventory=machine)
