@@ -250,3 +250,13 @@ def test_in_a_container_only_the_device_nodes_it_was_given_count(
     with pytest.raises(BrokenGpuMachine, match=r"^this machine has NVIDIA GPUs \(/dev/nvidia0 in this container\)"):
         discover("auto", 2, environ={}, paths=paths)
     assert read_inventory(host(tmp_path / "pod"), {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}).container
+
+
+def test_a_gpu_handed_to_virtual_machines_is_not_the_hosts_to_lose(tmp_path: Path) -> None:
+    paths = gpu_box(tmp_path, PCIE_BUS_IDS[:3])
+    drivers = tmp_path / "drivers"
+    for name in ("vfio-pci", "nvidia"):
+        (drivers / name).mkdir(parents=True)
+    (paths.pci_devices / PCIE_BUS_IDS[0] / "driver").symlink_to(drivers / "vfio-pci")
+    (paths.pci_devices / PCIE_BUS_IDS[1] / "driver").symlink_to(drivers / "nvidia")
+    assert read_inventory(paths).pci_gpus == PCIE_BUS_IDS[1:3]  # bound to nvidia, and bound to none (failed probe)

@@ -25,6 +25,9 @@ NVIDIA_VENDOR = 0x10DE
 # controller (GeForce, RTX workstation boards), 0302 3D controller (the data-centre GPUs: A100,
 # H100, L4 ...).  0301 (XGA) and NVIDIA's audio/USB functions (0403, 0c03) are not GPUs.
 GPU_CLASSES = (0x0300, 0x0302)
+# A GPU bound to these is handed to virtual machines on purpose (Linux's VFIO and pci-stub drivers):
+# it is not this host's NVML's to list.
+HANDED_TO_VMS = ("vfio-pci", "pci-stub")
 # /proc/driver/nvidia/version's first line, proprietary and open modules alike:
 #   NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023
 #   NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  (...)
@@ -155,9 +158,16 @@ def pci_gpus(pci_devices: Path) -> tuple[str, ...]:
             pci_class = int(((entry / "class").read_text()).strip(), 16) >> 8  # 0x030200 -> 0x0302
         except (OSError, ValueError):
             continue
-        if vendor == NVIDIA_VENDOR and pci_class in GPU_CLASSES:
+        if vendor == NVIDIA_VENDOR and pci_class in GPU_CLASSES and _bound_driver(entry) not in HANDED_TO_VMS:
             found.append(entry.name)
     return tuple(found)
+
+
+def _bound_driver(device: Path) -> str | None:
+    try:
+        return device.joinpath("driver").resolve(strict=True).name
+    except OSError:
+        return None
 
 
 def kernel_module_version(version_file: Path) -> str | None:
