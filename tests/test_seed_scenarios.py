@@ -232,8 +232,9 @@ SYS_WALL_LIMIT = 180.0
 def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
     scenario, args = scenario_args("pcie-sys-p2p-hang")
     suites = copy_suites(
-        pytester, "test_environment.py", "test_collectives.py", "test_pairs.py", "test_failure_handling.py"
-    )
+        pytester, "test_environment.py", "test_collectives.py", "test_pairs.py", "test_failure_handling.py",
+        "test_machine_health.py",
+    )  # fmt: skip
     begun = time.monotonic()
     result = run_suite(*args, *SYS_TIMEOUTS, *suites, timeout=SYS_WALL_LIMIT + 60)
     wall = time.monotonic() - begun
@@ -254,13 +255,13 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
         expected[f"test_pair_exchange[{pair}-SYS]"] = [("inherited", "hang"), ("p2p_level_nvl", "pass")]
     assert exchanges == expected
 
-    # the host checks are recorded too, on no rung (this host suits a gloo run; GPU-only ones skip)
+    # the host checks are recorded too, on no rung (this host suits a gloo run; GPU-only ones skip, and the
+    # simulated box is healthy: its PCIe links, memory and modes pass, it has no NVLink, fabric or IOMMU facts)
     host = [r for r in records if r["set_kind"] == "host"]
     assert sorted(r["probe"] for r in host if r["verdict"] == "pass") == [
-        "host:dev_shm",
-        "host:hostname",
-        "host:open_files",
-    ]
+        "host:dev_shm", "host:gpu_inventory", "host:gpu_memory", "host:gpu_modes", "host:hostname",
+        "host:open_files", "host:pcie_link",
+    ]  # fmt: skip
     assert {r["env_name"] for r in host} == {None} and {r["verdict"] for r in host} <= {"pass", "skip"}
     # everything else ran once, on inherited, and passed (the negative control errs as it expects)
     others = [r for r in records if r["probe"] != "pair_exchange" and r["set_kind"] != "host"]
