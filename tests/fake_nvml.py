@@ -70,6 +70,7 @@ MIG_DISABLE, MIG_ENABLE = 0, 1
 COMPUTE_DEFAULT, COMPUTE_PROHIBITED, COMPUTE_EXCLUSIVE_PROCESS = 0, 2, 3
 FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
 MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC = 1, 0
+CLOCKS_GPU_IDLE, CLOCKS_HW_SLOWDOWN, CLOCKS_HW_THERMAL, CLOCKS_HW_POWER_BRAKE = 0x1, 0x8, 0x40, 0x80
 MAX_MIG_DEVICES = 7  # what an A100 or H100 reports with MIG on
 
 # Queries that name a GPU; they still answer for a GPU that is lost (its other queries fail).
@@ -115,6 +116,7 @@ class FakeGpu:
     fabric: tuple[int, int] | None = None  # (state, status) with Fabric Manager; None: no NVSwitch fabric
     persistence: int = FEATURE_ENABLED
     compute_mode: int = COMPUTE_DEFAULT
+    clock_reasons: int = CLOCKS_GPU_IDLE  # nvmlClocksEventReason* bits
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlDeviceGetGpuFabricInfo": (_device, _out(pynvml.c_nvmlGpuFabricInfo_t)),
     "nvmlDeviceGetPersistenceMode": (_device, _UINT_OUT),
     "nvmlDeviceGetComputeMode": (_device, _UINT_OUT),
+    "nvmlDeviceGetCurrentClocksEventReasons": (_device, _out(ctypes.c_ulonglong)),
 }
 NEEDS_NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlErrorString"})
 
@@ -538,6 +541,9 @@ class FakeNvmlLibrary:
 
     def _nvmlDeviceGetComputeMode(self, device: int, mode: ctypes.c_uint) -> None:  # noqa: N802
         mode.value = self.gpu(device)[1].compute_mode
+
+    def _nvmlDeviceGetCurrentClocksEventReasons(self, device: int, reasons: ctypes.c_ulonglong) -> None:  # noqa: N802
+        reasons.value = self.gpu(device)[1].clock_reasons
 
 
 def _matches(failure: Failure, subjects: Sequence[int]) -> bool:

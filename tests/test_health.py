@@ -27,7 +27,7 @@ TOPOLOGIES = Path(__file__).resolve().parent.parent / "conformance" / "scenarios
 HEALTHY_H100 = GpuHealth(
     pcie_width=16, pcie_max_width=16, pcie_gen=1, pcie_max_gen=5, nvlinks=(True,) * 18, ecc_uncorrected=0,
     remap_pending=False, remap_failed=False, retired_pages_pending=None, fabric_state="completed",
-    fabric_status="Success", persistence=True, compute_mode="default",
+    fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(),
 )  # fmt: skip
 
 
@@ -122,6 +122,20 @@ def test_fabric_manager_not_running_fails_every_gpu_it_left(monkeypatch: pytest.
     assert rules.fabric_problems(read(monkeypatch, nv.pcie_box()).health) == {}  # no fabric: nothing to judge
 
 
+def test_clocks_held_down_by_the_hardware_fail_an_idle_gpu_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = with_gpu(nv.nvswitch_box(), 6, clock_reasons=nv.CLOCKS_GPU_IDLE | nv.CLOCKS_HW_POWER_BRAKE | 0x4)
+    health = read(monkeypatch, machine).health
+    assert health["gpu0"].slowdowns == ()  # idle: how a healthy GPU waits
+    assert rules.clock_problems(health) == {
+        "gpu6": "clocks held down (hw_power_brake): check cooling, power and the power-brake signal (`nvidia-smi -q "
+        "-d PERFORMANCE,TEMPERATURE,POWER`)"
+    }
+    assert pynvml.nvmlClocksEventReasonSwThermalSlowdown in rules.SLOWDOWN_REASONS
+    assert (
+        pynvml.nvmlClocksEventReasonSwPowerCap not in rules.SLOWDOWN_REASONS
+    )  # a power cap is configured, not a fault
+
+
 def test_a_prohibited_gpu_fails_exclusive_mode_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = with_gpu(nv.pcie_box(), 4, compute_mode=nv.COMPUTE_PROHIBITED)
     machine = with_gpu(machine, 5, compute_mode=nv.COMPUTE_EXCLUSIVE_PROCESS, persistence=nv.FEATURE_DISABLED)
@@ -153,7 +167,7 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), *files)
-    assert healthy.parseoutcomes() == {"passed": 5}, healthy.stdout.str()
+    assert healthy.parseoutcomes() == {"passed": 6, "skipped": 1}, healthy.stdout.str()  # p2p_path: no iommu facts
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
     assert records["host:fabric_manager"]["metrics"]["gpu0"] == {
@@ -162,15 +176,15 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     }
 
     pcie = run_suite("--topology-file", str(TOPOLOGIES / "pcie-2socket-8gpu.json"), "-rs", *files)
-    assert pcie.parseoutcomes() == {"passed": 3, "skipped": 2}  # no NVLink, no fabric on this PCIe box
+    assert pcie.parseoutcomes() == {"passed": 4, "skipped": 3}  # no NVLink, fabric or iommu facts on this box
     pcie.stdout.fnmatch_lines(["*: no NVLink: NVML reports none on these GPUs", "*: no NVSwitch fabric: NVML *"])
 
     bare = pytester.path / "bare.json"  # a topology file from before health facts: nothing to judge, said
     bare.write_text(json.dumps({k: v for k, v in json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text()).items()
                                 if k != "health"}))  # fmt: skip
     unknown = run_suite("--topology-file", str(bare), "-rs", *files)
-    assert unknown.parseoutcomes() == {"skipped": 5}
+    assert unknown.parseoutcomes() == {"skipped": 7}
     unknown.stdout.fnmatch_lines(["*no GPU's health says pcie_width, pcie_max_width, pcie_gen, pcie_max_gen*"])
     cpu = run_suite("-rs", *files)
-    assert cpu.parseoutcomes() == {"skipped": 5}
+    assert cpu.parseoutcomes() == {"skipped": 7}
     cpu.stdout.fnmatch_lines(["*GPU-only check: no GPU: *"])

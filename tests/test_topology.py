@@ -127,7 +127,8 @@ WRAPPER_SYMBOLS = [
                                 "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
                                 "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
                                 "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetGpuFabricInfo",
-                                "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode")),
+                                "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode",
+                                "nvmlDeviceGetCurrentClocksEventReasons")),
     ("nvmlShutdown", "nvmlShutdown"),
 ]  # fmt: skip
 
@@ -200,6 +201,9 @@ NVML_VALUES = {
     "NVML_GPU_FABRIC_STATE_NOT_STARTED": nv.FABRIC_NOT_STARTED,
     "NVML_GPU_FABRIC_STATE_IN_PROGRESS": nv.FABRIC_IN_PROGRESS, "NVML_GPU_FABRIC_STATE_COMPLETED": nv.FABRIC_COMPLETED,
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": nv.MEMORY_ERROR_UNCORRECTED, "NVML_VOLATILE_ECC": nv.VOLATILE_ECC,
+    "nvmlClocksEventReasonGpuIdle": nv.CLOCKS_GPU_IDLE, "nvmlClocksEventReasonHwSlowdown": nv.CLOCKS_HW_SLOWDOWN,
+    "nvmlClocksEventReasonHwThermalSlowdown": nv.CLOCKS_HW_THERMAL,
+    "nvmlClocksEventReasonHwPowerBrakeSlowdown": nv.CLOCKS_HW_POWER_BRAKE,
 }  # fmt: skip
 
 

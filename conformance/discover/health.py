@@ -27,6 +27,10 @@ T = TypeVar("T")
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 # nvmlComputeMode_t (nvml.h): DEFAULT 0, EXCLUSIVE_THREAD 1 (deprecated), PROHIBITED 2, EXCLUSIVE_PROCESS 3.
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+# nvmlClocksEventReason* bits (nvml.h) that mean the hardware or its temperature holds the clocks down:
+# HW slowdown (an external power brake or overheating), HW thermal, HW power brake, SW thermal.  The
+# others (idle, application clocks, power cap, sync boost) are how a healthy GPU runs, and are not judged.
+SLOWDOWN_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x20: "sw_thermal"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class GpuHealth:
     fabric_status: str | None = None  # NVML's words for the registration's result ("Success")
     persistence: bool | None = None
     compute_mode: str | None = None  # default, exclusive_process, prohibited
+    slowdowns: tuple[str, ...] | None = None  # hardware and thermal clock slowdowns active when read
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +136,12 @@ def read_health(nvml: Any, handle: Any) -> GpuHealth:
         fabric_status=None if fabric is None else fabric[1],
         persistence=optional(lambda: nvml.nvmlDeviceGetPersistenceMode(handle) == nvml.NVML_FEATURE_ENABLED),
         compute_mode=optional(lambda: COMPUTE_MODES.get(int(nvml.nvmlDeviceGetComputeMode(handle)), "unknown")),
+        slowdowns=optional(lambda: slowdown_names(int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)))),
     )
+
+
+def slowdown_names(reasons: int) -> tuple[str, ...]:
+    return tuple(name for bit, name in SLOWDOWN_REASONS.items() if reasons & bit)
 
 
 def _fabric_info(nvml: Any, handle: Any) -> tuple[str, str] | None:
@@ -243,6 +253,16 @@ def mode_problems(health: Mapping[str, GpuHealth]) -> Problems:
         name: "compute mode PROHIBITED: no process may use this GPU (`nvidia-smi -i <n> -c DEFAULT`, as root)"
         for name, h in health.items()
         if h.compute_mode == "prohibited"
+    }
+
+
+def clock_problems(health: Mapping[str, GpuHealth]) -> Problems:
+    """A GPU whose clocks the hardware or its temperature holds down when the run starts (nvml.h's reasons)."""
+    return {
+        name: f"clocks held down ({', '.join(h.slowdowns)}): check cooling, power and the power-brake signal "
+        "(`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`)"
+        for name, h in health.items()
+        if h.slowdowns
     }
 
 

@@ -23,6 +23,7 @@ NVLINK = ("nvlinks",)
 MEMORY = ("ecc_uncorrected", "remap_pending", "remap_failed", "retired_pages_pending")
 FABRIC = ("fabric_state", "fabric_status")
 MODES = ("persistence", "compute_mode")
+CLOCKS = ("slowdowns",)
 
 
 def _facts(
@@ -83,6 +84,12 @@ def test_fabric_manager_registered_every_gpu(conformance: ConformanceSession, ho
 def test_gpu_compute_modes(conformance: ConformanceSession, host_metric: HostMetric) -> None:
     """No GPU prohibits compute; persistence and compute mode recorded (exclusive mode explains "busy")."""
     _fail_on(rules.mode_problems(_facts(conformance, MODES, host_metric)))
+
+
+@pytest.mark.host_check("gpu_clocks")
+def test_no_gpu_held_down_by_its_hardware(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """No GPU's clocks are held down by a hardware, thermal or power-brake slowdown when the run starts."""
+    _fail_on(rules.clock_problems(_facts(conformance, CLOCKS, host_metric)))
 
 
 @pytest.mark.host_check("p2p_path")
