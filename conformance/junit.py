@@ -14,6 +14,9 @@
 * A failed case's ``message`` is its headline (``launch.case.headline``: ``HANG gpu0-gpu4 (SYS) in
   send/recv 4B: ...``), not pytest's ``Failed: ...``; the failure's body keeps the whole text.  The
   terminal's short summary (``-rf``) shows the same line.
+* What the run found beyond its tests (a SLOW pair, ``summarise/bandwidth.py``) is a failed test case
+  of its own (``classname`` gpu-conformance, ``slow_pair[<pair>-<link>-<probe>-<rung>]``), so CI
+  shows it as a failure, not a silent metric.
 * A test case's ``time`` includes its case's wall time, also for a case that ran side by side
   before pytest reached its test (its call then took milliseconds).
 """
@@ -49,6 +52,8 @@ class JunitSummary:
     answer: tuple[str, ...]  # the answer's lines, as the terminal shows them
     exports: tuple[str, ...]  # the export lines for a launch script (none when withheld)
     cpu_only: str | None  # why no GPU was tested, when none was
+    # what the run found beyond its tests (a SLOW pair), each a failed test case of its own: (name, message)
+    findings: tuple[tuple[str, str], ...] = ()
 
     @property
     def suite_name(self) -> str:
@@ -114,6 +119,7 @@ def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT
         if suite_name == PYTEST_DEFAULT_NAME:
             suite.set("name", summary.suite_name)
         _add_properties(suite, summary.properties())
+        _add_findings(suite, summary.findings)
         _set_system_out(suite, summary.system_out())
     written = path.with_name(f".{path.name}.{os.getpid()}")
     tree.write(written, encoding="utf-8", xml_declaration=True)
@@ -127,6 +133,18 @@ def _add_properties(suite: ElementTree.Element, properties: Sequence[tuple[str, 
         suite.insert(0, holder)
     for name, value in properties:
         ElementTree.SubElement(holder, "property", {"name": name, "value": value})
+
+
+def _add_findings(suite: ElementTree.Element, findings: Sequence[tuple[str, str]]) -> None:
+    """Each finding as a failed test case (before system-out, as xunit2 orders a testsuite's children)."""
+    out = suite.find("system-out")
+    place = list(suite).index(out) if out is not None else len(suite)
+    for offset, (name, message) in enumerate(findings):
+        case = ElementTree.Element("testcase", {"classname": SUITE_NAME, "name": name, "time": "0"})
+        ElementTree.SubElement(case, "failure", {"message": message}).text = message
+        suite.insert(place + offset, case)
+    for count in ("tests", "failures"):
+        suite.set(count, str(int(suite.get(count, "0")) + len(findings)))
 
 
 def _set_system_out(suite: ElementTree.Element, text: str) -> None:

@@ -21,6 +21,7 @@ from conformance.common.families import inherited_variables
 from conformance.common.jsonl import read_lines
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
+from conformance.discover.link_rate import simulated_gbps
 from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines
 from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
 from conformance.failed_tests import FailedTests
@@ -45,7 +46,7 @@ from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
 from conformance.record.coverage import Coverage
-from conformance.record.records import CaseRecord, JunitRun, RunEnd, RunFacts, RungFacts
+from conformance.record.records import SIMULATED_GBPS, CaseRecord, JunitRun, RunEnd, RunFacts, RungFacts
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
@@ -241,6 +242,8 @@ class ConformanceSession:
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
             cpu_only=self.cpu_only,
+            slow_ratio=self.settings.slow_ratio,
+            bandwidth_floors=dict(self.settings.bandwidth_floor),
             end=RunEnd(),
         )
 
@@ -359,12 +362,20 @@ class ConformanceSession:
         if self.nodes and placed.kind == "node_pair" and step.rung_index == 0 and self.plan.pairing.rechecks:
             self.nodes.publish_first_pass(step.key, result.verdict)
         one_rung = self.plan.item_step(item) is None  # a device set of the test's own: not parametrised
-        record = results.case_record(result, self.run_id, expect, step.key, one_rung)
+        record = self._with_simulated_bandwidth(results.case_record(result, self.run_id, expect, step.key, one_rung))
         results.append_case(self.results_path, record)
         item.stash[junit.CASE_SECONDS] = result.seconds
         if result.verdict not in (Verdict.PASS, Verdict.SKIP):
             self._attach_logs(item, result)
         return result
+
+    def _with_simulated_bandwidth(self, record: CaseRecord) -> CaseRecord:
+        """A simulated pair's bandwidth is its link's (``link_rate.simulated_gbps``), not gloo's host copies."""
+        if not self.simulated or record.set_kind != "pair" or record.bandwidth_gbps is None:
+            return record
+        rules = self.scenario.rules if self.scenario else ()
+        figure = simulated_gbps(self.topology, record.devices, record.probe, rules)
+        return record if figure is None else replace(record, metrics={**record.metrics, SIMULATED_GBPS: figure})
 
     def _run_here(
         self,
@@ -697,6 +708,9 @@ class ConformanceSession:
             answer=tuple(answer.lines()) if answer else (),
             exports=answer.exports if answer else (),
             cpu_only=self.cpu_only,
+            findings=tuple((f"slow_pair[{p.pair}-{p.link}-{p.probe}-{p.rung}]", p.figure_text()) for p in answer.slow)
+            if answer
+            else (),
         )
 
     def _own_records(self) -> list[CaseRecord]:

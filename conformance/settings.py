@@ -55,6 +55,7 @@ _node_rank = _checked(lambda raw: values.whole_number(raw, minimum=0))
 _device_count = _checked(values.device_count)
 _port = _checked(values.port)
 _host = _checked(values.host)
+_floor = _checked(values.bandwidth_floor)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,11 @@ ENV_RUNGS_FILE_HELP = 'TOML file of extra rungs: [[rung]] name = "...", env = { 
 TOPOLOGY_FILE_HELP = "JSON topology (from 'python -m conformance topology --json') used instead of NVML."
 BASELINE_HELP = "A run (folder, results.jsonl or JUnit XML) to compare this run against; a regression fails the run."
 BANDWIDTH_TOLERANCE_HELP = "Bandwidth ratio current/baseline below which a passing case counts as a drop."
+SLOW_RATIO_HELP = (
+    "A pair whose bandwidth is below this fraction of its link class's median in the same run is SLOW "
+    "(judged where bandwidth measures a GPU link: NCCL runs, simulated machines)."
+)
+BANDWIDTH_FLOOR_HELP = "CLASS=GBPS: a pair of that link class below this many GB/s is SLOW (repeatable; env: ';')."
 RUN_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
 SCENARIO_HELP = (
     "TOML file of simulated faults applied inside real ranks (marks the run simulated), or the name of a "
@@ -182,6 +188,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True, metavar="DIR"),
     Setting("baseline", BASELINE_HELP, None, _text, is_path=True, metavar="RUN"),
     Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio, metavar="RATIO"),
+    Setting("slow_ratio", SLOW_RATIO_HELP, "0.6", _ratio, metavar="RATIO"),
+    Setting("bandwidth_floor", BANDWIDTH_FLOOR_HELP, None, _floor, multiple=True, metavar="CLASS=GBPS"),
     Setting("run_report", RUN_REPORT_HELP, "no", _flag, is_flag=True),
     Setting("nnodes", NNODES_HELP, None, _positive_int, metavar="N"),
     Setting("node_rank", NODE_RANK_HELP, None, _node_rank, metavar="N"),
@@ -214,6 +222,8 @@ class Settings:
     reports_dir: Path
     baseline: Path | None
     bandwidth_tolerance: float
+    slow_ratio: float
+    bandwidth_floor: tuple[tuple[str, float], ...]
     run_report: bool
     nnodes: int | None
     node_rank: int | None

@@ -70,6 +70,7 @@ MIG_DISABLE, MIG_ENABLE = 0, 1
 COMPUTE_DEFAULT, COMPUTE_PROHIBITED, COMPUTE_EXCLUSIVE_PROCESS = 0, 2, 3
 FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
 MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC = 1, 0
+NVLINK_VERSION_3_0, NVLINK_VERSION_4_0 = 4, 6
 CLOCKS_GPU_IDLE, CLOCKS_HW_SLOWDOWN, CLOCKS_HW_THERMAL, CLOCKS_HW_POWER_BRAKE = 0x1, 0x8, 0x40, 0x80
 MAX_MIG_DEVICES = 7  # what an A100 or H100 reports with MIG on
 
@@ -117,6 +118,7 @@ class FakeGpu:
     persistence: int = FEATURE_ENABLED
     compute_mode: int = COMPUTE_DEFAULT
     clock_reasons: int = CLOCKS_GPU_IDLE  # nvmlClocksEventReason* bits
+    nvlink_version: int = NVLINK_VERSION_4_0  # answered where the GPU has NVLinks
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlDeviceGetPersistenceMode": (_device, _UINT_OUT),
     "nvmlDeviceGetComputeMode": (_device, _UINT_OUT),
     "nvmlDeviceGetCurrentClocksEventReasons": (_device, _out(ctypes.c_ulonglong)),
+    "nvmlDeviceGetNvLinkVersion": (_device, _uint, _UINT_OUT),
 }
 NEEDS_NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlErrorString"})
 
@@ -541,6 +544,10 @@ class FakeNvmlLibrary:
 
     def _nvmlDeviceGetComputeMode(self, device: int, mode: ctypes.c_uint) -> None:  # noqa: N802
         mode.value = self.gpu(device)[1].compute_mode
+
+    def _nvmlDeviceGetNvLinkVersion(self, device: int, link: int, version: ctypes.c_uint) -> None:  # noqa: N802
+        self.nvlink(device, link)  # NotSupported without NVLink, InvalidArgument past the last link
+        version.value = self.gpu(device)[1].nvlink_version
 
     def _nvmlDeviceGetCurrentClocksEventReasons(self, device: int, reasons: ctypes.c_ulonglong) -> None:  # noqa: N802
         reasons.value = self.gpu(device)[1].clock_reasons

@@ -168,6 +168,24 @@ BAD_INPUTS = {
         env={"CONFORMANCE_EXPECT_GPUS": "eight"},
         pattern="ERROR: conformance: environment variable CONFORMANCE_EXPECT_GPUS: 'eight' is not a whole number",
     ),
+    "bandwidth-floor-without-rate": Case(
+        ("--bandwidth-floor=SYS",),
+        "ERROR: conformance: command-line option --bandwidth-floor: 'SYS' is not CLASS=GBPS (e.g. NV18=300 or SYS=10)",
+    ),
+    "bandwidth-floor-unknown-class": Case(
+        ("--bandwidth-floor=NVL=10",),
+        "ERROR: conformance: command-line option --bandwidth-floor: 'NVL=10': unknown link class 'NVL'; classes are "
+        "NV<n>, PIX, PXB, PHB, NODE, SYS",
+    ),
+    "bandwidth-floor-negative-env": Case(
+        env={"CONFORMANCE_BANDWIDTH_FLOOR": "NV18=300;SYS=-4"},
+        pattern="ERROR: conformance: environment variable CONFORMANCE_BANDWIDTH_FLOOR: 'SYS=-4': the floor must be "
+        "a positive number of GB/s",
+    ),
+    "slow-ratio-above-one": Case(
+        ("--slow-ratio=1.5",),
+        "ERROR: conformance: command-line option --slow-ratio: '1.5' must be a ratio above 0 and at most 1",
+    ),
     # deadline layers: in-rank timeouts must be shorter than the watchdog's
     "init-timeout-equals-step-timeout": Case(
         ("--init-timeout=30",),

@@ -25,7 +25,8 @@ from fake_nvml import Failure, FakeMachine
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "conformance" / "scenarios" / "topologies"
 
 HEALTHY_H100 = GpuHealth(
-    pcie_width=16, pcie_max_width=16, pcie_gen=1, pcie_max_gen=5, nvlinks=(True,) * 18, ecc_uncorrected=0,
+    pcie_width=16, pcie_max_width=16, pcie_gen=1, pcie_max_gen=5, nvlinks=(True,) * 18, nvlink_version=6,
+    ecc_uncorrected=0,
     remap_pending=False, remap_failed=False, retired_pages_pending=None, fabric_state="completed",
     fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(),
 )  # fmt: skip

@@ -48,6 +48,25 @@ ANSWERS = {
     "pcie-link-downtrained": [
         "host check host:pcie_link: ERROR: gpu5: PCIe link x8, the GPU and slot allow x16: a downtrained link "
         "(reseat the card or its riser, clean the contacts; `nvidia-smi -q -d PCIE`)",
+        *(
+            f"SLOW: {link} pairs' {probe} on inherited, below 0.6 of their class's median or its floor: {pairs} -> "
+            "check the pair's path: *"
+            for probe in ("pair_exchange", "peer_copy")
+            for link, pairs in (
+                ("PIX", "gpu4-gpu5 12.6 GB/s (0.50 of the median 25.2)"),
+                ("NODE", "gpu5-gpu* 12.6 GB/s (0.50 of the median 25.2); gpu5-gpu* *"),
+                ("SYS", "gpu*-gpu5 12.6 GB/s (0.50 of the median 25.2); *"),
+            )
+        ),
+        PCIE_8GPU_PASSED,
+    ],
+    "slow-pair": [
+        *(
+            f"SLOW: SYS pairs' {probe} on inherited, below 0.6 of their class's median or its floor: gpu1-gpu5 7.56 "
+            "GB/s (0.30 of the median 25.2) -> check the pair's path: both GPUs' PCIe links (`nvidia-smi -q -d PCIE`) "
+            "and NVLinks (`nvidia-smi nvlink -s`)"
+            for probe in ("pair_exchange", "peer_copy")
+        ),
         PCIE_8GPU_PASSED,
     ],
     "row-remap-pending": [

@@ -128,7 +128,7 @@ WRAPPER_SYMBOLS = [
                                 "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
                                 "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetGpuFabricInfo",
                                 "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode",
-                                "nvmlDeviceGetCurrentClocksEventReasons")),
+                                "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetNvLinkVersion")),
     ("nvmlShutdown", "nvmlShutdown"),
 ]  # fmt: skip
 
@@ -149,6 +149,7 @@ def call_wrapper(name: str) -> Any:
         "nvmlDeviceIsMigDeviceHandle": (mig,),
         "nvmlDeviceGetTotalEccErrors": (gpu3, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
         "nvmlDeviceGetGpuFabricInfo": (gpu3, ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t())),
+        "nvmlDeviceGetNvLinkVersion": (gpu3, 0),
     }
     no_device = ("nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
                  "nvmlDeviceGetCount")  # fmt: skip
@@ -201,6 +202,7 @@ NVML_VALUES = {
     "NVML_GPU_FABRIC_STATE_NOT_STARTED": nv.FABRIC_NOT_STARTED,
     "NVML_GPU_FABRIC_STATE_IN_PROGRESS": nv.FABRIC_IN_PROGRESS, "NVML_GPU_FABRIC_STATE_COMPLETED": nv.FABRIC_COMPLETED,
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": nv.MEMORY_ERROR_UNCORRECTED, "NVML_VOLATILE_ECC": nv.VOLATILE_ECC,
+    "NVML_NVLINK_VERSION_3_0": nv.NVLINK_VERSION_3_0, "NVML_NVLINK_VERSION_4_0": nv.NVLINK_VERSION_4_0,
     "nvmlClocksEventReasonGpuIdle": nv.CLOCKS_GPU_IDLE, "nvmlClocksEventReasonHwSlowdown": nv.CLOCKS_HW_SLOWDOWN,
     "nvmlClocksEventReasonHwThermalSlowdown": nv.CLOCKS_HW_THERMAL,
     "nvmlClocksEventReasonHwPowerBrakeSlowdown": nv.CLOCKS_HW_POWER_BRAKE,

@@ -7,6 +7,7 @@ from (a setting's source, a command-line argument, an environment variable).
 from __future__ import annotations
 
 import math
+import re
 
 
 class BadValue(ValueError):
@@ -71,3 +72,21 @@ def host(raw: str) -> str:
     if not value or any(c.isspace() for c in value):
         raise BadValue(f"{raw!r} is not a host name or address")
     return value
+
+
+# The link classes a GPU pair has (nvidia-smi topo -m's names; NV<n>: n NVLinks).
+PAIR_LINK_CLASS = re.compile(r"NV[1-9][0-9]*|PIX|PXB|PHB|NODE|SYS")
+
+
+def bandwidth_floor(raw: str) -> tuple[str, float]:
+    """``CLASS=GBPS``: the least bandwidth a pair of that link class may have (``NV18=300``, ``SYS=10``)."""
+    link, sep, rate = raw.partition("=")
+    link = link.strip().upper()
+    if not sep:
+        raise BadValue(f"{raw!r} is not CLASS=GBPS (e.g. NV18=300 or SYS=10)")
+    if not PAIR_LINK_CLASS.fullmatch(link):
+        raise BadValue(f"{raw!r}: unknown link class {link!r}; classes are NV<n>, PIX, PXB, PHB, NODE, SYS")
+    value = number(rate)
+    if not 0 < value < math.inf:
+        raise BadValue(f"{raw!r}: the floor must be a positive number of GB/s")
+    return link, value

@@ -42,6 +42,7 @@ class GpuHealth:
     pcie_gen: int | None = None  # generation now: an idle GPU lowers it to save power, so it is not judged at rest
     pcie_max_gen: int | None = None
     nvlinks: tuple[bool, ...] | None = None  # per link the GPU has: up? (None: no NVLink, or NVML would not say)
+    nvlink_version: int | None = None  # NVML_NVLINK_VERSION_* of link 0 (link_rate.py turns it into GB/s)
     ecc_uncorrected: int | None = None  # volatile uncorrectable ECC errors since the driver loaded
     remap_pending: bool | None = None  # row remapping waits for a GPU reset
     remap_failed: bool | None = None  # a row could not be remapped
@@ -122,6 +123,7 @@ def read_health(nvml: Any, handle: Any) -> GpuHealth:
         pcie_gen=optional(lambda: int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))),
         pcie_max_gen=optional(lambda: int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))),
         nvlinks=optional(lambda: nvlink_states(nvml, handle)),
+        nvlink_version=optional(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),
         ecc_uncorrected=optional(
             lambda: int(
                 nvml.nvmlDeviceGetTotalEccErrors(

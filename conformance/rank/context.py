@@ -165,8 +165,8 @@ class RankContext:
 
     def _apply_faults(self, phase: str) -> None:
         for i, rule in self._matching_rules(phase):
-            if rule.effect == "wrong_data":
-                continue  # applied to received data in verify()
+            if rule.effect in ("wrong_data", "slow_link"):
+                continue  # applied to received data in verify(); a simulated link rate, in the parent
             if rule.effect != "slow":  # a slow machine is slow at every step; other faults happen once
                 self.fired.add(i)
             if rule.effect == "device_hang":

@@ -6,7 +6,7 @@
     topology = "machine.json"  # optional: the simulated machine (relative to this file)
 
     [[rule]]
-    effect = "hang"            # hang | device_hang | crash | error | wrong_data | oom | slow
+    effect = "hang"            # hang | device_hang | crash | error | wrong_data | oom | slow | slow_link
     phase = "probe"            # start | control | init | probe | verify | teardown
     ranks = [1]                # optional: only these ranks
     devices = ["cpu1"]         # optional: only ranks bound to these devices
@@ -24,12 +24,17 @@
     signal = "SIGSEGV"         # crash only
     message = "text"           # error and oom
     seconds = 5                # slow only: sleeps this long at every entry into the phase
+    fraction = 0.3             # slow_link only: the pair's simulated bandwidth is this fraction of its
+                               #   link's physical rate (a healthy pair's is 0.8 of it)
 
 Every value is checked before any case starts: here on its own, and in ``plan/scenario_fit.py``
 against the run (its ranks, devices, probes, link classes, device-set kinds and case limit), so
 a rule that could never fire is refused rather than passing as if its fault had been simulated.
 
 A rule's ``env`` conditions are checked in the rank, against the environment the case gave it.
+``slow_link`` changes no rank: a simulated machine's bandwidth is not gloo's (host memory copies)
+but its pairs' physical link rates (``discover/link_rate.py``) times 0.8, or times ``fraction``
+for the pairs it selects by devices, links, probes and sets (``summarise/bandwidth.py`` judges it).
 ``hang`` blocks the rank on the host where the phase begins; ``device_hang`` is a kernel that never
 finishes: the host call returns at once (as NCCL's do) and the rank blocks at the step's next
 device synchronize, which is how a real GPU hang looks.
@@ -54,7 +59,7 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 PHASES = ("start", "control", "init", "probe", "verify", "teardown")
-EFFECTS = ("hang", "device_hang", "crash", "error", "wrong_data", "oom", "slow")
+EFFECTS = ("hang", "device_hang", "crash", "error", "wrong_data", "oom", "slow", "slow_link")
 ONLY_PHASE = {"wrong_data": "verify", "device_hang": "probe"}  # effects tied to one phase
 EFFECT_FIELDS = {
     "hang": {"ignore_sigterm"},
@@ -64,7 +69,10 @@ EFFECT_FIELDS = {
     "oom": {"message"},
     "slow": {"seconds"},
     "wrong_data": set(),
+    "slow_link": {"fraction"},
 }
+# slow_link is read in the parent, where no rank's environment or barrier exists: it selects by these only
+PARENT_SIDE_FILTERS = {"devices", "links", "probes", "sets"}
 COMMON_FIELDS = {
     "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "wrong_barrier_device", "when_env",
     "unless_env",
@@ -120,6 +128,7 @@ class Rule:
     signal: str = "SIGSEGV"
     message: str = "simulated failure"
     seconds: float = 0.0
+    fraction: float = 1.0
 
     def applies(self, where: Placement, phase: str, environ: Mapping[str, str]) -> bool:
         if phase != self.phase or not self._selects(where):
@@ -230,7 +239,19 @@ def _effect_options(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
             raise ScenarioError(f"{where}: seconds must be a finite, non-negative number, got {seconds!r}")
         options["seconds"] = float(seconds)
+
     return options
+
+
+def _check_slow_link(raw: Mapping[str, Any], where: str) -> None:
+    extra = sorted(set(raw) & (COMMON_FIELDS - PARENT_SIDE_FILTERS - {"effect", "phase"}))
+    if extra:
+        raise ScenarioError(
+            f"{where}: slow_link selects pairs by devices, links, probes and sets only, not {extra[0]!r}"
+        )
+    fraction = raw.get("fraction")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ScenarioError(f"{where}: slow_link needs fraction, a number above 0 and at most 1, got {fraction!r}")
 
 
 def parse_rule(raw: Any, where: str) -> Rule:
@@ -242,6 +263,8 @@ def parse_rule(raw: Any, where: str) -> Rule:
     if effect not in EFFECTS:
         raise ScenarioError(f"{where}: unknown effect {effect!r}; choose one of {', '.join(EFFECTS)}")
     _check_effect_fields(raw, effect, where)
+    if effect == "slow_link":
+        _check_slow_link(raw, where)
     phase = raw.get("phase", ONLY_PHASE.get(effect, "probe"))
     if phase not in PHASES:
         raise ScenarioError(f"{where}: unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
@@ -259,6 +282,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
         wrong_barrier_device=_optional_bool(raw, "wrong_barrier_device", where),
         when_env=_env_table(raw.get("when_env", {}), f"{where} when_env"),
         unless_env=_env_table(raw.get("unless_env", {}), f"{where} unless_env"),
+        fraction=float(raw.get("fraction", 1.0)),
         **_effect_options(raw, where),
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 from conformance.common.verdicts import Verdict
 
 SCHEMA = 1
+SIMULATED_GBPS = "simulated_gbps"  # a simulated pair's bandwidth in its metrics: its link's rate (link_rate.py)
 HOST_SET_KIND = "host"  # the set_kind of a host check's record (conformance/host_checks.py): no devices, no rung
 JUNIT_PREFIX = "conformance."
 
@@ -269,6 +270,8 @@ class RunFacts:
     node_rank: int | None = None
     nnodes: int = 1
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
+    slow_ratio: float | None = None  # a pair below this fraction of its class's median is SLOW (None: older runs)
+    bandwidth_floors: Mapping[str, float] = field(default_factory=dict)  # link class -> least GB/s of a pair
     end: RunEnd | None = None  # None: an older run (whether it finished is not known)
 
     def to_json(self) -> dict[str, Any]:
@@ -280,8 +283,9 @@ class RunFacts:
         values = _known(cls, data)
         if values.get("ladder") is not None:
             values["ladder"] = _ladder(values["ladder"])
-        if values.get("inherited_env") is None:
-            values.pop("inherited_env", None)
+        for name in ("inherited_env", "bandwidth_floors"):
+            if values.get(name) is None:
+                values.pop(name, None)
         values["simulated"] = bool(values.get("simulated"))
         if values.get("end") is not None:
             values["end"] = RunEnd.from_json(values["end"])

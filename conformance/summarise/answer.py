@@ -19,6 +19,7 @@ from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
 from conformance.plan.matrix import Rung
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
+from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_lines, slow_pairs
 from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.recommend import ClassAdvice, Recommendation
 from conformance.summarise.summary import counted_cases, link_class_of, run_ladder, rung_env_text
@@ -69,10 +70,17 @@ class Answer:
     incomplete: str | None
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
+    slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them (``bandwidth.py``)
 
     @property
     def all_passed(self) -> bool:
-        return not self.classes and not self.others and self.incomplete is None and not self.harness_errors
+        return (
+            not self.classes
+            and not self.others
+            and not self.slow
+            and self.incomplete is None
+            and not self.harness_errors
+        )
 
     @property
     def tone(self) -> Tone:
@@ -105,6 +113,7 @@ class Answer:
         # the machine's own faults first: a class that failed on a broken machine may be its victim
         rows: list[tuple[str, Tone]] = [(line, "bad") for line in self.others]
         rows += [(line, "bad") for line in self._fault_lines()]
+        rows += [(line, "bad") for line in slow_lines(self.slow)]
         rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
         if self.passed:
             rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
@@ -224,4 +233,5 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         incomplete=recommendation.incomplete,
         harness_errors=recommendation.harness_errors,
         cpu_only=run.facts.cpu_only,
+        slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
     )

@@ -36,6 +36,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
         return conclusion
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)
+    conclusion.regressed = bool(conclusion.answer.slow)  # a SLOW pair fails the run, as a regression does
     env_file = write_env_file(run, recommendation)
     conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
     if baseline is not None:
@@ -46,7 +47,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             conclusion.regressed = True
         else:
             conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
-            conclusion.regressed = comparison.exit_status != 0
+            conclusion.regressed = conclusion.regressed or comparison.exit_status != 0
             kept = write_comparison(comparison)
             conclusion.lines += [f"(comparison kept in {kept})"] if kept else []
     if settings.run_report:

@@ -1,0 +1,72 @@
+"""A GPU pair's physical link rate, GB/s per direction, from the facts NVML gave (``health.py``).
+
+* NVLink: the pair's links (``NV<n>``) times one link's rate for the GPU's NVLink version.  Per
+  link and direction (NVIDIA's architecture whitepapers): NVLink 1.0 (P100) 20 GB/s; 2.0 (V100)
+  25; 3.0 (A100) 25 (50 GB/s both ways); 4.0 (H100) 25 (900 GB/s for 18 links both ways);
+  5.0 (B200) 50 (1.8 TB/s for 18 links).  nvmlDeviceGetNvLinkVersion numbers them as
+  ``NVML_NVLINK_VERSION_*`` (nvml.h): 1 = 1.0, 2 = 2.0, 3 = 2.2, 4 = 3.0, 5 = 3.1, 6 = 4.0, 7 = 5.0.
+* PCIe: the slower GPU's link, lanes now times one lane's rate at the highest generation the GPU
+  and slot allow (an idle GPU lowers its generation; a downtrained width is real).  Per lane and
+  direction (PCI-SIG): 2.5, 5, 8, 16, 32, 64 GT/s for Gen1..6, 8b/10b encoding to Gen2 and
+  128b/130b from Gen3 (Gen6's FLIT mode about the same): 0.25, 0.5, 0.985, 1.969, 3.938, 7.877 GB/s.
+
+A pair across sockets (SYS) may be held lower by the CPU interconnect, which NVML does not give:
+the figure is the GPUs' own links, an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from conformance.discover.health import GpuHealth
+from conformance.rank.scenario import Placement, Rule
+
+if TYPE_CHECKING:
+    from conformance.discover.topology import Topology
+
+NVLINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
+
+
+def pcie_gbps(health: GpuHealth | None) -> float | None:
+    if health is None or health.pcie_width is None or health.pcie_max_gen not in PCIE_LANE_GBPS:
+        return None
+    return round(health.pcie_width * PCIE_LANE_GBPS[health.pcie_max_gen], 2)
+
+
+def pair_rate_gbps(link: str, first: GpuHealth | None, second: GpuHealth | None) -> float | None:
+    """The physical rate of a pair's link class (``NV18``, ``PIX`` ...), or None where a fact is missing."""
+    if link.startswith("NV") and link[2:].isdigit():
+        version = (first or GpuHealth()).nvlink_version
+        return None if version not in NVLINK_GBPS else int(link[2:]) * NVLINK_GBPS[version]
+    rates = [pcie_gbps(first), pcie_gbps(second)]
+    return None if None in rates else min(r for r in rates if r is not None)
+
+
+# A healthy pair's share of its link's physical rate in a simulation: NCCL's send/recv reaches about
+# 0.8 of a PCIe link (protocol and DMA overhead); the judgement compares pairs with each other, so
+# the exact share matters less than its being the same for every healthy pair.
+HEALTHY_SHARE = 0.8
+
+
+def simulated_gbps(topology: Topology, names: Sequence[str], probe: str, rules: Sequence[Rule]) -> float | None:
+    """A simulated pair's bandwidth: its link's physical rate times the healthy share.
+
+    Times ``slow_link``'s fraction where one selects the pair (by its devices, link class, probe, set
+    kind); None where the topology lacks the facts.
+    """
+    if len(names) != 2:
+        return None
+    first, second = topology.by_name(names)
+    link = topology.link(first, second)
+    rate = pair_rate_gbps(link, topology.health.get(first.name), topology.health.get(second.name))
+    if rate is None:
+        return None
+    share = HEALTHY_SHARE
+    for rule in rules:
+        places = [Placement(rank, name, probe, "pair", (link,)) for rank, name in enumerate(names)]
+        # the pair is the unit: a rule naming devices selects the pairs both of whose GPUs it names
+        if rule.effect == "slow_link" and all(rule.applies(place, rule.phase, {}) for place in places):
+            share *= rule.fraction
+    return round(rate * share, 2)
