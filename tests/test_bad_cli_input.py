@@ -328,6 +328,18 @@ REFUSALS: dict[str, Refusal] = {
         "--topology-file: topology file '{d}/box.json' is not a topology: unknown inventory field 'ecc'",
         {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "inventory": {"ecc": 0}})},
     ),
+    "topology-health-width-a-text": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' is not a topology: health of gpu0: pcie_width is 'x16', which "
+        "is not",
+        {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "health": {"gpu0": {"pcie_width": "x16"}}})},
+    ),
+    "topology-iommu-mode-unknown": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' is not a topology: iommu mode is 'strict', not passthrough, "
+        "translated or off",
+        {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "iommu": {"mode": "strict"}})},
+    ),
     "topology-devices-not-a-list": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
         "--topology-file: topology file '{d}/box.json' is not a topology: \"devices\" is 5, not a list",

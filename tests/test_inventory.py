@@ -22,6 +22,7 @@ from conformance.discover.inventory import (
     Inventory,
     InventoryError,
     broken_gpu_machine,
+    cuda_count_problem,
     inventory_from_json,
     read_inventory,
 )
@@ -260,3 +261,11 @@ def test_a_gpu_handed_to_virtual_machines_is_not_the_hosts_to_lose(tmp_path: Pat
     (paths.pci_devices / PCIE_BUS_IDS[0] / "driver").symlink_to(drivers / "vfio-pci")
     (paths.pci_devices / PCIE_BUS_IDS[1] / "driver").symlink_to(drivers / "nvidia")
     assert read_inventory(paths).pci_gpus == PCIE_BUS_IDS[1:3]  # bound to nvidia, and bound to none (failed probe)
+
+
+def test_cuda_seeing_fewer_gpus_in_a_rank_than_nvml_lists_is_named() -> None:
+    assert cuda_count_problem(8, 8) is None and cuda_count_problem(None, 8) is None  # gloo ranks report none
+    assert cuda_count_problem(7, 8) == (
+        "CUDA sees 7 GPU(s) in a rank where NVML lists 8 for this run: a GPU CUDA cannot initialise (`dmesg | grep -i "
+        "-e NVRM -e Xid`; nvidia-smi shows it, CUDA does not)"
+    )

@@ -289,3 +289,17 @@ def bus_id_list(bus_ids: tuple[str, ...]) -> str:
     if len(bus_ids) <= MAX_BUS_IDS_NAMED:
         return ", ".join(bus_ids)
     return ", ".join(bus_ids[:MAX_BUS_IDS_NAMED]) + f" and {len(bus_ids) - MAX_BUS_IDS_NAMED} more"
+
+
+def cuda_count_problem(cuda_devices: object, given: int) -> str | None:
+    """What is wrong when CUDA in a rank sees another number of GPUs than the run gave it (NVML's), else None.
+
+    The rank's CUDA_VISIBLE_DEVICES lists the run's GPUs by UUID (``launch/case.py``); CUDA stops at
+    the first one it cannot initialise, so a GPU NVML lists but CUDA cannot use shows here only.
+    """
+    if not isinstance(cuda_devices, int) or cuda_devices == given:
+        return None
+    return (
+        f"CUDA sees {cuda_devices} GPU(s) in a rank where NVML lists {given} for this run: a GPU CUDA cannot "
+        "initialise (`dmesg | grep -i -e NVRM -e Xid`; nvidia-smi shows it, CUDA does not)"
+    )

@@ -461,5 +461,6 @@ def environment(ctx: RankContext) -> None:
     ctx.metrics["cpu_threads"] = torch.get_num_threads()
     if ctx.backend == "nccl":
         ctx.metrics["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
+        ctx.metrics["cuda_devices"] = ctx.visible_count  # the inventory's third count: what CUDA sees in a rank
     _all_reduce_one(ctx, "all_reduce 4B")
     ctx.metrics["open_files"] = len(os.listdir("/proc/self/fd"))  # measured after the group is up

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.common.families import inherited_variables
-from conformance.discover.inventory import bus_id_list
+from conformance.discover.inventory import bus_id_list, cuda_count_problem
 from conformance.host_checks import HostMetric
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
@@ -70,6 +70,8 @@ def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: C
     metrics = result.reports[0].metrics
     assert metrics["distributed_available"] is True
     assert metrics[f"{conformance.backend}_available"] is True
+    problem = cuda_count_problem(metrics.get("cuda_devices"), len(conformance.topology.devices))  # GPU runs only
+    assert problem is None, problem
 
 
 @pytest.mark.host_check("hostname")
