@@ -320,12 +320,13 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "topology-inventory-pci-gpus-a-number": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
-        "--topology-file: topology file '{d}/box.json' is not a topology: inventory pci_gpus is 8, which is not a list",
+        "--topology-file: topology file '{d}/box.json' is not a topology: inventory: pci_gpus is 8, which is not a "
+        "list",
         {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "inventory": {"pci_gpus": 8}})},
     ),
     "topology-inventory-unknown-field": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
-        "--topology-file: topology file '{d}/box.json' is not a topology: unknown inventory field 'ecc'",
+        "--topology-file: topology file '{d}/box.json' is not a topology: inventory: unknown field 'ecc'",
         {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "inventory": {"ecc": 0}})},
     ),
     "topology-health-width-a-text": Refusal(
@@ -336,7 +337,7 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "topology-iommu-mode-unknown": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
-        "--topology-file: topology file '{d}/box.json' is not a topology: iommu mode is 'strict', not passthrough, "
+        "--topology-file: topology file '{d}/box.json' is not a topology: iommu: mode is 'strict', not passthrough, "
         "translated or off",
         {"box.json": json.dumps({"kind": "gpu", "devices": [GPU], "iommu": {"mode": "strict"}})},
     ),

@@ -165,11 +165,11 @@ def test_the_default_host_is_the_real_one() -> None:
     ("data", "message"),
     [
         ([1], "inventory is [1], not an object"),
-        ({"gpus": 8}, "unknown inventory field 'gpus' (it has container, device_node, kernel_module, "
+        ({"gpus": 8}, "inventory: unknown field 'gpus' (it has container, device_node, kernel_module, "
                       "nvml_error, nvml_gpus, nvml_libraries, pci_gpus)"),
-        ({"pci_gpus": "0000:18:00.0"}, "inventory pci_gpus is '0000:18:00.0', which is not a list"),
-        ({"nvml_gpus": [18]}, "inventory nvml_gpus[0] is 18, which is not a text"),
-        ({"device_node": "yes"}, "inventory device_node is 'yes', which is not true or false"),
+        ({"pci_gpus": "0000:18:00.0"}, "inventory: pci_gpus is '0000:18:00.0', which is not a list"),
+        ({"nvml_gpus": [18]}, "inventory: nvml_gpus[0] is 18, which is not a text"),
+        ({"device_node": "yes"}, "inventory: device_node is 'yes', which is not true or false"),
     ],
 )  # fmt: skip
 def test_a_topology_files_inventory_of_the_wrong_shape_names_the_field(data: object, message: str) -> None:

@@ -91,9 +91,9 @@ def test_a_capability_list_that_loops_ends(tmp_path: Path) -> None:
     ("data", "message"),
     [
         ("on", "iommu is 'on', not an object"),
-        ({"groups": 3}, "unknown iommu field 'groups' (it has acs_redirect, acs_unreadable, cmdline, mode)"),
-        ({"mode": "strict"}, "iommu mode is 'strict', not passthrough, translated or off"),
-        ({"acs_redirect": "0000:00:01.0"}, "iommu acs_redirect is '0000:00:01.0', which is not a list"),
+        ({"groups": 3}, "iommu: unknown field 'groups' (it has acs_redirect, acs_unreadable, cmdline, mode)"),
+        ({"mode": "strict"}, "iommu: mode is 'strict', not passthrough, translated or off"),
+        ({"acs_redirect": "0000:00:01.0"}, "iommu: acs_redirect is '0000:00:01.0', which is not a list"),
     ],
 )
 def test_a_topology_files_iommu_of_the_wrong_shape_is_named(data: object, message: str) -> None:

@@ -23,6 +23,24 @@ def read_user_file(path: Path, what: str, where: str, error: type[ValueError]) -
         raise error(f"{where}: {what} {str(path)!r} is not UTF-8 text: {exc}") from None
 
 
+T = typing.TypeVar("T")
+
+
+def dataclass_from_json(kind: type[T], data: object, what: str, error: type[ValueError]) -> T:
+    """A JSON object as the dataclass ``kind`` (lists as tuples); ``error`` names ``what`` and the field at fault."""
+    if not isinstance(data, dict):
+        raise error(f"{what} is {data!r}, not an object")
+    known = {f.name for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise error(f"{what}: unknown field {unknown[0]!r} (it has {', '.join(sorted(known))})")
+    values = {str(k): tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    problem = wrong_field_type(values, kind)
+    if problem:
+        raise error(f"{what}: {problem}")
+    return kind(**values)
+
+
 def json_type_name(value: object) -> str:
     """What JSON calls the type of a value ``json.loads`` returned."""
     return "null" if value is None else JSON_TYPE_NAMES.get(type(value), type(value).__name__)

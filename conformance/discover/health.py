@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from conformance.common.inputs import wrong_field_type
+from conformance.common.inputs import dataclass_from_json
 
 T = TypeVar("T")
 
@@ -65,20 +65,10 @@ def health_from_json(data: object) -> dict[str, GpuHealth]:
     """A topology file's ``"health"``: GPU name -> its facts."""
     if not isinstance(data, dict):
         raise HealthError(f"health is {data!r}, not an object keyed by GPU name")
-    known = set(GpuHealth.__dataclass_fields__)
-    found = {}
-    for name, facts in data.items():
-        if not isinstance(facts, dict):
-            raise HealthError(f"health of {name} is {facts!r}, not an object")
-        unknown = sorted(set(facts) - known)
-        if unknown:
-            raise HealthError(f"health of {name}: unknown field {unknown[0]!r} (it has {', '.join(sorted(known))})")
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()}
-        problem = wrong_field_type(values, GpuHealth)
-        if problem:
-            raise HealthError(f"health of {name}: {problem}")
-        found[str(name)] = GpuHealth(**values)
-    return found
+    return {
+        str(name): dataclass_from_json(GpuHealth, facts, f"health of {name}", HealthError)
+        for name, facts in data.items()
+    }
 
 
 # --------------------------------------------------------------------------------------------

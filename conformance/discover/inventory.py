@@ -16,9 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from conformance.common.inputs import wrong_field_type
+from conformance.common.inputs import dataclass_from_json
 
 NVIDIA_VENDOR = 0x10DE
 # PCI class codes (PCI-SIG "PCI Code and ID Assignment", base class 03h): 0300 VGA-compatible
@@ -106,17 +105,7 @@ class InventoryError(ValueError):
 
 def inventory_from_json(data: object) -> Inventory:
     """A topology file's ``"inventory"`` object; raises InventoryError naming the field that is wrong."""
-    if not isinstance(data, dict):
-        raise InventoryError(f"inventory is {data!r}, not an object")
-    known = set(Inventory.__dataclass_fields__)
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise InventoryError(f"unknown inventory field {unknown[0]!r} (it has {', '.join(sorted(known))})")
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    problem = wrong_field_type(values, Inventory)
-    if problem:
-        raise InventoryError(f"inventory {problem}")
-    return Inventory(**values)
+    return dataclass_from_json(Inventory, data, "inventory", InventoryError)
 
 
 DEFAULT_HOST = HostPaths()

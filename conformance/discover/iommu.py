@@ -23,9 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from conformance.common.inputs import wrong_field_type
+from conformance.common.inputs import dataclass_from_json
 
 EXTENDED_CONFIG_START = 0x100
 PCI_EXT_CAP_ID_ACS = 0x0D
@@ -70,19 +69,10 @@ class IommuError(ValueError):
 
 
 def iommu_from_json(data: object) -> IommuFacts:
-    if not isinstance(data, dict):
-        raise IommuError(f"iommu is {data!r}, not an object")
-    known = set(IommuFacts.__dataclass_fields__)
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise IommuError(f"unknown iommu field {unknown[0]!r} (it has {', '.join(sorted(known))})")
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    problem = wrong_field_type(values, IommuFacts)
-    if problem:
-        raise IommuError(f"iommu {problem}")
-    if values.get("mode") not in (None, PASSTHROUGH, TRANSLATED, OFF):
-        raise IommuError(f"iommu mode is {values['mode']!r}, not {PASSTHROUGH}, {TRANSLATED} or {OFF}")
-    return IommuFacts(**values)
+    facts = dataclass_from_json(IommuFacts, data, "iommu", IommuError)
+    if facts.mode not in (None, PASSTHROUGH, TRANSLATED, OFF):
+        raise IommuError(f"iommu: mode is {facts.mode!r}, not {PASSTHROUGH}, {TRANSLATED} or {OFF}")
+    return facts
 
 
 def read_iommu(gpu_bus_ids: tuple[str, ...], pci_devices: Path, cmdline: Path) -> IommuFacts:
