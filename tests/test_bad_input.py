@@ -230,7 +230,8 @@ BAD_INPUTS = {
     ),
     "scenario-unknown-effect": Case(
         (SCENARIO,),
-        SC + " 1: unknown effect 'explode'; choose one of hang, device_hang, crash, error, wrong_data, oom, slow",
+        SC + " 1: unknown effect 'explode'; choose one of hang, device_hang, crash, error, wrong_data, oom, slow, "
+        "slow_link",
         scenario=scenario_text('effect = "explode"'),
     ),
     "scenario-unknown-phase": Case(
@@ -254,7 +255,8 @@ BAD_INPUTS = {
         scenario=scenario_text('effect = "crash"\nsignal = "SIGFOO"'),
     ),
     "scenario-effect-missing": refused_rule(
-        'phase = "probe"', " 1: effect is missing; choose one of hang, device_hang, crash, error, wrong_data, oom, slow"
+        'phase = "probe"',
+        " 1: effect is missing; choose one of hang, device_hang, crash, error, wrong_data, oom, slow, slow_link",
     ),
     "scenario-name-not-a-string": Case(
         (SCENARIO,),

@@ -32,7 +32,7 @@ from conformance.verdict.decision import RankReport, decide, exit_label
 # settings
 # --------------------------------------------------------------------------------------------
 
-EFFECT_NAMES = "hang, device_hang, crash, error, wrong_data, oom, slow"
+EFFECT_NAMES = "hang, device_hang, crash, error, wrong_data, oom, slow, slow_link"
 
 
 class StubConfig:
@@ -213,8 +213,8 @@ def test_rule_all_fields() -> None:
         ({"effect": "hang", "phase": "lunch"},
          "W: unknown phase 'lunch'; choose one of start, control, init, probe, verify, teardown"),
         ({"effect": "hang", "colour": "red"},
-         "W: unknown field 'colour' (known fields: devices, effect, ignore_sigterm, links, message, p2p, phase, "
-         "probes, ranks, seconds, sets, signal, unless_env, when_env, wrong_barrier_device)"),
+         "W: unknown field 'colour' (known fields: devices, effect, fraction, ignore_sigterm, links, message, p2p, "
+         "phase, probes, ranks, seconds, sets, signal, unless_env, when_env, wrong_barrier_device)"),
         ({"effect": "hang", "signal": "SIGKILL"}, "W: field 'signal' does not apply to effect 'hang'"),
         ({"effect": "wrong_data", "message": "x"}, "W: field 'message' does not apply to effect 'wrong_data'"),
         ({"effect": "crash", "signal": "SIGFOO"}, "W: unknown signal 'SIGFOO'"),
