@@ -25,6 +25,7 @@ from conformance.record.records import HOST_SET_KIND, CaseRecord
 MARKER = "host_check"
 MARKER_HELP = f'{MARKER}(name): a check of the host, not of ranks; recorded as probe "host:<name>"'
 METRICS = pytest.StashKey[dict[str, object]]()
+WARNING = "warning"  # a passing check's metric the answer shows as a yellow line (``host_metric(WARNING, text)``)
 HostMetric = Callable[[str, object], None]  # the host_metric fixture: host_metric(name, value)
 
 

@@ -119,6 +119,7 @@ class FakeGpu:
     compute_mode: int = COMPUTE_DEFAULT
     clock_reasons: int = CLOCKS_GPU_IDLE  # nvmlClocksEventReason* bits
     nvlink_version: int = NVLINK_VERSION_4_0  # answered where the GPU has NVLinks
+    processes: list[tuple[int, int]] = field(default_factory=list)  # compute processes: (pid, MiB)
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ def _gpu_from_dict(data: dict[str, Any]) -> FakeGpu:
     mig = data.pop("mig")
     for name in ("pcie", "remapped_rows", "fabric"):  # tuples, as JSON lists
         data[name] = None if data.get(name) is None else tuple(data[name])
+    data["processes"] = [tuple(p) for p in data.get("processes", [])]
     return FakeGpu(
         **{key: value for key, value in data.items() if key != "migs"},
         nvlinks=None if nvlinks is None else [None if link is None else (link[0], link[1]) for link in nvlinks],
@@ -231,6 +233,13 @@ def _out(*types: type) -> Param:
     return target
 
 
+def _process_array(value: object) -> Any:
+    """None (the first call asks for the count) or an array of c_nvmlProcessInfo_v3_t."""
+    if value is None or (isinstance(value, ctypes.Array) and value._type_ is pynvml.c_nvmlProcessInfo_v3_t):
+        return value
+    raise FakeNvmlMisuse(f"expected None or an array of c_nvmlProcessInfo_v3_t, got {value!r}")
+
+
 _DEVICE_OUT = _out(pynvml.c_nvmlDevice_t)
 _UINT_OUT = _out(ctypes.c_uint)
 _PCI_OUT = _out(pynvml.nvmlPciInfo_t)
@@ -271,6 +280,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlDeviceGetComputeMode": (_device, _UINT_OUT),
     "nvmlDeviceGetCurrentClocksEventReasons": (_device, _out(ctypes.c_ulonglong)),
     "nvmlDeviceGetNvLinkVersion": (_device, _uint, _UINT_OUT),
+    "nvmlDeviceGetComputeRunningProcesses_v3": (_device, _UINT_OUT, _process_array),
 }
 NEEDS_NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlErrorString"})
 
@@ -548,6 +558,17 @@ class FakeNvmlLibrary:
     def _nvmlDeviceGetNvLinkVersion(self, device: int, link: int, version: ctypes.c_uint) -> None:  # noqa: N802
         self.nvlink(device, link)  # NotSupported without NVLink, InvalidArgument past the last link
         version.value = self.gpu(device)[1].nvlink_version
+
+    def _nvmlDeviceGetComputeRunningProcesses_v3(self, device: int, count: ctypes.c_uint, infos: Any) -> int:  # noqa: N802
+        """NVML's two calls: the count first (Insufficient Size when there are any), then the array."""
+        processes = self.gpu(device)[1].processes
+        if infos is None or count.value < len(processes):
+            count.value = len(processes)
+            return ERROR_INSUFFICIENT_SIZE if processes else SUCCESS
+        for slot, (pid, mib) in enumerate(processes):
+            infos[slot].pid, infos[slot].usedGpuMemory = pid, mib * 1024 * 1024
+        count.value = len(processes)
+        return SUCCESS
 
     def _nvmlDeviceGetCurrentClocksEventReasons(self, device: int, reasons: ctypes.c_ulonglong) -> None:  # noqa: N802
         reasons.value = self.gpu(device)[1].clock_reasons

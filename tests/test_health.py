@@ -21,6 +21,7 @@ from conformance.discover.health import GpuHealth, HealthError, health_from_json
 from conformance.discover.topology import Topology, discover
 from conftest import copy_suites, read_records
 from fake_nvml import Failure, FakeMachine
+from test_scenario_answers import answer_lines
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "conformance" / "scenarios" / "topologies"
 
@@ -28,7 +29,7 @@ HEALTHY_H100 = GpuHealth(
     pcie_width=16, pcie_max_width=16, pcie_gen=1, pcie_max_gen=5, nvlinks=(True,) * 18, nvlink_version=6,
     ecc_uncorrected=0,
     remap_pending=False, remap_failed=False, retired_pages_pending=None, fabric_state="completed",
-    fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(),
+    fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(), processes=(),
 )  # fmt: skip
 
 
@@ -137,6 +138,17 @@ def test_clocks_held_down_by_the_hardware_fail_an_idle_gpu_does_not(monkeypatch:
     )  # a power cap is configured, not a fault
 
 
+def test_other_users_processes_are_named_with_their_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = with_gpu(nv.nvswitch_box(), 3, processes=[(4242, 30000), (777, 512)])
+    health = read(monkeypatch, machine).health
+    assert health["gpu3"].processes == ((4242, 30000), (777, 512))
+    owners = {4242: "alice", 777: "me"}
+    assert rules.foreign_processes(health, owners.get, "me") == {"gpu3": "pid 4242 (alice) 30000 MiB"}
+    assert rules.foreign_processes(health, lambda pid: None, "me") == {
+        "gpu3": "pid 4242 (another container or user) 30000 MiB, pid 777 (another container or user) 512 MiB"
+    }
+
+
 def test_a_prohibited_gpu_fails_exclusive_mode_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = with_gpu(nv.pcie_box(), 4, compute_mode=nv.COMPUTE_PROHIBITED)
     machine = with_gpu(machine, 5, compute_mode=nv.COMPUTE_EXCLUSIVE_PROCESS, persistence=nv.FEATURE_DISABLED)
@@ -168,7 +180,7 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), *files)
-    assert healthy.parseoutcomes() == {"passed": 6, "skipped": 1}, healthy.stdout.str()  # p2p_path: no iommu facts
+    assert healthy.parseoutcomes() == {"passed": 7, "skipped": 1}, healthy.stdout.str()  # p2p_path: no iommu facts
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
     assert records["host:fabric_manager"]["metrics"]["gpu0"] == {
@@ -177,15 +189,32 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     }
 
     pcie = run_suite("--topology-file", str(TOPOLOGIES / "pcie-2socket-8gpu.json"), "-rs", *files)
-    assert pcie.parseoutcomes() == {"passed": 4, "skipped": 3}  # no NVLink, fabric or iommu facts on this box
+    assert pcie.parseoutcomes() == {"passed": 5, "skipped": 3}  # no NVLink, fabric or iommu facts on this box
     pcie.stdout.fnmatch_lines(["*: no NVLink: NVML reports none on these GPUs", "*: no NVSwitch fabric: NVML *"])
 
     bare = pytester.path / "bare.json"  # a topology file from before health facts: nothing to judge, said
     bare.write_text(json.dumps({k: v for k, v in json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text()).items()
                                 if k != "health"}))  # fmt: skip
     unknown = run_suite("--topology-file", str(bare), "-rs", *files)
-    assert unknown.parseoutcomes() == {"skipped": 7}
+    assert unknown.parseoutcomes() == {"skipped": 8}
     unknown.stdout.fnmatch_lines(["*no GPU's health says pcie_width, pcie_max_width, pcie_gen, pcie_max_gen*"])
     cpu = run_suite("-rs", *files)
-    assert cpu.parseoutcomes() == {"skipped": 7}
+    assert cpu.parseoutcomes() == {"skipped": 8}
     cpu.stdout.fnmatch_lines(["*GPU-only check: no GPU: *"])
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_another_users_process_on_a_gpu_is_a_warning_line_not_a_failure(
+    pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult]
+) -> None:
+    box = json.loads((TOPOLOGIES / "nvswitch-8gpu.json").read_text())
+    box["health"]["gpu3"]["processes"] = [[999999999, 30000]]  # a pid this host cannot see: another container's
+    topology = pytester.path / "busy.json"
+    topology.write_text(json.dumps(box))
+    files = copy_suites(pytester, "test_machine_health.py")
+    result = run_suite("--topology-file", str(topology), "-k", "processes", *files)
+    assert result.ret == 0
+    assert answer_lines(result) == [
+        "WARNING host check host:gpu_processes: gpu3: pid 999999999 (another container or user) 30000 MiB",
+        "everything passed: 0 cases in 0 classes; nothing to set",
+    ]

@@ -259,7 +259,8 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
     # simulated box is healthy: its PCIe links, memory and modes pass, it has no NVLink, fabric or IOMMU facts)
     host = [r for r in records if r["set_kind"] == "host"]
     assert sorted(r["probe"] for r in host if r["verdict"] == "pass") == [
-        "host:dev_shm", "host:gpu_clocks", "host:gpu_inventory", "host:gpu_memory", "host:gpu_modes", "host:hostname",
+        "host:dev_shm", "host:gpu_clocks", "host:gpu_inventory", "host:gpu_memory", "host:gpu_modes",
+        "host:gpu_processes", "host:hostname",
         "host:open_files", "host:pcie_link",
     ]  # fmt: skip
     assert {r["env_name"] for r in host} == {None} and {r["verdict"] for r in host} <= {"pass", "skip"}

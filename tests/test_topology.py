@@ -129,6 +129,7 @@ WRAPPER_SYMBOLS = [
                                 "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetGpuFabricInfo",
                                 "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode",
                                 "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetNvLinkVersion")),
+    ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3"),
     ("nvmlShutdown", "nvmlShutdown"),
 ]  # fmt: skip
 

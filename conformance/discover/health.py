@@ -52,6 +52,7 @@ class GpuHealth:
     persistence: bool | None = None
     compute_mode: str | None = None  # default, exclusive_process, prohibited
     slowdowns: tuple[str, ...] | None = None  # hardware and thermal clock slowdowns active when read
+    processes: tuple[tuple[int, int], ...] | None = None  # (pid, MiB) of compute processes holding the GPU
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +130,15 @@ def read_health(nvml: Any, handle: Any) -> GpuHealth:
         persistence=optional(lambda: nvml.nvmlDeviceGetPersistenceMode(handle) == nvml.NVML_FEATURE_ENABLED),
         compute_mode=optional(lambda: COMPUTE_MODES.get(int(nvml.nvmlDeviceGetComputeMode(handle)), "unknown")),
         slowdowns=optional(lambda: slowdown_names(int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)))),
+        processes=optional(lambda: _processes(nvml, handle)),
+    )
+
+
+def _processes(nvml: Any, handle: Any) -> tuple[tuple[int, int], ...]:
+    """The GPU's compute processes as (pid, MiB); NVML's "not available" memory (WDDM) counts 0."""
+    return tuple(
+        (int(p.pid), int(p.usedGpuMemory or 0) // (1024 * 1024))
+        for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
     )
 
 
@@ -256,6 +266,22 @@ def clock_problems(health: Mapping[str, GpuHealth]) -> Problems:
         for name, h in health.items()
         if h.slowdowns
     }
+
+
+def foreign_processes(health: Mapping[str, GpuHealth], owner: Callable[[int], str | None], me: str) -> Problems:
+    """Processes of other users (or of an owner this host cannot see) holding a GPU's memory when the run starts.
+
+    Not a fault of the machine: a warning, since they take memory the cases may need and time on the
+    links the bandwidth figures measure (DCGM's diagnostic refuses to run beside them).
+    """
+    found = {}
+    for name, h in health.items():
+        others = [(pid, mib, owner(pid)) for pid, mib in h.processes or () if owner(pid) != me]
+        if others:
+            found[name] = ", ".join(
+                f"pid {pid} ({user or 'another container or user'}) {mib} MiB" for pid, mib, user in others
+            )
+    return found
 
 
 def health_values(health: Mapping[str, GpuHealth], fields: Sequence[str]) -> dict[str, dict[str, object]]:

@@ -9,13 +9,15 @@ simulated machine's topology file carries the same facts.
 
 from __future__ import annotations
 
+import getpass
 from collections.abc import Sequence
 
+import psutil
 import pytest
 
 from conformance.discover import health as rules
 from conformance.discover.iommu import IOMMU_FIX
-from conformance.host_checks import HostMetric
+from conformance.host_checks import WARNING, HostMetric
 from conformance.session import ConformanceSession
 
 PCIE = ("pcie_width", "pcie_max_width", "pcie_gen", "pcie_max_gen")
@@ -24,6 +26,7 @@ MEMORY = ("ecc_uncorrected", "remap_pending", "remap_failed", "retired_pages_pen
 FABRIC = ("fabric_state", "fabric_status")
 MODES = ("persistence", "compute_mode")
 CLOCKS = ("slowdowns",)
+PROCESSES = ("processes",)
 
 
 def _facts(
@@ -90,6 +93,22 @@ def test_gpu_compute_modes(conformance: ConformanceSession, host_metric: HostMet
 def test_no_gpu_held_down_by_its_hardware(conformance: ConformanceSession, host_metric: HostMetric) -> None:
     """No GPU's clocks are held down by a hardware, thermal or power-brake slowdown when the run starts."""
     _fail_on(rules.clock_problems(_facts(conformance, CLOCKS, host_metric)))
+
+
+@pytest.mark.host_check("gpu_processes")
+def test_other_users_processes_on_the_gpus(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """Processes of other users holding GPU memory at the start: a warning in the answer, not a failure."""
+    health = _facts(conformance, PROCESSES, host_metric)
+    others = rules.foreign_processes(health, _process_owner, getpass.getuser())
+    if others:
+        host_metric(WARNING, "; ".join(f"{name}: {text}" for name, text in others.items()))
+
+
+def _process_owner(pid: int) -> str | None:
+    try:
+        return str(psutil.Process(pid).username())
+    except (psutil.Error, KeyError):  # gone, another container's, or a uid without a name
+        return None
 
 
 @pytest.mark.host_check("p2p_path")

@@ -71,6 +71,7 @@ class Answer:
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
     slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them (``bandwidth.py``)
+    warnings: tuple[str, ...] = ()  # passing host checks' warnings (another user's processes on a GPU)
 
     @property
     def all_passed(self) -> bool:
@@ -100,6 +101,7 @@ class Answer:
             first.append((harness_error_line(self.harness_errors), "bad"))
         if self.cpu_only is not None and not (self.all_passed and not first):
             first.append((f"{CPU_ONLY} ({self.cpu_only})", "warn"))
+        first += [(line, "warn") for line in self.warnings]
         return first + self._verdict_rows()
 
     def _verdict_rows(self) -> list[tuple[str, Tone]]:
@@ -206,6 +208,15 @@ def run_iommu(run: Run) -> IommuFacts:
         return IommuFacts()
 
 
+def _host_warnings(records: Sequence[CaseRecord]) -> tuple[str, ...]:
+    """``WARNING host check host:<name>: <text>`` for each passing host check that left a warning."""
+    return tuple(
+        f"WARNING host check {r.probe}: {r.metrics['warning']}"
+        for r in records
+        if r.set_kind == HOST_SET_KIND and r.outcome is Verdict.PASS and isinstance(r.metrics.get("warning"), str)
+    )
+
+
 def answer(run: Run, recommendation: Recommendation) -> Answer:
     ladder = run_ladder(run)
     order = {r.name: i for i, r in enumerate(ladder)}
@@ -234,4 +245,5 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         harness_errors=recommendation.harness_errors,
         cpu_only=run.facts.cpu_only,
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
+        warnings=_host_warnings(run.usable_records),
     )
