@@ -66,7 +66,7 @@ def _topology(config: pytest.Config, settings: Settings, scenario: Scenario | No
     elif scenario is not None and scenario.topology is not None:
         simulated = load_topology_file(scenario.topology, f"{scenario.path} [scenario] topology")
     if simulated is not None:  # a simulated machine whose NVML fails stops as a real one does
-        refuse_broken_gpu_machine(simulated, settings.backend, f"simulated ({simulated.source}): ")
+        refuse_broken_gpu_machine(simulated.inventory, settings.backend, f"simulated ({simulated.source}): ")
         return simulated
     try:
         return discover(settings.backend, settings.virtual_devices)
@@ -91,14 +91,11 @@ def _baseline(config: pytest.Config, settings: Settings) -> Run | None:
     if settings.baseline is None or hasattr(config, "workerinput"):
         return None
     path = baseline_path(settings.baseline)
-    if not path.exists():
-        shipped = ", ".join(shipped_baselines())
-        where = settings.source("baseline")
-        raise SettingError(f"{where}: {path}: no such run folder or file (nor is it a shipped baseline: {shipped})")
     try:
         return load_run(path)
     except RunError as exc:
-        raise SettingError(f"{settings.source('baseline')}: {exc}") from None
+        shipped = "" if path.exists() else f" (nor is it a shipped baseline: {', '.join(shipped_baselines())})"
+        raise SettingError(f"{settings.source('baseline')}: {exc}{shipped}") from None
 
 
 def _check_baseline(session: ConformanceSession) -> None:

@@ -708,9 +708,7 @@ class ConformanceSession:
             answer=tuple(answer.lines()) if answer else (),
             exports=answer.exports if answer else (),
             cpu_only=self.cpu_only,
-            findings=tuple((f"slow_pair[{p.pair}-{p.link}-{p.probe}-{p.rung}]", p.figure_text()) for p in answer.slow)
-            if answer
-            else (),
+            findings=tuple((p.test_name, p.figure_text()) for p in answer.slow) if answer else (),
         )
 
     def _own_records(self) -> list[CaseRecord]:

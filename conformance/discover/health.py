@@ -276,7 +276,8 @@ def foreign_processes(health: Mapping[str, GpuHealth], owner: Callable[[int], st
     """
     found = {}
     for name, h in health.items():
-        others = [(pid, mib, owner(pid)) for pid, mib in h.processes or () if owner(pid) != me]
+        owned = [(pid, mib, owner(pid)) for pid, mib in h.processes or ()]
+        others = [(pid, mib, user) for pid, mib, user in owned if user != me]
         if others:
             found[name] = ", ".join(
                 f"pid {pid} ({user or 'another container or user'}) {mib} MiB" for pid, mib, user in others

@@ -40,8 +40,8 @@ def pair_rate_gbps(link: str, first: GpuHealth | None, second: GpuHealth | None)
     if link.startswith("NV") and link[2:].isdigit():
         version = (first or GpuHealth()).nvlink_version
         return None if version not in NVLINK_GBPS else int(link[2:]) * NVLINK_GBPS[version]
-    rates = [pcie_gbps(first), pcie_gbps(second)]
-    return None if None in rates else min(r for r in rates if r is not None)
+    rates = [rate for rate in (pcie_gbps(first), pcie_gbps(second)) if rate is not None]
+    return min(rates) if len(rates) == 2 else None
 
 
 # A healthy pair's share of its link's physical rate in a simulation: NCCL's send/recv reaches about
@@ -64,8 +64,8 @@ def simulated_gbps(topology: Topology, names: Sequence[str], probe: str, rules: 
     if rate is None:
         return None
     share = HEALTHY_SHARE
+    places = [Placement(rank, name, probe, "pair", (link,)) for rank, name in enumerate(names)]
     for rule in rules:
-        places = [Placement(rank, name, probe, "pair", (link,)) for rank, name in enumerate(names)]
         # the pair is the unit: a rule naming devices selects the pairs both of whose GPUs it names
         if rule.effect == "slow_link" and all(rule.applies(place, rule.phase, {}) for place in places):
             share *= rule.fraction

@@ -693,9 +693,9 @@ def nvml_gpus(environ: Mapping[str, str]) -> tuple[list[Device], str]:
     return [Device(d.name, d.index, d.kind, d.uuid, d.model, d.pci_bus_id) for d in view.topology.devices], ""
 
 
-def refuse_broken_gpu_machine(topology: Topology, backend: str, prefix: str = "") -> None:
+def refuse_broken_gpu_machine(inventory: Inventory, backend: str, prefix: str = "") -> None:
     """Raises BrokenGpuMachine where NVML failed on a machine with NVIDIA GPUs, unless gloo was asked for."""
-    problem = broken_gpu_machine(topology.inventory)
+    problem = broken_gpu_machine(inventory)
     if problem is not None and backend != "gloo":
         raise BrokenGpuMachine(prefix + problem)
 
@@ -723,7 +723,7 @@ def discover(
         iommu = read_iommu(buses, host.pci_devices, host.cmdline)
         return replace(view.topology, inventory=machine, iommu=iommu)
     note = f"no GPU: {view.reason}"
-    refuse_broken_gpu_machine(cpu_topology(0, inventory=machine), backend)
+    refuse_broken_gpu_machine(machine, backend)
     if backend == "nccl":
         raise ValueError(f"the nccl backend needs GPUs, and none was found ({view.reason})")
     return cpu_topology(virtual_devices, note=note, inventory=machine)

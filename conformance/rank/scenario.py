@@ -239,7 +239,6 @@ def _effect_options(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
             raise ScenarioError(f"{where}: seconds must be a finite, non-negative number, got {seconds!r}")
         options["seconds"] = float(seconds)
-
     return options
 
 
@@ -290,13 +289,12 @@ def parse_rule(raw: Any, where: str) -> Rule:
 def load_scenario(path: Path, where: str) -> Scenario:
     """Read and validate a scenario file, or a shipped one by name; ``where`` names the setting that pointed at it."""
     path = scenario_path(path)
-    if not path.exists():
-        shipped = ", ".join(shipped_scenarios())
-        raise ScenarioError(
-            f"{where}: scenario file {str(path)!r} cannot be read: No such file or directory "
-            f"(nor is it a shipped scenario: {shipped})"
-        )
-    text = read_user_file(path, "scenario file", where, ScenarioError)
+    try:
+        text = read_user_file(path, "scenario file", where, ScenarioError)
+    except ScenarioError as exc:
+        if path.exists():
+            raise
+        raise ScenarioError(f"{exc} (nor is it a shipped scenario: {', '.join(shipped_scenarios())})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

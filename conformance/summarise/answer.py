@@ -22,7 +22,7 @@ from conformance.record.runs import Run
 from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_lines, slow_pairs
 from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.recommend import ClassAdvice, Recommendation
-from conformance.summarise.summary import counted_cases, link_class_of, run_ladder, rung_env_text
+from conformance.summarise.summary import count_text, counted_cases, link_class_of, run_ladder, rung_env_text
 from conformance.verdict.machine_faults import MachineFault, machine_fault
 
 Tone = Literal["bad", "good", "warn", "plain"]
@@ -108,7 +108,7 @@ class Answer:
         if self.incomplete is not None:
             return [(f"INCOMPLETE RUN ({self.incomplete}): no answer from part of a run", "warn")]
         if self.all_passed:
-            cases, classes = _count(self.cases, "case"), _count(len(self.passed), "class")
+            cases, classes = count_text(self.cases, "case"), count_text(len(self.passed), "class")
             if self.cpu_only is not None:
                 return [(f"{CPU_ONLY} ({self.cpu_only}): {cases} in {classes} passed on CPU ranks", "warn")]
             return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
@@ -130,7 +130,8 @@ class Answer:
             if found.fault is not None and found.fix is None:
                 classes.setdefault(found.fault, []).append(found.label)
         return [
-            f"MACHINE FAULT: {fault.name} in {_count(len(labels), 'class')} ({', '.join(labels)}) -> fix: {fault.fix}"
+            f"MACHINE FAULT: {fault.name} in {count_text(len(labels), 'class')} ({', '.join(labels)}) "
+            f"-> fix: {fault.fix}"
             for fault, labels in classes.items()
         ]
 
@@ -150,10 +151,6 @@ def harness_error_line(errors: Sequence[HarnessError]) -> str:
         f"HARNESS ERROR in {len(errors)} test(s): {named}{more}: pytest failed them without a verdict on the "
         "machine, so no recommendation is handed out"
     )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def _setting_text(rung: Rung) -> str:
@@ -184,7 +181,7 @@ def _class_answer(
         fix=advice.rung,
         unfit=unfit,
         tried=advice.tried,
-        causes=tuple(cause_lines(failed)) + tuple(line for line in [p2p_path_line(failed, iommu)] if line),
+        causes=(*cause_lines(failed), *filter(None, [p2p_path_line(failed, iommu)])),
         fault=next((f for r in failed if (f := machine_fault(r.verdict, r.summary)) is not None), None),
     )
 

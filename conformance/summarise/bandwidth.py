@@ -54,6 +54,11 @@ class SlowPair:
     ratio: float
     floor: float | None
 
+    @property
+    def test_name(self) -> str:
+        """Its failed test case's name in the JUnit file."""
+        return f"slow_pair[{self.pair}-{self.link}-{self.probe}-{self.rung}]"
+
     def figure_text(self) -> str:
         """``gpu1-gpu5 7.56 GB/s (0.30 of the median 25.2)``, or ``(below the floor 10)``."""
         reasons = []

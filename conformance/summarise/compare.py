@@ -214,12 +214,17 @@ def _host(run: Run) -> str | None:
     return str(host) if host else None
 
 
-def run_device_ids(run: Run) -> frozenset[str]:
-    """Every device id of the run's machine (run.json's topology), else those its records name."""
+def _topology_devices(run: Run) -> list[Mapping[str, object]]:
     topology = run.facts.topology
     devices = topology.get("devices") if isinstance(topology, Mapping) else None
-    if isinstance(devices, list) and devices:
-        return frozenset(str(d.get("uuid") or d.get("name")) for d in devices if isinstance(d, Mapping))
+    return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
+
+
+def run_device_ids(run: Run) -> frozenset[str]:
+    """Every device id of the run's machine (run.json's topology), else those its records name."""
+    devices = _topology_devices(run)
+    if devices:
+        return frozenset(str(d.get("uuid") or d.get("name")) for d in devices)
     return frozenset(str(i) for r in run.records for i in r.device_ids)
 
 
@@ -242,12 +247,6 @@ def machine_difference(baseline: Run, current: Run) -> str | None:
             f"{len(only_new)} only in the current run ({only_new[0]}, ...)"
         )
     return None
-
-
-def _topology_devices(run: Run) -> list[Mapping[str, object]]:
-    topology = run.facts.topology
-    devices = topology.get("devices") if isinstance(topology, Mapping) else None
-    return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
 
 
 def machine_gpus(run: Run) -> tuple[str, ...] | None:
@@ -516,16 +515,16 @@ class Comparison:
             )
         return lines
 
-    def _machine_counts(self) -> str:
+    @staticmethod
+    def _machine_counts(c: Mapping[str, int]) -> str:
         """``1 GPU lost, 2 link changed, `` where the machine changed; nothing where it did not."""
-        c = self.counts()
         named = [(c["gpus_lost"], "GPU lost"), (c["links_changed"], "link changed")]
         return "".join(f"{n} {what}, " for n, what in named if n)
 
     def _verdict_line(self) -> str:
         c = self.counts()
         text = (
-            f"{c['regressions']} regression(s) ({self._machine_counts()}{c['verdict_regressions']} verdict, "
+            f"{c['regressions']} regression(s) ({self._machine_counts(c)}{c['verdict_regressions']} verdict, "
             f"{c['bandwidth_drops']} bandwidth below {self.tolerance:g}x), {c['fixes']} fix(es), "
             f"{c['verdict_changes']} other verdict change(s), "
             f"{c['transport_changes']} transport change(s), {c['new']} new, {c['missing']} missing; "

@@ -54,12 +54,13 @@ class RecordCounts:
     controls: int
 
     def text(self) -> str:
-        parts = [_plural(self.cases, "case"), _plural(self.host_checks, "host check"), f"{self.skipped} skipped"]
-        return ", ".join(parts + ([_plural(self.controls, "negative control")] if self.controls else []))
+        parts = [count_text(self.cases, "case"), count_text(self.host_checks, "host check"), f"{self.skipped} skipped"]
+        return ", ".join(parts + ([count_text(self.controls, "negative control")] if self.controls else []))
 
 
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def count_text(n: int, noun: str) -> str:
+    """``1 case``, ``3 cases``, ``2 classes``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def record_counts(records: Sequence[CaseRecord]) -> RecordCounts:
