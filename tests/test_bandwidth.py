@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -14,7 +16,9 @@ from conformance.junit import JunitSummary, complete
 from conformance.rank.scenario import ScenarioError, parse_rule
 from conformance.record.records import CaseRecord, JunitRun
 from conformance.summarise.bandwidth import slow_lines, slow_pairs
+from conftest import copy_suites
 from test_junit_schema import PYTEST_FILE, schema_errors
+from test_scenario_answers import answer_lines
 
 GEN4_X16 = GpuHealth(pcie_width=16, pcie_max_width=16, pcie_gen=1, pcie_max_gen=4)
 H100 = GpuHealth(nvlinks=(True,) * 18, nvlink_version=6)
@@ -95,3 +99,25 @@ def test_a_slow_link_rule_is_checked(rule: dict[str, Any], message: str) -> None
         parse_rule(rule, "r")
     assert str(caught.value) == message
     assert parse_rule({"effect": "slow_link", "fraction": 0.3, "devices": ["gpu1"]}, "r").fraction == 0.3
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_a_slow_pair_fails_the_run_in_the_answer_run_json_junit_and_exit_status(
+    pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult], reports_dir: Path
+) -> None:
+    files = copy_suites(pytester, "test_pairs.py")
+    junit = pytester.path / "slow.xml"
+    result = run_suite("--scenario", "slow-pair", f"--junitxml={junit}", *files, timeout=240)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()  # every case passed
+    assert answer_lines(result)[0].startswith(
+        "SLOW: SYS pairs' pair_exchange on inherited, below 0.6 of their class's median or its floor: gpu1-gpu5 7.56"
+    )
+    facts = json.loads((reports_dir / "latest" / "run.json").read_text())
+    assert (facts["slow_ratio"], facts["bandwidth_floors"]) == (0.6, {})  # what a re-render judges by
+    (suite,) = ElementTree.parse(junit).getroot().findall("testsuite")
+    slow = [c for c in suite.iter("testcase") if c.get("classname") == "gpu-conformance"]
+    assert sorted(c.get("name") for c in slow) == [
+        "slow_pair[gpu1-gpu5-SYS-pair_exchange-inherited]", "slow_pair[gpu1-gpu5-SYS-peer_copy-inherited]"
+    ]  # fmt: skip
+    assert suite.get("failures") == "2" and all(c.find("failure") is not None for c in slow)
+    assert schema_errors(junit) == []
