@@ -22,8 +22,9 @@ from conformance.common.jsonl import read_lines
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import simulated_gbps
-from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines
+from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines, watch_run
 from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
+from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids, busy_windows
 from conformance.failed_tests import FailedTests
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.launch.forkserver import ForkServerClient
@@ -46,7 +47,7 @@ from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
 from conformance.record.coverage import Coverage
-from conformance.record.records import SIMULATED_GBPS, CaseRecord, JunitRun, RunEnd, RunFacts, RungFacts
+from conformance.record.records import HOST_SET_KIND, SIMULATED_GBPS, CaseRecord, JunitRun, RunEnd, RunFacts, RungFacts
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
@@ -128,6 +129,7 @@ class ConformanceSession:
         self.coverage = Coverage()
         self.failed_tests = FailedTests(config.rootpath)
         self.end: RunEnd | None = None  # how far the run got, once it has ended
+        self.gpu_watch: Watch | None = None  # the run's owner watches its GPUs from start to end
         self._plan_run(run_id, build_ladder(self.user_rungs))
 
     def _plan_run(self, run_id: str, ladder: Sequence[Rung]) -> None:
@@ -154,6 +156,8 @@ class ConformanceSession:
         self._meet_nodes()
         if not self._runs_nothing:
             self.ensure_run_dir()  # run.json says the run has started
+        if not self.is_worker and not self._runs_nothing:
+            self.gpu_watch = watch_run(self.topology, self.backend)
         self.launch_forkserver()
 
     @property
@@ -267,10 +271,28 @@ class ConformanceSession:
         """run.json says how far the run got (``RunEnd``), before anything reads the run back."""
         run_json = self.run_dir / RUN_FACTS
         if self.is_worker or not run_json.exists():
+            if self.gpu_watch is not None:
+                self.gpu_watch.close()
             return
+        records = self._own_records()
         end = self.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
-        self.end = replace(end, harness_errors=self.failed_tests.unexplained(self._own_records()))
-        casefiles.write_json_atomic(run_json, replace(self.run_facts(), end=self.end).to_json())
+        self.end = replace(end, harness_errors=self.failed_tests.unexplained(records))
+        watched = self._stop_watch(records)
+        facts = replace(self.run_facts(), end=self.end, watch=watched.to_json() if watched else None)
+        casefiles.write_json_atomic(run_json, facts.to_json())
+
+    def _stop_watch(self, records: Sequence[CaseRecord]) -> RunWatch | None:
+        """What the GPUs' watch saw, each Xid naming the case that ran on its GPU then."""
+        if self.gpu_watch is None:
+            return None
+        spans = [
+            CaseSpan(r.nodeid, r.probe, r.verdict, r.devices, r.time - r.seconds, r.time)
+            for r in records
+            if r.set_kind != HOST_SET_KIND and r.node_rank == self.node_rank and r.time and r.seconds is not None
+        ]
+        watched = self.gpu_watch.stop(busy_windows(spans))
+        self.gpu_watch = None
+        return attribute_xids(watched, spans)
 
     @property
     def lease_dir(self) -> Path | None:
@@ -708,7 +730,7 @@ class ConformanceSession:
             answer=tuple(answer.lines()) if answer else (),
             exports=answer.exports if answer else (),
             cpu_only=self.cpu_only,
-            findings=tuple((p.test_name, p.figure_text()) for p in answer.slow) if answer else (),
+            findings=answer.findings() if answer else (),
         )
 
     def _own_records(self) -> list[CaseRecord]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -43,6 +44,7 @@ ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
+ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
 ERROR_UNKNOWN = 999
 ERROR_TEXT = {
@@ -53,6 +55,7 @@ ERROR_TEXT = {
     ERROR_NOT_FOUND: "Not Found",
     ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
     ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    ERROR_TIMEOUT: "Timeout",
     ERROR_GPU_IS_LOST: "GPU is lost",
 }
 # nvmlGpuTopologyLevel_t
@@ -72,6 +75,8 @@ FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED =
 MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC = 1, 0
 NVLINK_VERSION_3_0, NVLINK_VERSION_4_0 = 4, 6
 CLOCKS_GPU_IDLE, CLOCKS_HW_SLOWDOWN, CLOCKS_HW_THERMAL, CLOCKS_HW_POWER_BRAKE = 0x1, 0x8, 0x40, 0x80
+EVENT_XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+EVENT_SET_ADDRESS = 0x7F3B00000000  # the one event set this fake hands out
 MAX_MIG_DEVICES = 7  # what an A100 or H100 reports with MIG on
 
 # Queries that name a GPU; they still answer for a GPU that is lost (its other queries fail).
@@ -120,6 +125,9 @@ class FakeGpu:
     clock_reasons: int = CLOCKS_GPU_IDLE  # nvmlClocksEventReason* bits
     nvlink_version: int = NVLINK_VERSION_4_0  # answered where the GPU has NVLinks
     processes: list[tuple[int, int]] = field(default_factory=list)  # compute processes: (pid, MiB)
+    # per NVLink: [replay, recovery, CRC flit, CRC data] error counts (nvmlNvLinkErrorCounter_t order)
+    nvlink_errors: list[list[int]] | None = None  # None: NotSupported
+    pcie_replays: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,7 @@ class FakeMachine:
     missing: list[str] = field(default_factory=list)  # symbols this driver's library lacks
     failures: list[Failure] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)  # GPUs whose every non-identity query fails
+    xid_events: list[tuple[int, int]] = field(default_factory=list)  # (GPU index, Xid) an event set delivers next
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -240,6 +249,18 @@ def _process_array(value: object) -> Any:
     raise FakeNvmlMisuse(f"expected None or an array of c_nvmlProcessInfo_v3_t, got {value!r}")
 
 
+def _event_set(value: object) -> int:
+    if not isinstance(value, pynvml.c_nvmlEventSet_t):
+        raise FakeNvmlMisuse(f"expected an nvmlEventSet_t, got {value!r}")
+    return ctypes.cast(value, ctypes.c_void_p).value or 0
+
+
+def _ulonglong(value: object) -> int:
+    if not isinstance(value, ctypes.c_ulonglong):
+        raise FakeNvmlMisuse(f"expected an unsigned long long, got {value!r}")
+    return value.value
+
+
 _DEVICE_OUT = _out(pynvml.c_nvmlDevice_t)
 _UINT_OUT = _out(ctypes.c_uint)
 _PCI_OUT = _out(pynvml.nvmlPciInfo_t)
@@ -281,6 +302,12 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlDeviceGetCurrentClocksEventReasons": (_device, _out(ctypes.c_ulonglong)),
     "nvmlDeviceGetNvLinkVersion": (_device, _uint, _UINT_OUT),
     "nvmlDeviceGetComputeRunningProcesses_v3": (_device, _UINT_OUT, _process_array),
+    "nvmlDeviceGetNvLinkErrorCounter": (_device, _uint, _uint, _out(ctypes.c_ulonglong)),
+    "nvmlDeviceGetPcieReplayCounter": (_device, _UINT_OUT),
+    "nvmlEventSetCreate": (_out(pynvml.c_nvmlEventSet_t),),
+    "nvmlDeviceRegisterEvents": (_device, _ulonglong, _event_set),
+    "nvmlEventSetWait_v2": (_event_set, _out(pynvml.c_nvmlEventData_t), _uint),
+    "nvmlEventSetFree": (_event_set,),
 }
 NEEDS_NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlErrorString"})
 
@@ -333,6 +360,7 @@ class FakeNvmlLibrary:
         self.calls: list[str] = []  # symbol names, in call order
         self.initialised = 0  # nvmlInitWithFlags minus nvmlShutdown
         self.symbols: dict[str, _Symbol] = {}
+        self.registered: set[int] = set()  # GPUs whose Xid events the event set delivers
 
     def __getattr__(self, name: str) -> _Symbol:
         if name.startswith("_") or name not in SIGNATURES or name in self.machine.missing:
@@ -572,6 +600,44 @@ class FakeNvmlLibrary:
 
     def _nvmlDeviceGetCurrentClocksEventReasons(self, device: int, reasons: ctypes.c_ulonglong) -> None:  # noqa: N802
         reasons.value = self.gpu(device)[1].clock_reasons
+
+    def _nvmlDeviceGetNvLinkErrorCounter(self, device: int, link: int, counter: int, value: Any) -> None:  # noqa: N802
+        self.nvlink(device, link)  # NotSupported without NVLink, InvalidArgument past the last link
+        errors = self.gpu(device)[1].nvlink_errors
+        if errors is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        if not 0 <= counter <= 3:
+            raise _Return(ERROR_INVALID_ARGUMENT)
+        value.value = errors[link][counter]
+
+    def _nvmlDeviceGetPcieReplayCounter(self, device: int, value: ctypes.c_uint) -> None:  # noqa: N802
+        replays = self.gpu(device)[1].pcie_replays
+        if replays is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        value.value = replays
+
+    # -- events: one event set; Xid events delivered in order, to GPUs registered for them ------------
+    def _nvmlEventSetCreate(self, event_set: Any) -> None:  # noqa: N802
+        _set_pointer(event_set, EVENT_SET_ADDRESS)
+        self.registered = set()
+
+    def _nvmlDeviceRegisterEvents(self, device: int, types: int, event_set: int) -> None:  # noqa: N802
+        if event_set != EVENT_SET_ADDRESS or types & ~EVENT_XID_CRITICAL_ERROR:
+            raise FakeNvmlMisuse(f"this fake registers Xid events in its own event set, got {types:#x}, {event_set:#x}")
+        self.registered.add(self.gpu(device)[0])
+
+    def _nvmlEventSetWait_v2(self, event_set: int, data: Any, timeout_ms: int) -> None:  # noqa: N802
+        waiting = [e for e in self.machine.xid_events if e[0] in self.registered]
+        if not waiting:
+            time.sleep(min(timeout_ms, 50) / 1000)  # the real call blocks up to timeout_ms
+            raise _Return(ERROR_TIMEOUT)
+        self.machine.xid_events.remove(waiting[0])
+        gpu, xid = waiting[0]
+        _set_pointer(data.device, handle_address(gpu))
+        data.eventType, data.eventData = EVENT_XID_CRITICAL_ERROR, xid
+
+    def _nvmlEventSetFree(self, event_set: int) -> None:  # noqa: N802
+        self.registered = set()
 
 
 def _matches(failure: Failure, subjects: Sequence[int]) -> bool:

@@ -286,8 +286,8 @@ def test_fixes_other_changes_new_and_missing() -> None:
     assert comparison.regressions == [] and comparison.exit_status == 0
     assert comparison.counts() == {
         "matched": 3, "regressions": 0, "verdict_regressions": 0, "bandwidth_drops": 0, "links_changed": 0,
-        "gpus_lost": 0, "fixes": 1, "verdict_changes": 1, "transport_changes": 0, "new": 1, "missing": 1,
-        "bandwidth_not_compared": 0,
+        "gpus_lost": 0, "machine_faults": 0, "fixes": 1, "verdict_changes": 1, "transport_changes": 0, "new": 1,
+        "missing": 1, "bandwidth_not_compared": 0,
     }  # fmt: skip
     assert json.loads(json.dumps(comparison.to_json()))["counts"] == comparison.counts()
 
@@ -600,3 +600,21 @@ def test_a_health_check_that_passed_and_fails_now_is_a_regression() -> None:
         ("verdict", "suites/test_environment.py::test_gpu_inventory", "error")
     ]
     assert comparison.exit_status == 1
+
+
+def test_error_counters_that_grew_and_an_xid_during_the_run_are_regressions() -> None:
+    def watched(grown: int, xids: list[dict[str, Any]]) -> Run:
+        gpu = {"errors_start": {"nvlink2 crc_flit": 10, "nvlink2 replay": 0},
+               "errors_end": {"nvlink2 crc_flit": 10, "nvlink2 replay": grown}, "xids": xids}  # fmt: skip
+        facts = {"host": HOST, "run_id": "r", "topology": machine(), "watch": {"gpus": {"gpu1": gpu}, "seconds": 60}}
+        return Run("run", RunFacts.from_json(facts), typed([record()]))
+
+    quiet = watched(0, [{"xid": 45, "time": 1.0}])  # an application's Xid: no fault of the machine
+    comparison = compare(quiet, watched(5, [{"xid": 79, "time": 2.0}]))
+    assert [(r["kind"], r["metric"], r["case"]) for r in comparison.regressions] == [
+        ("machine", "Xid during the run", "xid[gpu1-79]"), ("machine", "link errors grew", "link_errors[gpu1]")
+    ]  # fmt: skip
+    assert comparison.regressions[1]["summary"].startswith("gpu1: link error counters grew during the run "
+                                                           "(nvlink2 replay +5)")  # fmt: skip
+    assert comparison.exit_status == 1 and "2 machine fault" in comparison.lines()[-1]
+    assert compare(watched(5, []), watched(5, [])).regressions == []  # the baseline had it too: not new

@@ -18,6 +18,7 @@ import pytest
 import fake_nvml as nv
 from conformance.discover import health as rules
 from conformance.discover.health import GpuHealth, HealthError, health_from_json
+from conformance.discover.inventory import HostPaths
 from conformance.discover.topology import Topology, discover
 from conftest import copy_suites, read_records
 from fake_nvml import Failure, FakeMachine
@@ -29,13 +30,14 @@ HEALTHY_H100 = GpuHealth(
     pcie_width=16, pcie_max_width=16, pcie_gen=1, pcie_max_gen=5, nvlinks=(True,) * 18, nvlink_version=6,
     ecc_uncorrected=0,
     remap_pending=False, remap_failed=False, retired_pages_pending=None, fabric_state="completed",
-    fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(), processes=(),
+    fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(), processes=(), kernel_xids=(),
 )  # fmt: skip
+QUIET_KERNEL_LOG = HostPaths(kmsg=Path("/dev/null"))  # a kernel log with no message
 
 
 def read(monkeypatch: pytest.MonkeyPatch, machine: FakeMachine) -> Topology:
     nv.install(monkeypatch, machine)
-    return discover("auto", 1, environ={})
+    return discover("auto", 1, environ={}, paths=QUIET_KERNEL_LOG)
 
 
 def with_gpu(machine: FakeMachine, index: int, **changes: object) -> FakeMachine:
@@ -180,7 +182,7 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), *files)
-    assert healthy.parseoutcomes() == {"passed": 7, "skipped": 1}, healthy.stdout.str()  # p2p_path: no iommu facts
+    assert healthy.parseoutcomes() == {"passed": 8, "skipped": 1}, healthy.stdout.str()  # p2p_path: no iommu facts
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
     assert records["host:fabric_manager"]["metrics"]["gpu0"] == {
@@ -189,17 +191,17 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     }
 
     pcie = run_suite("--topology-file", str(TOPOLOGIES / "pcie-2socket-8gpu.json"), "-rs", *files)
-    assert pcie.parseoutcomes() == {"passed": 5, "skipped": 3}  # no NVLink, fabric or iommu facts on this box
+    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 3}  # no NVLink, fabric or iommu facts on this box
     pcie.stdout.fnmatch_lines(["*: no NVLink: NVML reports none on these GPUs", "*: no NVSwitch fabric: NVML *"])
 
     bare = pytester.path / "bare.json"  # a topology file from before health facts: nothing to judge, said
     bare.write_text(json.dumps({k: v for k, v in json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text()).items()
                                 if k != "health"}))  # fmt: skip
     unknown = run_suite("--topology-file", str(bare), "-rs", *files)
-    assert unknown.parseoutcomes() == {"skipped": 8}
+    assert unknown.parseoutcomes() == {"skipped": 9}
     unknown.stdout.fnmatch_lines(["*no GPU's health says pcie_width, pcie_max_width, pcie_gen, pcie_max_gen*"])
     cpu = run_suite("-rs", *files)
-    assert cpu.parseoutcomes() == {"skipped": 8}
+    assert cpu.parseoutcomes() == {"skipped": 9}
     cpu.stdout.fnmatch_lines(["*GPU-only check: no GPU: *"])
 
 

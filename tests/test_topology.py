@@ -52,7 +52,8 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     sysfs.mkdir()
     monkeypatch.setattr(topology, "SYSFS_PCI_DEVICES", sysfs)
     no = tmp_path / "none"
-    host = HostPaths(sysfs, no / "proc-driver-nvidia-version", no / "dev-nvidia0", (), no / "cmdline", (no,))
+    nvidia = (no / "proc-driver-nvidia-version", no / "dev-nvidia0")
+    host = HostPaths(sysfs, *nvidia, (), no / "cmdline", (no,), no / "kmsg")
     monkeypatch.setattr(inventory, "DEFAULT_HOST", host)  # a machine without NVIDIA's traces, unless a test adds them
     return sysfs
 
@@ -130,14 +131,24 @@ WRAPPER_SYMBOLS = [
                                 "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetComputeMode",
                                 "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetNvLinkVersion")),
     ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3"),
+    ("nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetNvLinkErrorCounter"),
+    ("nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetPcieReplayCounter"),
+    ("nvmlEventSetCreate", "nvmlEventSetCreate"),
+    ("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents"),
+    ("nvmlEventSetWait_v2", "nvmlEventSetWait_v2"),
+    ("nvmlEventSetFree", "nvmlEventSetFree"),
     ("nvmlShutdown", "nvmlShutdown"),
 ]  # fmt: skip
+
+
+EVENTS: dict[str, Any] = {}  # the event set the event wrappers are called with
 
 
 def call_wrapper(name: str) -> Any:
     """Call a pynvml wrapper with arguments that make sense on the bridged box (MIG on GPU 3)."""
     gpu3 = pynvml.nvmlDeviceGetHandleByIndex(3)
     mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu3, 0)
+    events = EVENTS.setdefault("set", pynvml.nvmlEventSetCreate())
     arguments: dict[str, tuple[Any, ...]] = {
         "nvmlDeviceGetHandleByIndex": (0,),
         "nvmlDeviceGetNvLinkState": (gpu3, 0),
@@ -151,6 +162,11 @@ def call_wrapper(name: str) -> Any:
         "nvmlDeviceGetTotalEccErrors": (gpu3, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
         "nvmlDeviceGetGpuFabricInfo": (gpu3, ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t())),
         "nvmlDeviceGetNvLinkVersion": (gpu3, 0),
+        "nvmlDeviceGetNvLinkErrorCounter": (gpu3, 0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+        "nvmlEventSetCreate": (),
+        "nvmlDeviceRegisterEvents": (gpu3, pynvml.nvmlEventTypeXidCriticalError, events),
+        "nvmlEventSetWait_v2": (events, 10),
+        "nvmlEventSetFree": (events,),
     }
     no_device = ("nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
                  "nvmlDeviceGetCount")  # fmt: skip
@@ -207,6 +223,8 @@ NVML_VALUES = {
     "nvmlClocksEventReasonGpuIdle": nv.CLOCKS_GPU_IDLE, "nvmlClocksEventReasonHwSlowdown": nv.CLOCKS_HW_SLOWDOWN,
     "nvmlClocksEventReasonHwThermalSlowdown": nv.CLOCKS_HW_THERMAL,
     "nvmlClocksEventReasonHwPowerBrakeSlowdown": nv.CLOCKS_HW_POWER_BRAKE,
+    "NVML_ERROR_TIMEOUT": nv.ERROR_TIMEOUT, "nvmlEventTypeXidCriticalError": nv.EVENT_XID_CRITICAL_ERROR,
+    "NVML_NVLINK_ERROR_DL_REPLAY": 0, "NVML_NVLINK_ERROR_DL_CRC_DATA": 3,
 }  # fmt: skip
 
 
@@ -765,7 +783,9 @@ def test_discover_uses_nvml_topology(monkeypatch: pytest.MonkeyPatch) -> None:
     found = discover("auto", 4, environ=environ)
     listed = tuple(topology.sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
     iommu = IommuFacts(mode="off")  # the stand-in sysfs has no IOMMU group for the GPUs
-    assert found == replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed), iommu=iommu)
+    assert found.kernel_log.startswith("the kernel log (") and "No such file or directory" in found.kernel_log
+    from_nvml = replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed), iommu=iommu)
+    assert found == replace(from_nvml, kernel_log=found.kernel_log)
     assert discover("nccl", 4, environ=environ).links == {"gpu0-gpu1": "NODE"}
     calls = len(library.calls)
     assert discover("gloo", 4, environ=environ) == cpu_topology(4, note="backend gloo chosen", inventory=Inventory())

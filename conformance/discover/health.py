@@ -53,6 +53,7 @@ class GpuHealth:
     compute_mode: str | None = None  # default, exclusive_process, prohibited
     slowdowns: tuple[str, ...] | None = None  # hardware and thermal clock slowdowns active when read
     processes: tuple[tuple[int, int], ...] | None = None  # (pid, MiB) of compute processes holding the GPU
+    kernel_xids: tuple[int, ...] | None = None  # Xids the kernel log names for this GPU (None: log not read)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

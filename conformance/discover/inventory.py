@@ -54,6 +54,7 @@ class HostPaths:
     cmdline: Path = Path("/proc/cmdline")  # the kernel's parameters (the IOMMU's, iommu.py)
     # files a container runtime leaves: Docker's /.dockerenv, Podman's /run/.containerenv
     container_markers: tuple[Path, ...] = (Path("/.dockerenv"), Path("/run/.containerenv"))
+    kmsg: Path = Path("/dev/kmsg")  # the kernel's log: Xids before the run (watch.py)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,15 @@ from conformance.discover.inventory import (
     read_inventory,
 )
 from conformance.discover.iommu import IommuFacts, iommu_from_json, read_iommu
+from conformance.discover.watch import (
+    PlayedWatch,
+    RunWatch,
+    Watch,
+    kernel_log_lines,
+    kernel_xids,
+    start_nvml_watch,
+    watch_from_json,
+)
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
@@ -132,6 +141,8 @@ class Topology:
     inventory: Inventory = field(default_factory=Inventory)  # the GPUs counted on the PCI bus and by NVML
     health: Mapping[str, GpuHealth] = field(default_factory=dict)  # GPU name -> NVML's health facts (health.py)
     iommu: IommuFacts = field(default_factory=IommuFacts)  # IOMMU mode and ACS above the GPUs (iommu.py)
+    kernel_log: str = ""  # why the kernel log's Xids were not read ("" when they were, or not asked for)
+    watch: RunWatch | None = None  # a simulated machine's facts during the run (watch.py); None on a real one
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -161,6 +172,8 @@ class Topology:
             data["health"] = health_from_json(data["health"])
         if "iommu" in data:
             data["iommu"] = iommu_from_json(data["iommu"])
+        if data.get("watch") is not None:
+            data["watch"] = watch_from_json(data["watch"])
         return cls(devices=devices, **data)
 
 
@@ -721,12 +734,33 @@ def discover(
         host = host_paths(paths)
         buses = tuple(sysfs_bus_id(d.pci_bus_id or "") for d in view.topology.devices)
         iommu = read_iommu(buses, host.pci_devices, host.cmdline)
-        return replace(view.topology, inventory=machine, iommu=iommu)
+        return with_kernel_xids(replace(view.topology, inventory=machine, iommu=iommu), host.kmsg)
     note = f"no GPU: {view.reason}"
     refuse_broken_gpu_machine(machine, backend)
     if backend == "nccl":
         raise ValueError(f"the nccl backend needs GPUs, and none was found ({view.reason})")
     return cpu_topology(virtual_devices, note=note, inventory=machine)
+
+
+def with_kernel_xids(topology: Topology, kmsg: Path) -> Topology:
+    """The topology with each GPU's Xids from the kernel log, or the reason the log could not be read."""
+    lines, unread = kernel_log_lines(kmsg)
+    if lines is None:
+        return replace(topology, kernel_log=unread)
+    found = kernel_xids(lines, {d.name: d.pci_bus_id or "" for d in topology.devices if d.pci_bus_id})
+    health = {name: replace(h, kernel_xids=found.get(name, ())) for name, h in topology.health.items()}
+    return replace(topology, health=health)
+
+
+def watch_run(topology: Topology, backend: str) -> Watch | None:
+    """What watches the GPUs during the run: NVML on real GPUs, a simulated machine's file; else nothing."""
+    if topology.watch is not None:
+        return PlayedWatch(topology.watch)
+    if topology.source != "nvml" or backend != "nccl":
+        return None
+    indexes = {d.name: d.nvml_index for d in topology.devices if d.nvml_index is not None and not d.mig}
+    links = {name: len(topology.health[name].nvlinks or ()) for name in indexes if name in topology.health}
+    return start_nvml_watch(indexes, links)
 
 
 def choose_backend(setting: str, topology: Topology) -> str:

@@ -272,6 +272,7 @@ class RunFacts:
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
     slow_ratio: float | None = None  # a pair below this fraction of its class's median is SLOW (None: older runs)
     bandwidth_floors: Mapping[str, float] = field(default_factory=dict)  # link class -> least GB/s of a pair
+    watch: JsonObject | None = None  # what NVML said during the run (``discover/watch.py``); None: not watched
     end: RunEnd | None = None  # None: an older run (whether it finished is not known)
 
     def to_json(self) -> dict[str, Any]:

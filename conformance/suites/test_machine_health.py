@@ -17,6 +17,7 @@ import pytest
 
 from conformance.discover import health as rules
 from conformance.discover.iommu import IOMMU_FIX
+from conformance.discover.watch import kernel_xid_problems
 from conformance.host_checks import WARNING, HostMetric
 from conformance.session import ConformanceSession
 
@@ -27,6 +28,7 @@ FABRIC = ("fabric_state", "fabric_status")
 MODES = ("persistence", "compute_mode")
 CLOCKS = ("slowdowns",)
 PROCESSES = ("processes",)
+KERNEL_XIDS = ("kernel_xids",)
 
 
 def _facts(
@@ -102,6 +104,19 @@ def test_other_users_processes_on_the_gpus(conformance: ConformanceSession, host
     others = rules.foreign_processes(health, _process_owner, getpass.getuser())
     if others:
         host_metric(WARNING, "; ".join(f"{name}: {text}" for name, text in others.items()))
+
+
+@pytest.mark.host_check("xid_log")
+def test_no_gpu_fault_in_the_kernel_log(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """No Xid of a GPU fault in the kernel log since boot (NVIDIA's Xid catalog); an application's: a warning.
+
+    The Xids during the run come from NVML's events instead (``discover/watch.py``), each naming its case.
+    """
+    unread = conformance.topology.kernel_log or 'the kernel log was not read (a topology file without "kernel_xids")'
+    machine, application = kernel_xid_problems(_facts(conformance, KERNEL_XIDS, host_metric, unread))
+    if application:
+        host_metric(WARNING, "; ".join(f"{name}: {text}" for name, text in application.items()))
+    _fail_on(machine)
 
 
 def _process_owner(pid: int) -> str | None:

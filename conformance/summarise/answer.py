@@ -16,6 +16,7 @@ from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
+from conformance.discover.watch import WatchFinding
 from conformance.plan.matrix import Rung
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
@@ -23,6 +24,7 @@ from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_l
 from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.recommend import ClassAdvice, Recommendation
 from conformance.summarise.summary import count_text, counted_cases, link_class_of, run_ladder, rung_env_text
+from conformance.summarise.watched import run_watch_findings
 from conformance.verdict.machine_faults import MachineFault, machine_fault
 
 Tone = Literal["bad", "good", "warn", "plain"]
@@ -72,6 +74,17 @@ class Answer:
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
     slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them (``bandwidth.py``)
     warnings: tuple[str, ...] = ()  # passing host checks' warnings (another user's processes on a GPU)
+    watched: tuple[WatchFinding, ...] = ()  # what NVML saw during the run (``discover/watch.py``)
+
+    @property
+    def machine_watched(self) -> tuple[WatchFinding, ...]:
+        """The watch's findings that fail the run (an application's Xid is a warning only)."""
+        return tuple(f for f in self.watched if f.machine)
+
+    def findings(self) -> tuple[tuple[str, str], ...]:
+        """Failures no case's verdict holds, as (JUnit test name, message): SLOW pairs, the watch's faults."""
+        slow = tuple((p.test_name, p.figure_text()) for p in self.slow)
+        return slow + tuple((f.test_name, f.text) for f in self.machine_watched)
 
     @property
     def all_passed(self) -> bool:
@@ -79,6 +92,7 @@ class Answer:
             not self.classes
             and not self.others
             and not self.slow
+            and not self.machine_watched
             and self.incomplete is None
             and not self.harness_errors
         )
@@ -102,6 +116,7 @@ class Answer:
         if self.cpu_only is not None and not (self.all_passed and not first):
             first.append((f"{CPU_ONLY} ({self.cpu_only})", "warn"))
         first += [(line, "warn") for line in self.warnings]
+        first += [(f"WARNING during the run: {f.text}", "warn") for f in self.watched if not f.machine]
         return first + self._verdict_rows()
 
     def _verdict_rows(self) -> list[tuple[str, Tone]]:
@@ -114,6 +129,7 @@ class Answer:
             return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
         # the machine's own faults first: a class that failed on a broken machine may be its victim
         rows: list[tuple[str, Tone]] = [(line, "bad") for line in self.others]
+        rows += [(f"DURING THE RUN: {f.text}", "bad") for f in self.machine_watched]
         rows += [(line, "bad") for line in self._fault_lines()]
         rows += [(line, "bad") for line in slow_lines(self.slow)]
         rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
@@ -243,4 +259,5 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         cpu_only=run.facts.cpu_only,
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
         warnings=_host_warnings(run.usable_records),
+        watched=tuple(run_watch_findings(run)),
     )

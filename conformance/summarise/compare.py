@@ -46,6 +46,7 @@ from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run, unusable
 from conformance.settings import default_of
 from conformance.summarise.summary import link_class_of
+from conformance.summarise.watched import run_watch_findings
 
 DEFAULT_TOLERANCE: float = default_of("bandwidth_tolerance")
 COMPARISON_FILE = "comparison.json"  # the last comparison of a run against a baseline, in its folder
@@ -98,10 +99,10 @@ class LinkChange(CaseFields):  # a pair whose link class changed (a degraded NVL
     summary: str
 
 
-class MachineChange(TypedDict):  # the machine itself changed: a GPU lost
+class MachineChange(TypedDict):  # the machine itself changed: a GPU lost, a fault seen during the run
     case: str  # what changed: "gpu3 (GPU-..., 0000:48:00.0)"
     kind: Literal["machine"]
-    metric: str  # "GPU lost"
+    metric: str  # "GPU lost", or what the watch saw ("Xid during the run", "link errors grew", ...)
     baseline: str
     current: str
     summary: str
@@ -276,6 +277,27 @@ def lost_gpus(baseline: Run, current: Run) -> list[MachineChange]:
     return lost
 
 
+WATCH_METRICS = {"xid": "Xid during the run", "link_errors": "link errors grew", "pcie_gen": "PCIe gen under load",
+                 "slowdown": "clocks held down"}  # fmt: skip
+
+
+def watch_regressions(baseline: Run, current: Run) -> list[MachineChange]:
+    """What the current run's watch saw fail that the baseline's did not (``summarise/watched.py``)."""
+    before = {f.test_name for f in run_watch_findings(baseline) if f.machine}
+    return [
+        MachineChange(
+            case=f.test_name,
+            kind="machine",
+            metric=WATCH_METRICS.get(f.test_name.split("[")[0], "watch"),
+            baseline="not seen",
+            current="seen",
+            summary=f.text,
+        )  # fmt: skip
+        for f in run_watch_findings(current)
+        if f.machine and f.test_name not in before
+    ]
+
+
 @dataclass(frozen=True)
 class RunSide:
     """One side of a comparison, as its header line and ``--json`` show it."""
@@ -446,7 +468,8 @@ class Comparison:
             "verdict_regressions": sum(r["kind"] == "verdict" for r in self.regressions),
             "bandwidth_drops": sum(r["kind"] == "bandwidth" for r in self.regressions),
             "links_changed": sum(r["kind"] == "link" for r in self.regressions),
-            "gpus_lost": sum(r["kind"] == "machine" for r in self.regressions),
+            "gpus_lost": sum(r["kind"] == "machine" and r["metric"] == "GPU lost" for r in self.regressions),
+            "machine_faults": sum(r["kind"] == "machine" and r["metric"] != "GPU lost" for r in self.regressions),
             "fixes": len(self.fixes),
             "verdict_changes": len(self.verdict_changes),
             "transport_changes": len(self.transport_changes),
@@ -518,7 +541,11 @@ class Comparison:
     @staticmethod
     def _machine_counts(c: Mapping[str, int]) -> str:
         """``1 GPU lost, 2 link changed, `` where the machine changed; nothing where it did not."""
-        named = [(c["gpus_lost"], "GPU lost"), (c["links_changed"], "link changed")]
+        named = [
+            (c["gpus_lost"], "GPU lost"),
+            (c["machine_faults"], "machine fault"),
+            (c["links_changed"], "link changed"),
+        ]
         return "".join(f"{n} {what}, " for n, what in named if n)
 
     def _verdict_line(self) -> str:
@@ -632,7 +659,7 @@ def compare(
         comparison.add_match(old[key], new[key])
     comparison.new = [_with_verdict(new[k]) for k in _ordered(new, set(new) - set(old))]
     comparison.missing = [_with_verdict(old[k]) for k in _ordered(old, set(old) - set(new))]
-    comparison.regressions[:0] = lost_gpus(baseline, current)
+    comparison.regressions[:0] = lost_gpus(baseline, current) + watch_regressions(baseline, current)
     order = ("machine", "link", "verdict", "bandwidth")  # the machine's own changes explain the cases'
     comparison.regressions.sort(key=lambda r: order.index(r["kind"]))
     return comparison

@@ -36,7 +36,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
         return conclusion
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)
-    conclusion.regressed = bool(conclusion.answer.slow)  # a SLOW pair fails the run, as a regression does
+    conclusion.regressed = bool(conclusion.answer.findings())  # a SLOW pair or an Xid fails the run
     env_file = write_env_file(run, recommendation)
     conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
     if baseline is not None:

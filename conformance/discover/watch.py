@@ -1,0 +1,509 @@
+"""What NVML says while the run runs: Xid events, link error counters, PCIe generation under load, slowdowns.
+
+``health.py`` reads each GPU once, before any case; this watch reads them for the whole run, on a
+thread of the pytest process that owns the run (the controller under xdist):
+
+- Xid events (``nvmlEventTypeXidCriticalError``), each attributed at the end to the case that was
+  running on that GPU when it came (by the records' start and end times and devices);
+- NVLink error counters (replay, recovery, CRC flit and data, per link) and the PCIe replay
+  counter, read when the run starts and when it ends: their growth is judged;
+- the PCIe link generation and the clock slowdown reasons, sampled every ``TICK`` seconds: the
+  generation counts only while a case ran on the GPU (an idle GPU lowers it to save power), the
+  slowdowns whenever they were seen.
+
+The kernel log's earlier Xids (``kernel_xids``) are read once at discovery, where the log is
+readable.  A simulated machine's topology file carries the same facts (``"watch"``), played back
+when the run ends: its Xid events name the probe during which they came.
+
+Thresholds: DCGM's ``dcgm_gpu_hardware_limits.h`` (NVIDIA/DCGM): at most 8 PCIe replays per minute
+("the maximum recommended by RM"), at most 1 NVLink replay or recovery error, CRC errors "only
+matter at rates of 100+ per second".  Xid meanings and what to do: NVIDIA's Xid catalog
+(https://docs.nvidia.com/deploy/xid-errors/, its "Resolution Bucket").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from conformance.common.inputs import dataclass_from_json
+from conformance.discover.health import GpuHealth, ask, slowdown_names
+
+TICK = 0.5  # seconds between samples, and the longest an Xid event waits to be read
+PCIE_REPLAYS_PER_MINUTE = 8  # DCGM_LIMIT_MAX_PCIREPLAY_RATE
+NVLINK_ERRORS = 1  # DCGM_LIMIT_MAX_LWLINK_ERROR: replay and recovery errors per link
+NVLINK_CRC_PER_SECOND = 100.0  # DCGM_LIMIT_MAX_LWLINK_CRC_ERROR
+# nvmlNvLinkErrorCounter_t (nvml.h): DL_REPLAY 0, DL_RECOVERY 1, DL_CRC_FLIT 2, DL_CRC_DATA 3
+NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
+PCIE_REPLAY = "pcie replay"
+
+
+class XidKind(NamedTuple):
+    meaning: str
+    machine: bool  # a fault of the GPU, its memory or its links (else: what an application did)
+    fix: str
+
+
+RESET = "reset the GPU (`nvidia-smi -r`) or reboot; if it comes back, have the GPU serviced"
+# NVIDIA's Xid catalog: the Xids a conformance run meets, with their resolution bucket.  13, 31, 43
+# and 45 come from what an application did (45: a process killed, as the stop ladder kills a hung rank).
+XIDS = {
+    13: XidKind("graphics engine exception", False, "restart the application"),
+    31: XidKind("GPU memory page fault", False, "restart the application"),
+    43: XidKind("GPU stopped processing", False, "restart the application"),
+    45: XidKind("preemptive cleanup after a process ended", False, "none: a process was killed"),
+    48: XidKind("double-bit ECC error", True, RESET),
+    61: XidKind("internal micro-controller breakpoint", True, RESET),
+    62: XidKind("internal micro-controller halt", True, RESET),
+    63: XidKind("row remapping pending", True, "reset the GPU to apply the remap (`nvidia-smi -r`)"),
+    64: XidKind("row remapping failed", True, "the GPU needs replacing (RMA)"),
+    74: XidKind("NVLink error", True, RESET + "; check the NVLink (`nvidia-smi nvlink -e`)"),
+    79: XidKind("GPU has fallen off the bus", True, "reboot; reseat the GPU and check its power and riser"),
+    92: XidKind("high single-bit ECC error rate", True, RESET),
+    94: XidKind("contained ECC error", True, "restart the application; reset the GPU when convenient"),
+    95: XidKind("uncontained ECC error", True, RESET),
+    119: XidKind("GSP RPC timeout", True, RESET),
+    120: XidKind("GSP error", True, RESET),
+    140: XidKind("unrecovered ECC error", True, RESET),
+}
+
+
+def xid_kind(xid: int) -> XidKind:
+    """An Xid's meaning; one the catalog above does not list counts as the machine's (unknown is never fine)."""
+    return XIDS.get(xid, XidKind("see NVIDIA's Xid catalog", True, "look the Xid up in NVIDIA's Xid catalog"))
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One Xid NVML delivered during the run."""
+
+    xid: int
+    time: float | None = None  # when it was read (None: a simulated one)
+    probe: str | None = None  # simulated: the probe during whose case on this GPU it comes
+    case: str | None = None  # the case running on the GPU when it came (filled in when the run ends)
+    verdict: str | None = None  # that case's verdict
+
+
+@dataclass(frozen=True)
+class GpuWatch:
+    """What NVML said of one GPU while the run ran; None where it would not say."""
+
+    pcie_gen_busy: int | None = None  # the highest PCIe generation seen while a case ran on the GPU
+    slowdowns: tuple[str, ...] | None = None  # hardware and thermal slowdowns seen at any sample
+    errors_start: Mapping[str, int] | None = None  # "nvlink<k> <counter>" and "pcie replay" when the run started
+    errors_end: Mapping[str, int] | None = None  # the same when it ended
+    xids: tuple[XidEvent, ...] = ()
+
+    def grown(self) -> dict[str, int]:
+        """Each error counter that grew during the run, by how much (a counter reset by a reboot is not growth)."""
+        start, end = self.errors_start or {}, self.errors_end or {}
+        return {name: end[name] - start[name] for name in end if name in start and end[name] > start[name]}
+
+
+@dataclass(frozen=True)
+class RunWatch:
+    """The watch of one run: per GPU name, and what could not be watched."""
+
+    gpus: Mapping[str, GpuWatch] = field(default_factory=dict)
+    seconds: float | None = None  # how long the watch ran (error rates are per this)
+    note: str = ""  # what was not watched, and why ("" when everything was)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WatchError(ValueError):
+    """A topology file's or run.json's watch of the wrong shape: the message names the GPU and the field."""
+
+
+def watch_from_json(data: object, where: str = "watch") -> RunWatch:
+    if not isinstance(data, dict):
+        raise WatchError(f"{where} is {data!r}, not an object")
+    gpus = data.get("gpus", {})
+    if not isinstance(gpus, dict):
+        raise WatchError(f"{where}.gpus is {gpus!r}, not an object keyed by GPU name")
+    seconds, note = data.get("seconds"), data.get("note", "")
+    if seconds is not None and (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)):
+        raise WatchError(f"{where}.seconds is {seconds!r}, not a number")
+    return RunWatch({str(n): _gpu_watch(g, f"{where} of {n}") for n, g in gpus.items()}, seconds, str(note))
+
+
+def _gpu_watch(data: object, where: str) -> GpuWatch:
+    if not isinstance(data, dict):
+        raise WatchError(f"{where} is {data!r}, not an object")
+    events = data.get("xids", [])
+    events = [] if events is None else events
+    if not isinstance(events, list):
+        raise WatchError(f"{where}: xids is {events!r}, not a list")
+    xids = tuple(dataclass_from_json(XidEvent, e, f"{where}: an Xid event", WatchError) for e in events)
+    for name in ("errors_start", "errors_end"):
+        counters = data.get(name)
+        if counters is not None and not (isinstance(counters, dict) and all(type(v) is int for v in counters.values())):
+            raise WatchError(f"{where}: {name} is {counters!r}, not an object of counter name -> integer")
+    return replace(dataclass_from_json(GpuWatch, {**data, "xids": []}, where, WatchError), xids=xids)
+
+
+# --------------------------------------------------------------------------------------------
+# the kernel log: Xids before the run
+# --------------------------------------------------------------------------------------------
+
+KMSG = Path("/dev/kmsg")
+# The driver's line (NVIDIA's Xid catalog): "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."
+KMSG_PREFIX = re.compile(r"^\d+,\d+,\d+,[^;]*;")  # /dev/kmsg's "priority,sequence,microseconds,flags;"
+KERNEL_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})[^)]*\): (\d+)")
+
+
+def kernel_log_lines(kmsg: Path = KMSG) -> tuple[list[str] | None, str]:
+    """The kernel ring buffer's messages, or None and why it could not be read.
+
+    ``/dev/kmsg`` gives one record per read; a non-blocking read ends with EAGAIN at the newest one.
+    Reading it needs CAP_SYSLOG where ``kernel.dmesg_restrict`` is 1 (most distributions).
+    """
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        needs = " (needs root or CAP_SYSLOG)" if exc.errno in (errno.EACCES, errno.EPERM) else ""
+        return None, f"the kernel log ({kmsg}) is not readable here: {exc.strerror}{needs}"
+    lines: list[str] = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    return lines, ""
+                if exc.errno == errno.EPIPE:  # overwritten while read: go on from the next record
+                    continue
+                return None, f"the kernel log ({kmsg}) could not be read: {exc.strerror}"
+            if not record:
+                return lines, ""
+            lines += [KMSG_PREFIX.sub("", line) for line in record.decode(errors="replace").splitlines()]
+    finally:
+        os.close(fd)
+
+
+def kernel_xids(lines: Iterable[str], bus_ids: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
+    """Per GPU name, the Xids the kernel log names for it; ``bus_ids``: GPU name -> its PCI bus id."""
+    by_bus = {_short_bus(bus): name for name, bus in bus_ids.items()}
+    found: dict[str, list[int]] = {name: [] for name in bus_ids}
+    for line in lines:
+        match = KERNEL_XID.search(line)
+        if match and _short_bus(match.group(1)) in by_bus:
+            found[by_bus[_short_bus(match.group(1))]].append(int(match.group(2)))
+    return {name: tuple(xids) for name, xids in found.items()}
+
+
+def kernel_xid_problems(health: Mapping[str, GpuHealth]) -> tuple[dict[str, str], dict[str, str]]:
+    """Per GPU, the kernel log's Xids of a fault of the machine, and those of what an application did."""
+    machine: dict[str, str] = {}
+    application: dict[str, str] = {}
+    for name, h in health.items():
+        for xid in sorted(set(h.kernel_xids or ())):
+            kind = xid_kind(xid)
+            found = machine if kind.machine else application
+            times = (h.kernel_xids or ()).count(xid)
+            text = f"Xid {xid} ({kind.meaning}) {times}x since boot -> {kind.fix}"
+            found[name] = f"{found[name]}; {text}" if name in found else text
+    return machine, application
+
+
+def _short_bus(bus: str) -> str:
+    """``00000000:3B:00.0`` and the kernel's ``0000:3b:00`` alike as ``3b:00`` with its domain's value."""
+    parts = bus.lower().split(".")[0].split(":")
+    return f"{int(parts[-3], 16):x}:{parts[-2]}:{parts[-1]}"
+
+
+# --------------------------------------------------------------------------------------------
+# watching NVML
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float
+    gpu: str
+    pcie_gen: int | None
+    slowdowns: tuple[str, ...] | None
+
+
+def error_counters(nvml: Any, handle: Any, links: int) -> dict[str, int] | None:
+    """The GPU's NVLink error counters (``links`` links) and PCIe replay counter; None where NVML gives none."""
+    counters: dict[str, int] = {}
+    for link in range(links):
+        for number, name in NVLINK_COUNTERS.items():
+            value = ask(nvml, partial(nvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, number))
+            if value is not None:
+                counters[f"nvlink{link} {name}"] = int(value)
+    replays = ask(nvml, lambda: nvml.nvmlDeviceGetPcieReplayCounter(handle))
+    if replays is not None:
+        counters[PCIE_REPLAY] = int(replays)
+    return counters or None
+
+
+class NvmlWatch:
+    """Watches the run's GPUs on a thread of its own from construction to :meth:`stop`."""
+
+    def __init__(self, nvml: Any, handles: Mapping[str, Any], links: Mapping[str, int], tick: float = TICK) -> None:
+        self.nvml, self.handles, self.links, self.tick = nvml, dict(handles), dict(links), tick
+        self.started = time.monotonic()
+        self.start_counters = {name: error_counters(nvml, h, self.links.get(name, 0)) for name, h in handles.items()}
+        self.samples: list[Sample] = []
+        self.events: list[tuple[str, XidEvent]] = []
+        self.notes: list[str] = []
+        self.event_set = self._register()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conformance-gpu-watch", daemon=True)
+        self._thread.start()
+
+    def _register(self) -> Any:
+        """An NVML event set with every GPU's Xid events, or None (and a note) where NVML refuses it."""
+        nvml = self.nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            self.notes.append(f"Xid events not watched: {exc}")
+            return None
+        for name, handle in self.handles.items():
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+            except nvml.NVMLError as exc:
+                self.notes.append(f"Xid events of {name} not watched: {exc}")
+        return events
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wait_for_event()
+            self._sample()
+
+    def _wait_for_event(self) -> None:
+        nvml = self.nvml
+        if self.event_set is None:
+            self._stopping.wait(self.tick)
+            return
+        try:
+            data = nvml.nvmlEventSetWait_v2(self.event_set, int(self.tick * 1000))
+        except nvml.NVMLError_Timeout:
+            return
+        except nvml.NVMLError:
+            self._stopping.wait(self.tick)
+            return
+        gpu = self._gpu_of(data.device)
+        if gpu is not None:
+            self.events.append((gpu, XidEvent(int(data.eventData), time.time())))
+
+    def _gpu_of(self, device: Any) -> str | None:
+        address = ctypes.cast(device, ctypes.c_void_p).value
+        for name, handle in self.handles.items():
+            if ctypes.cast(handle, ctypes.c_void_p).value == address:
+                return name
+        return None
+
+    def _sample(self) -> None:
+        nvml, now = self.nvml, time.time()
+        for name, handle in self.handles.items():
+            gen = ask(nvml, partial(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle))
+            reasons = ask(nvml, partial(nvml.nvmlDeviceGetCurrentClocksEventReasons, handle))
+            slowdowns = None if reasons is None else slowdown_names(int(reasons))
+            self.samples.append(Sample(now, name, None if gen is None else int(gen), slowdowns))
+
+    def stop(self, busy: Mapping[str, Sequence[tuple[float, float]]]) -> RunWatch:
+        """Ends the watch; ``busy``: per GPU name, the (start, end) times of the cases that ran on it."""
+        self._stopping.set()
+        self._thread.join()
+        self._sample()
+        if self.event_set is not None:
+            ask(self.nvml, lambda: self.nvml.nvmlEventSetFree(self.event_set))
+        gpus = {
+            name: GpuWatch(
+                pcie_gen_busy=_highest_gen_busy(self.samples, name, busy.get(name, ())),
+                slowdowns=_slowdowns_seen(self.samples, name),
+                errors_start=self.start_counters[name],
+                errors_end=error_counters(self.nvml, handle, self.links.get(name, 0)),
+                xids=tuple(event for gpu, event in self.events if gpu == name),
+            )
+            for name, handle in self.handles.items()
+        }
+        ask(self.nvml, self.nvml.nvmlShutdown)
+        return RunWatch(gpus, round(time.monotonic() - self.started, 3), "; ".join(self.notes))
+
+    def close(self) -> None:
+        """Stops the thread and lets NVML go (the run ended before its facts were asked for)."""
+        self._stopping.set()
+        self._thread.join()
+        ask(self.nvml, self.nvml.nvmlShutdown)
+
+
+class PlayedWatch:
+    """A simulated machine's watch: its topology file's facts, given back when the run ends."""
+
+    def __init__(self, facts: RunWatch) -> None:
+        self.facts, self.started = facts, time.monotonic()
+
+    def stop(self, busy: Mapping[str, Sequence[tuple[float, float]]]) -> RunWatch:
+        return replace(self.facts, seconds=self.facts.seconds or round(time.monotonic() - self.started, 3))
+
+    def close(self) -> None:
+        pass
+
+
+Watch = NvmlWatch | PlayedWatch
+
+
+def start_nvml_watch(nvml_indexes: Mapping[str, int], links: Mapping[str, int]) -> Watch:
+    """The real GPUs' watch (GPU name -> NVML index, number of NVLinks); where NVML will not start, why not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = {name: pynvml.nvmlDeviceGetHandleByIndex(index) for name, index in nvml_indexes.items()}
+    except (ImportError, OSError) as exc:
+        return PlayedWatch(RunWatch(note=f"nothing watched during the run: {exc}"))
+    except pynvml.NVMLError as exc:
+        return PlayedWatch(RunWatch(note=f"nothing watched during the run: NVML: {exc}"))
+    return NvmlWatch(pynvml, handles, links)
+
+
+def _highest_gen_busy(samples: Sequence[Sample], gpu: str, busy: Sequence[tuple[float, float]]) -> int | None:
+    gens = [
+        s.pcie_gen
+        for s in samples
+        if s.gpu == gpu and s.pcie_gen is not None and any(start <= s.time <= end for start, end in busy)
+    ]
+    return max(gens) if gens else None
+
+
+def _slowdowns_seen(samples: Sequence[Sample], gpu: str) -> tuple[str, ...] | None:
+    read = [s.slowdowns for s in samples if s.gpu == gpu and s.slowdowns is not None]
+    if not read:
+        return None
+    return tuple(sorted({reason for reasons in read for reason in reasons}))
+
+
+# --------------------------------------------------------------------------------------------
+# the cases that ran: busy windows and Xid attribution
+# --------------------------------------------------------------------------------------------
+
+
+class CaseSpan(NamedTuple):
+    """A case that ran on GPUs: its test, probe, verdict and when it ran."""
+
+    case: str
+    probe: str
+    verdict: str
+    gpus: tuple[str, ...]
+    start: float
+    end: float
+
+
+def busy_windows(spans: Iterable[CaseSpan]) -> dict[str, list[tuple[float, float]]]:
+    windows: dict[str, list[tuple[float, float]]] = {}
+    for span in spans:
+        for gpu in span.gpus:
+            windows.setdefault(gpu, []).append((span.start, span.end))
+    return windows
+
+
+def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:
+    """Each Xid names the case that ran on its GPU when it came (by time; a simulated one by its probe)."""
+
+    def during(gpu: str, event: XidEvent) -> XidEvent:
+        for span in spans:
+            if gpu not in span.gpus:
+                continue
+            if event.time is not None and span.start <= event.time <= span.end + TICK:
+                return replace(event, case=span.case, verdict=span.verdict)
+            if event.time is None and event.probe is not None and span.probe == event.probe:
+                return replace(event, case=span.case, verdict=span.verdict)
+        return event
+
+    gpus = {name: replace(g, xids=tuple(during(name, event) for event in g.xids)) for name, g in watch.gpus.items()}
+    return replace(watch, gpus=gpus)
+
+
+# --------------------------------------------------------------------------------------------
+# judging
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WatchFinding:
+    """One thing the watch saw that fails the run (``machine``) or is only worth a line."""
+
+    test_name: str  # its failed test case's name in the JUnit file
+    gpu: str
+    text: str  # what was seen, naming the fix
+    machine: bool = True
+
+
+def watch_findings(watch: RunWatch, max_gens: Mapping[str, int | None]) -> list[WatchFinding]:
+    """Every finding of the run's watch, GPU by GPU; ``max_gens``: each GPU's highest PCIe generation."""
+    findings: list[WatchFinding] = []
+    minutes = (watch.seconds or 0.0) / 60
+    for name, gpu in watch.gpus.items():
+        findings += [_xid_finding(name, event) for event in gpu.xids]
+        highest = max_gens.get(name)
+        if gpu.pcie_gen_busy is not None and highest is not None and gpu.pcie_gen_busy < highest:
+            findings.append(
+                WatchFinding(
+                    f"pcie_gen[{name}]",
+                    name,
+                    f"{name}: PCIe gen{gpu.pcie_gen_busy} at most while its cases ran, where the GPU and slot "
+                    f"allow gen{highest}: a link trained down (check the slot's BIOS setting and the riser; "
+                    "`nvidia-smi -q -d PCIE` during a transfer)",
+                )
+            )
+        errors = _errors_beyond_limits(gpu.grown(), minutes, watch.seconds)
+        if errors:
+            findings.append(
+                WatchFinding(
+                    f"link_errors[{name}]",
+                    name,
+                    f"{name}: link error counters grew during the run ({', '.join(errors)}): reset the GPU; if they "
+                    "grow again, have the link serviced (`nvidia-smi nvlink -e`, `nvidia-smi -q -d PCIE`)",
+                )
+            )
+        if gpu.slowdowns:
+            findings.append(
+                WatchFinding(
+                    f"slowdown[{name}]",
+                    name,
+                    f"{name}: clocks held down during the run ({', '.join(gpu.slowdowns)}): check cooling, power "
+                    "and the power-brake signal (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`)",
+                )
+            )
+    return findings
+
+
+def _xid_finding(gpu: str, event: XidEvent) -> WatchFinding:
+    kind = xid_kind(event.xid)
+    where = f" during {event.case} (its verdict: {event.verdict})" if event.case else " between cases"
+    return WatchFinding(
+        f"xid[{gpu}-{event.xid}]",
+        gpu,
+        f"{gpu}: Xid {event.xid} ({kind.meaning}){where} -> {kind.fix}",
+        kind.machine,
+    )
+
+
+def _errors_beyond_limits(grown: Mapping[str, int], minutes: float, seconds: float | None) -> list[str]:
+    """The counters whose growth passes DCGM's limits (module docstring), as ``nvlink2 crc_flit +4000``."""
+    beyond = []
+    for name, growth in grown.items():
+        if name == PCIE_REPLAY:
+            limit = PCIE_REPLAYS_PER_MINUTE * max(minutes, 1.0)  # a short run gets a minute's allowance
+        elif name.endswith(("crc_flit", "crc_data")):
+            limit = NVLINK_CRC_PER_SECOND * max(seconds or 0.0, 1.0)
+        else:
+            limit = NVLINK_ERRORS
+        if growth > limit:
+            beyond.append(f"{name} +{growth}")
+    return beyond

@@ -1,0 +1,300 @@
+"""What NVML says during the run: Xid events, link error counters, PCIe generation under load (issue 26, item 4)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pynvml
+import pytest
+
+import fake_nvml as nv
+from conformance.discover.health import GpuHealth
+from conformance.discover.watch import (
+    CaseSpan,
+    GpuWatch,
+    NvmlWatch,
+    RunWatch,
+    WatchError,
+    XidEvent,
+    attribute_xids,
+    busy_windows,
+    kernel_log_lines,
+    kernel_xid_problems,
+    kernel_xids,
+    watch_findings,
+    watch_from_json,
+)
+from conftest import copy_suites, read_records
+from test_junit_schema import schema_errors
+from test_scenario_answers import answer_lines
+
+TOPOLOGIES = Path(__file__).resolve().parent.parent / "conformance" / "scenarios" / "topologies"
+LOAD_MARGIN = 30.0  # seconds a busy machine may take to run the watch thread's few NVML calls
+
+
+# --------------------------------------------------------------------------------------------
+# the kernel log
+# --------------------------------------------------------------------------------------------
+
+KMSG = [
+    "6,1021,5123456,-;nvidia-nvlink: Nvlink Core is being initialized",
+    "4,1187,9123456,-;NVRM: Xid (PCI:0000:3a:00): 79, pid=2211, name=python, GPU has fallen off the bus.",
+    " SUBSYSTEM=pci",
+    "4,1190,9223456,-;NVRM: Xid (PCI:0000:18:00): 45, pid=2211, name=python, Ch 00000008",
+    "4,1191,9323456,-;NVRM: Xid (PCI:0000:3a:00): 79, pid=2215, name=python, GPU has fallen off the bus.",
+    "4,1192,9423456,-;NVRM: Xid (PCI:0000:77:00): 48, an NVIDIA GPU this run does not test",
+]
+
+
+def test_the_kernel_logs_xids_name_their_gpu_by_bus_id(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("\n".join(KMSG) + "\n")
+    lines, unread = kernel_log_lines(kmsg)
+    assert unread == "" and lines is not None
+    assert lines[1] == "NVRM: Xid (PCI:0000:3a:00): 79, pid=2211, name=python, GPU has fallen off the bus."
+    buses = {"gpu0": "00000000:18:00.0", "gpu1": "00000000:3A:00.0", "gpu2": "00000000:5D:00.0"}
+    found = kernel_xids(lines, buses)
+    assert found == {"gpu0": (45,), "gpu1": (79, 79), "gpu2": ()}
+    health = {name: GpuHealth(kernel_xids=xids) for name, xids in found.items()}
+    machine, application = kernel_xid_problems(health)
+    assert machine == {
+        "gpu1": "Xid 79 (GPU has fallen off the bus) 2x since boot -> reboot; reseat the GPU and check its power "
+        "and riser"
+    }
+    assert application == {"gpu0": "Xid 45 (preemptive cleanup after a process ended) 1x since boot -> none: a "
+                                   "process was killed"}  # fmt: skip
+
+
+def test_an_unreadable_kernel_log_says_why(tmp_path: Path) -> None:
+    lines, unread = kernel_log_lines(tmp_path / "no-kmsg")
+    assert lines is None
+    assert unread == f"the kernel log ({tmp_path / 'no-kmsg'}) is not readable here: No such file or directory"
+
+
+# --------------------------------------------------------------------------------------------
+# the watch, on the fake NVML
+# --------------------------------------------------------------------------------------------
+
+
+def h100_box(errors: bool = True) -> nv.FakeMachine:
+    machine = nv.nvswitch_box()
+    for gpu in machine.gpus:
+        gpu.nvlink_errors = [[0, 0, 0, 0] for _ in range(18)] if errors else None
+    return machine
+
+
+def start(monkeypatch: pytest.MonkeyPatch, machine: nv.FakeMachine) -> tuple[NvmlWatch, nv.FakeNvmlLibrary]:
+    library = nv.install(monkeypatch, machine)
+    pynvml.nvmlInit()
+    handles = {f"gpu{i}": pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 3)}
+    return NvmlWatch(pynvml, handles, {"gpu0": 18, "gpu3": 18}, tick=0.05), library
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + LOAD_MARGIN
+    while not condition():
+        assert time.monotonic() < deadline, "the watch thread did not get there"
+        time.sleep(0.01)
+
+
+def test_the_watch_reads_xids_counters_and_the_generation_under_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = h100_box()
+    watch, library = start(monkeypatch, machine)
+    gpu3 = machine.gpus[3]
+    gpu3.pcie = (16, 16, 4, 5)  # a case runs: the link wakes up, to gen4 only
+    begun = time.time()
+    wait_until(lambda: sum(s.gpu == "gpu3" and s.pcie_gen == 4 for s in watch.samples) >= 2)
+    machine.xid_events.append((3, 79))
+    wait_until(lambda: bool(watch.events))
+    ended = time.time()
+    gpu3.pcie = (16, 16, 1, 5)  # idle again
+    gpu3.nvlink_errors[2][2] = 4000  # type: ignore[index]
+    gpu3.nvlink_errors[5][1] = 2  # type: ignore[index]
+    gpu3.pcie_replays = 3
+    gpu3.clock_reasons = nv.CLOCKS_HW_THERMAL
+    watched = watch.stop({"gpu3": [(begun, ended)]})
+    assert library.initialised == 0  # NVML let go
+    three, zero = watched.gpus["gpu3"], watched.gpus["gpu0"]
+    assert three.pcie_gen_busy == 4 and zero.pcie_gen_busy is None  # gpu0 ran no case: its generation is not judged
+    assert three.grown() == {"nvlink2 crc_flit": 4000, "nvlink5 recovery": 2, "pcie replay": 3}
+    assert zero.grown() == {} and len(zero.errors_end or {}) == 18 * 4 + 1
+    assert [x.xid for x in three.xids] == [79] and begun <= (three.xids[0].time or 0) <= ended
+    assert three.slowdowns == ("hw_thermal",) and zero.slowdowns == ()
+    assert watched.note == "" and watched.seconds is not None
+
+
+def test_what_nvml_refuses_is_unknown_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = replace(h100_box(errors=False), missing=["nvmlEventSetCreate"])
+    for gpu in machine.gpus:
+        gpu.pcie_replays = None
+    watch, _ = start(monkeypatch, machine)
+    watched = watch.stop({})
+    assert watched.note.startswith("Xid events not watched: ")
+    assert watched.gpus["gpu3"].errors_start is None and watched.gpus["gpu3"].grown() == {}
+
+
+# --------------------------------------------------------------------------------------------
+# attribution and judging
+# --------------------------------------------------------------------------------------------
+
+SPANS = [
+    CaseSpan("suites/test_pairs.py::test_peer_copy[gpu2-gpu3-NV18-inherited]", "peer_copy", "hang", ("gpu2", "gpu3"),
+             100.0, 160.0),
+    CaseSpan("suites/test_pairs.py::test_peer_copy[gpu0-gpu1-NV18-inherited]", "peer_copy", "pass", ("gpu0", "gpu1"),
+             100.0, 110.0),
+]  # fmt: skip
+
+
+def test_each_xid_names_the_case_running_on_its_gpu() -> None:
+    watched = RunWatch(
+        {
+            "gpu3": GpuWatch(xids=(XidEvent(79, time=150.0), XidEvent(74, time=500.0))),
+            "gpu1": GpuWatch(xids=(XidEvent(45, probe="peer_copy"),)),  # a simulated one: by its probe
+        },
+        seconds=600.0,
+    )
+    named = attribute_xids(watched, SPANS)
+    assert named.gpus["gpu3"].xids[0].case == SPANS[0].case and named.gpus["gpu3"].xids[0].verdict == "hang"
+    assert named.gpus["gpu3"].xids[1].case is None  # no case ran on gpu3 then
+    assert named.gpus["gpu1"].xids[0].case == SPANS[1].case
+    assert busy_windows(SPANS) == {"gpu2": [(100.0, 160.0)], "gpu3": [(100.0, 160.0)], "gpu0": [(100.0, 110.0)],
+                                   "gpu1": [(100.0, 110.0)]}  # fmt: skip
+    findings = watch_findings(named, {})
+    assert [(f.test_name, f.machine) for f in findings] == [
+        ("xid[gpu3-79]", True), ("xid[gpu3-74]", True), ("xid[gpu1-45]", False)
+    ]  # fmt: skip
+    assert findings[0].text == (
+        f"gpu3: Xid 79 (GPU has fallen off the bus) during {SPANS[0].case} (its verdict: hang) -> reboot; reseat "
+        "the GPU and check its power and riser"
+    )
+    assert findings[1].text.startswith("gpu3: Xid 74 (NVLink error) between cases -> reset the GPU")
+
+
+@pytest.mark.parametrize(
+    ("grown", "seconds", "beyond"),
+    [
+        ({"nvlink0 replay": 1, "nvlink0 recovery": 1}, 60.0, ""),  # DCGM: at most 1
+        ({"nvlink0 replay": 2}, 60.0, "nvlink0 replay +2"),
+        ({"nvlink3 crc_flit": 5000}, 60.0, ""),  # 83 a second: below DCGM's 100
+        ({"nvlink3 crc_data": 7000}, 60.0, "nvlink3 crc_data +7000"),
+        ({"pcie replay": 8}, 30.0, ""),  # a short run gets a minute's allowance
+        ({"pcie replay": 17}, 120.0, "pcie replay +17"),  # 8.5 a minute
+    ],
+)
+def test_error_counters_are_judged_by_dcgms_limits(grown: dict[str, int], seconds: float, beyond: str) -> None:
+    watched = RunWatch({"gpu0": GpuWatch(errors_start=dict.fromkeys(grown, 10),
+                                         errors_end={k: 10 + v for k, v in grown.items()})}, seconds)  # fmt: skip
+    findings = watch_findings(watched, {})
+    assert [f.text.split("(")[1].split(")")[0] for f in findings] == ([beyond] if beyond else [])
+
+
+def test_a_counter_reset_by_a_reboot_is_not_growth() -> None:
+    assert GpuWatch(errors_start={"pcie replay": 50}, errors_end={"pcie replay": 0}).grown() == {}
+
+
+def test_the_generation_under_load_and_the_slowdowns_are_judged() -> None:
+    watched = RunWatch({"gpu0": GpuWatch(pcie_gen_busy=3, slowdowns=("hw_slowdown",)),
+                        "gpu1": GpuWatch(pcie_gen_busy=5, slowdowns=())}, 60.0)  # fmt: skip
+    findings = watch_findings(watched, {"gpu0": 5, "gpu1": 5})
+    assert [f.test_name for f in findings] == ["pcie_gen[gpu0]", "slowdown[gpu0]"]
+    assert findings[0].text.startswith("gpu0: PCIe gen3 at most while its cases ran, where the GPU and slot allow gen5")
+    assert watch_findings(watched, {}) == findings[1:]  # the GPU's highest generation unknown: not judged
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "watch is [], not an object"),
+        ({"gpus": []}, "watch.gpus is [], not an object keyed by GPU name"),
+        ({"gpus": {"gpu0": {"xids": {}}}}, "watch of gpu0: xids is {}, not a list"),
+        ({"gpus": {"gpu0": {"xids": [{"xid": "79"}]}}},
+         "watch of gpu0: an Xid event: xid is '79', which is not a whole number"),
+        ({"gpus": {"gpu0": {"errors_end": {"pcie replay": 1.5}}}},
+         "watch of gpu0: errors_end is {'pcie replay': 1.5}, not an object of counter name -> integer"),
+        ({"gpus": {"gpu0": {"pcie_gen": 4}}},
+         "watch of gpu0: unknown field 'pcie_gen' (it has errors_end, errors_start, pcie_gen_busy, slowdowns, xids)"),
+        ({"seconds": "long"}, "watch.seconds is 'long', not a number"),
+    ],
+)  # fmt: skip
+def test_a_watch_of_the_wrong_shape_is_named(data: Any, message: str) -> None:
+    with pytest.raises(WatchError) as caught:
+        watch_from_json(data)
+    assert str(caught.value) == message
+
+
+# --------------------------------------------------------------------------------------------
+# the whole suite on a simulated machine
+# --------------------------------------------------------------------------------------------
+
+
+def with_watch(pytester: pytest.Pytester, watch: dict[str, Any], kernel: dict[str, list[int]] | None = None) -> Path:
+    """The 2-GPU PCIe box with what NVML says during the run (and the kernel log's Xids)."""
+    data = json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text())
+    data["watch"] = watch
+    for name, xids in (kernel or {}).items():
+        data["health"][name]["kernel_xids"] = xids
+    path = pytester.path / "watched.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_an_xid_during_a_case_fails_the_run_in_the_answer_run_json_junit_and_exit_status(
+    pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult], reports_dir: Path
+) -> None:
+    files = copy_suites(pytester, "test_pairs.py")
+    junit = pytester.path / "xid.xml"
+    xid = {"gpus": {"gpu1": {"xids": [{"xid": 79, "probe": "peer_copy"}], "pcie_gen_busy": 4}}}
+    result = run_suite("--topology-file", str(with_watch(pytester, xid)), f"--junitxml={junit}", *files, timeout=240)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()  # every case passed
+    first = answer_lines(result)[0]
+    assert first.startswith("DURING THE RUN: gpu1: Xid 79 (GPU has fallen off the bus) during suites/test_pairs.py::"
+                            "test_peer_copy[gpu0-gpu1-PHB-inherited] (its verdict: pass) -> reboot")  # fmt: skip
+    facts = json.loads((reports_dir / "latest" / "run.json").read_text())
+    (event,) = facts["watch"]["gpus"]["gpu1"]["xids"]
+    assert event["case"] == "suites/test_pairs.py::test_peer_copy[gpu0-gpu1-PHB-inherited]"
+    (suite,) = ElementTree.parse(junit).getroot().findall("testsuite")
+    found = [c for c in suite.iter("testcase") if c.get("classname") == "gpu-conformance"]
+    assert [c.get("name") for c in found] == ["xid[gpu1-79]"] and found[0].find("failure") is not None
+    assert schema_errors(junit) == []
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_an_applications_xid_is_a_warning_and_a_quiet_watch_passes(
+    pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult]
+) -> None:
+    files = copy_suites(pytester, "test_pairs.py")
+    quiet = {"gpus": {"gpu0": {"xids": [{"xid": 45}], "errors_start": {"pcie replay": 3},
+                               "errors_end": {"pcie replay": 4}, "slowdowns": []}}}  # fmt: skip
+    result = run_suite("--topology-file", str(with_watch(pytester, quiet)), *files, timeout=240)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    lines = answer_lines(result)
+    assert lines[0] == (
+        "WARNING during the run: gpu0: Xid 45 (preemptive cleanup after a process ended) between cases -> none: a "
+        "process was killed"
+    )
+    assert lines[1].startswith("everything passed")
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_the_kernel_logs_earlier_xids_are_a_host_check(
+    pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult], reports_dir: Path
+) -> None:
+    files = copy_suites(pytester, "test_machine_health.py")
+    topology = with_watch(pytester, {}, kernel={"gpu0": [45], "gpu1": [48, 79]})
+    result = run_suite("--topology-file", str(topology), *files, "-k", "kernel_log")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    (record,) = [r for r in read_records(reports_dir) if r["probe"] == "host:xid_log"]
+    assert record["verdict"] == "error" and record["metrics"]["gpu1"] == {"kernel_xids": [48, 79]}
+    assert record["summary"].startswith("gpu1: Xid 48 (double-bit ECC error) 1x since boot -> reset the GPU")
+    assert record["metrics"]["warning"].startswith("gpu0: Xid 45")
+    topology = with_watch(pytester, {}, kernel={"gpu0": [45]})
+    application = run_suite("--topology-file", str(topology), *files, "-k", "kernel_log")
+    assert application.ret == pytest.ExitCode.OK, application.stdout.str()
+    assert answer_lines(application)[0].startswith("WARNING host check host:xid_log: gpu0: Xid 45")
