@@ -21,7 +21,7 @@ from conformance.common.families import inherited_variables
 from conformance.common.jsonl import read_lines
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
-from conformance.discover.link_rate import simulated_gbps
+from conformance.discover.link_rate import simulated_gbps, slowest_link_gbps
 from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines, watch_run
 from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
 from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids, busy_windows
@@ -47,7 +47,16 @@ from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
 from conformance.record.coverage import Coverage
-from conformance.record.records import HOST_SET_KIND, SIMULATED_GBPS, CaseRecord, JunitRun, RunEnd, RunFacts, RungFacts
+from conformance.record.records import (
+    HOST_SET_KIND,
+    LINK_GBPS,
+    SIMULATED_GBPS,
+    CaseRecord,
+    JunitRun,
+    RunEnd,
+    RunFacts,
+    RungFacts,
+)
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
@@ -69,9 +78,13 @@ MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
 # How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py);
 # on CPU, collectives larger than chunk_bytes move in parts, each reported as progress.
+# On GPU 512 MiB: bandwidth-bound on the fastest link (H100's 18 NVLinks, 450 GB/s a direction:
+# 1.2 ms a message, so a launch's ~10 us is under 1% of the figure; nccl-tests judges all-reduce at
+# 1 GiB, whose bus bandwidth needs more bytes per rank than a two-rank copy), and its two buffers
+# (1 GiB a GPU) fit beside any training job's leftovers on a 16 GiB data-centre GPU.
 MEASUREMENT = {
     "cpu": {"bandwidth_bytes": 4 << 20, "bandwidth_warmup": 1, "bandwidth_iterations": 5, "chunk_bytes": 4 << 20},
-    "gpu": {"bandwidth_bytes": 64 << 20, "bandwidth_warmup": 5, "bandwidth_iterations": 20},
+    "gpu": {"bandwidth_bytes": 512 << 20, "bandwidth_warmup": 5, "bandwidth_iterations": 20},
 }
 
 
@@ -143,7 +156,8 @@ class ConformanceSession:
         pairing = NodePairing.of(nnodes, self.settings.node_pairs, seed=run_id)
         self.plan = Plan(self.topology, ladder, self.settings.matrix, fallbacks_matter, pairing)
         self.deadlines.check(rungs=len(self.plan.ladder))
-        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, self.deadlines.rung_wait)
+        wait = self.deadlines.rung_wait
+        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, wait, nccl_wheel_version())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -384,20 +398,23 @@ class ConformanceSession:
         if self.nodes and placed.kind == "node_pair" and step.rung_index == 0 and self.plan.pairing.rechecks:
             self.nodes.publish_first_pass(step.key, result.verdict)
         one_rung = self.plan.item_step(item) is None  # a device set of the test's own: not parametrised
-        record = self._with_simulated_bandwidth(results.case_record(result, self.run_id, expect, step.key, one_rung))
+        record = self._with_link_figures(results.case_record(result, self.run_id, expect, step.key, one_rung))
         results.append_case(self.results_path, record)
         item.stash[junit.CASE_SECONDS] = result.seconds
         if result.verdict not in (Verdict.PASS, Verdict.SKIP):
             self._attach_logs(item, result)
         return result
 
-    def _with_simulated_bandwidth(self, record: CaseRecord) -> CaseRecord:
-        """A simulated pair's bandwidth is its link's (``link_rate.simulated_gbps``), not gloo's host copies."""
-        if not self.simulated or record.set_kind != "pair" or record.bandwidth_gbps is None:
+    def _with_link_figures(self, record: CaseRecord) -> CaseRecord:
+        """A GPU set's slowest physical link; a simulated pair's bandwidth is its link's, not gloo's host copies."""
+        if len(record.devices) < 2 or record.outcome is not Verdict.PASS:
             return record
-        rules = self.scenario.rules if self.scenario else ()
-        figure = simulated_gbps(self.topology, record.devices, record.probe, rules)
-        return record if figure is None else replace(record, metrics={**record.metrics, SIMULATED_GBPS: figure})
+        figures = {LINK_GBPS: slowest_link_gbps(self.topology, record.devices)}
+        if self.simulated and record.set_kind == "pair" and record.bandwidth_gbps is not None:
+            rules = self.scenario.rules if self.scenario else ()
+            figures[SIMULATED_GBPS] = simulated_gbps(self.topology, record.devices, record.probe, rules)
+        known = {name: figure for name, figure in figures.items() if figure is not None}
+        return replace(record, metrics={**record.metrics, **known}) if known else record
 
     def _run_here(
         self,

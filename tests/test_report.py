@@ -308,7 +308,10 @@ def collective_record(probe: str, rung: str, verdict: str, sizes: dict[str, tupl
 def test_the_collectives_table_shows_algbw_and_busbw_by_size() -> None:
     topology = pcie_topology(4)
     records = [
-        collective_record("all_reduce", "inherited", "pass", {"64MiB": (100.0, 150.0)}),
+        {
+            **collective_record("all_reduce", "inherited", "pass", {"64MiB": (100.0, 150.0)}),
+            "metrics": {"algbw_gbps": {"64MiB": 100.0}, "busbw_gbps": {"64MiB": 150.0}, "link_gbps": 200.0},
+        },
         collective_record("all_gather", "inherited", "pass", {"64MiB": (80.0, 60.0), "1MiB": (10.5, 7.875)}),
         collective_record("reduce_scatter", "inherited", "hang", {"64MiB": (1.0, 1.0)}),  # not passed: not shown
     ]
@@ -316,16 +319,16 @@ def test_the_collectives_table_shows_algbw_and_busbw_by_size() -> None:
     section = root.find("section", id="collectives")
     body = [[td.text for td in tr.find_all("td")] for tr in section.find("tbody").find_all("tr")]
     assert body == [
-        ["all_gather", "all4", "4", "1MiB", "10.50", "7.88", "inherited"],
-        ["all_gather", "all4", "4", "64MiB", "80.00", "60.00", "inherited"],
-        ["all_reduce", "all4", "4", "64MiB", "100.00", "150.00", "inherited"],
-    ]
+        ["all_gather", "all4", "4", "1MiB", "10.50", "7.88", "-", "inherited"],
+        ["all_gather", "all4", "4", "64MiB", "80.00", "60.00", "-", "inherited"],
+        ["all_reduce", "all4", "4", "64MiB", "100.00", "150.00", "0.75", "inherited"],
+    ]  # all_reduce's record knows its slowest link: 200 GB/s
     assert "host memory" not in section.text  # NCCL figures
     assert collective_lines(typed(records))[1:] == [
-        "collective  devices  ranks  size   algbw   busbw   rung",
-        "all_gather  all4     4      1MiB   10.50   7.88    inherited",
-        "all_gather  all4     4      64MiB  80.00   60.00   inherited",
-        "all_reduce  all4     4      64MiB  100.00  150.00  inherited",
+        "collective  devices  ranks  size   algbw   busbw   of link  rung",
+        "all_gather  all4     4      1MiB   10.50   7.88    -        inherited",
+        "all_gather  all4     4      64MiB  80.00   60.00   -        inherited",
+        "all_reduce  all4     4      64MiB  100.00  150.00  0.75     inherited",
     ]
 
 
@@ -684,3 +687,21 @@ def test_chromium_screenshot(tmp_path: Path) -> None:
     assert (width, height) == (1280, 2000)
     assert png.stat().st_size > 30_000  # a blank page compresses to a few KB
     assert len(set(pixels)) > 64, "the screenshot is nearly uniform"
+
+
+def test_a_slow_pair_is_outlined_in_the_heat_map_with_its_links_physical_rate() -> None:
+    topology = pcie_topology(4)
+    sys_pairs = [(0, 2, 25.0), (0, 3, 24.0), (1, 2, 26.0), (1, 3, 7.5)]
+    records = [record(topology, a, b, "pair_exchange", "inherited", "pass", gbps, backend="nccl", simulated=False,
+                      metrics={"link_gbps": 31.5}) for a, b, gbps in sys_pairs]  # fmt: skip
+    run = make_run(topology, records, backend="nccl", simulated=False, scenario=None)
+    root = parse(render_report(run, RECOMMENDATION))
+    exchange = root.find("figure", "heat", data_probe="pair_exchange")
+    rows = [row.find_all("td") for row in exchange.find("tbody").find_all("tr")]
+    slow = [(r, c) for r, row in enumerate(rows) for c, cell in enumerate(row) if "slow" in cell.classes]
+    assert slow == [(1, 3), (3, 1)]  # gpu1-gpu3 only, both halves of the matrix
+    assert rows[1][3].attrs["title"] == (
+        "SLOW: gpu1-gpu3 SYS: 7.5 GB/s on rung inherited; its link's physical rate 31.5 GB/s"
+    )
+    assert rows[0][2].attrs["title"].endswith("; its link's physical rate 31.5 GB/s")
+    assert "SLOW" in root.find("section", id="bandwidth").find("div", "legend").text

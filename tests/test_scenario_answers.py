@@ -53,9 +53,9 @@ ANSWERS = {
             "check the pair's path: *"
             for probe in ("pair_exchange", "peer_copy")
             for link, pairs in (
-                ("PIX", "gpu4-gpu5 12.6 GB/s (0.50 of the median 25.2)"),
-                ("NODE", "gpu5-gpu* 12.6 GB/s (0.50 of the median 25.2); gpu5-gpu* *"),
-                ("SYS", "gpu*-gpu5 12.6 GB/s (0.50 of the median 25.2); *"),
+                ("PIX", "gpu4-gpu5 12.6 GB/s (0.50 of the median 25.2, 0.80 of its link's 15.75)"),
+                ("NODE", "gpu5-gpu* 12.6 GB/s (0.50 of the median 25.2, 0.80 of its link's 15.75); gpu5-gpu* *"),
+                ("SYS", "gpu*-gpu5 12.6 GB/s (0.50 of the median 25.2, 0.80 of its link's 15.75); *"),
             )
         ),
         PCIE_8GPU_PASSED,
@@ -63,8 +63,8 @@ ANSWERS = {
     "slow-pair": [
         *(
             f"SLOW: SYS pairs' {probe} on inherited, below 0.6 of their class's median or its floor: gpu1-gpu5 7.56 "
-            "GB/s (0.30 of the median 25.2) -> check the pair's path: both GPUs' PCIe links (`nvidia-smi -q -d PCIE`) "
-            "and NVLinks (`nvidia-smi nvlink -s`)"
+            "GB/s (0.30 of the median 25.2, 0.24 of its link's 31.5) -> check the pair's path: both GPUs' PCIe links "
+            "(`nvidia-smi -q -d PCIE`) and NVLinks (`nvidia-smi nvlink -s`)"
             for probe in ("pair_exchange", "peer_copy")
         ),
         PCIE_8GPU_PASSED,

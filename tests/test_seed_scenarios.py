@@ -261,7 +261,7 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
     assert sorted(r["probe"] for r in host if r["verdict"] == "pass") == [
         "host:dev_shm", "host:gpu_clocks", "host:gpu_inventory", "host:gpu_memory", "host:gpu_modes",
         "host:gpu_processes", "host:hostname",
-        "host:open_files", "host:pcie_link",
+        "host:open_files", "host:pcie_link", "host:xid_log",
     ]  # fmt: skip
     assert {r["env_name"] for r in host} == {None} and {r["verdict"] for r in host} <= {"pass", "skip"}
     # everything else ran once, on inherited, and passed (the negative control errs as it expects)

@@ -17,6 +17,7 @@ the figure is the GPUs' own links, an upper bound.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import combinations
 from typing import TYPE_CHECKING
 
 from conformance.discover.health import GpuHealth
@@ -50,19 +51,34 @@ def pair_rate_gbps(link: str, first: GpuHealth | None, second: GpuHealth | None)
 HEALTHY_SHARE = 0.8
 
 
+def pair_link_gbps(topology: Topology, names: Sequence[str]) -> float | None:
+    """The physical rate of the link between two of the topology's GPUs; None where a fact is missing."""
+    if topology.kind != "gpu" or len(names) != 2:
+        return None
+    first, second = topology.by_name(names)
+    return pair_rate_gbps(
+        topology.link(first, second), topology.health.get(first.name), topology.health.get(second.name)
+    )
+
+
+def slowest_link_gbps(topology: Topology, names: Sequence[str]) -> float | None:
+    """The slowest physical link between any two of the GPUs (a collective's busbw cannot pass it)."""
+    if len(set(names)) < 2:
+        return None
+    rates = [pair_link_gbps(topology, (a, b)) for a, b in combinations(sorted(set(names)), 2)]
+    return None if None in rates else min(r for r in rates if r is not None)
+
+
 def simulated_gbps(topology: Topology, names: Sequence[str], probe: str, rules: Sequence[Rule]) -> float | None:
     """A simulated pair's bandwidth: its link's physical rate times the healthy share.
 
     Times ``slow_link``'s fraction where one selects the pair (by its devices, link class, probe, set
     kind); None where the topology lacks the facts.
     """
-    if len(names) != 2:
-        return None
-    first, second = topology.by_name(names)
-    link = topology.link(first, second)
-    rate = pair_rate_gbps(link, topology.health.get(first.name), topology.health.get(second.name))
+    rate = pair_link_gbps(topology, names)
     if rate is None:
         return None
+    link = topology.link(*topology.by_name(names))
     share = HEALTHY_SHARE
     places = [Placement(rank, name, probe, "pair", (link,)) for rank, name in enumerate(names)]
     for rule in rules:

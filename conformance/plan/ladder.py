@@ -65,9 +65,20 @@ class RungDecision:
 class LadderBook:
     """The shared record of rung outcomes for one run."""
 
-    def __init__(self, path: Path, ladder: Sequence[Rung], mode: str, decision_wait: Callable[[int], float]) -> None:
-        """``decision_wait(k)``: the most the decision on rung ``k`` waits (``Deadlines.rung_wait``)."""
+    def __init__(
+        self,
+        path: Path,
+        ladder: Sequence[Rung],
+        mode: str,
+        decision_wait: Callable[[int], float],
+        nccl: str | None = None,
+    ) -> None:
+        """``decision_wait(k)``: the most the decision on rung ``k`` waits (``Deadlines.rung_wait``).
+
+        ``nccl``: the run's NCCL version, for the rules of ``relevance.py`` that depend on it.
+        """
         self.path = path
+        self.nccl = nccl
         self.ladder = tuple(ladder)
         self.mode = mode
         self.decision_wait = decision_wait
@@ -166,7 +177,7 @@ class LadderBook:
         known = self._outcomes()  # what is decided already settles it without a wait (one passed, ...)
         in_run = [i for i in range(k) if selected is None or (step.key, i) in selected]
         decided = {names[i]: known[(step.key, names[i])] for i in in_run if (step.key, names[i]) in known}
-        futile = cannot_change(names[k], step.devices, step.links)
+        futile = cannot_change(names[k], step.devices, step.links, self.nccl)
         early = self._by_own_outcomes(step, decided, environ) or (RungDecision(False, futile) if futile else None)
         if early is not None:
             return early
@@ -192,7 +203,11 @@ class LadderBook:
         """
         names = [r.name for r in self.ladder]
         # Rungs the table rules out here are skipped without a case, so nothing waits for them.
-        indices = [i for i in range(step.rung_index + 1) if cannot_change(names[i], step.devices, step.links) is None]
+        indices = [
+            i
+            for i in range(step.rung_index + 1)
+            if cannot_change(names[i], step.devices, step.links, self.nccl) is None
+        ]
         earlier = [names[i] for i in indices[:-1] if selected is None or (step.key, i) in selected]
         leader = step.leader_key
         follows = leader is not None and (selected is None or all((leader, i) in selected for i in indices))

@@ -48,12 +48,29 @@ def path_kind(link: str) -> str:
     return "pcie" if link in PCIE_PATHS else "other"
 
 
-def cannot_change(rung_name: str, devices: int, links: Sequence[str]) -> str | None:
-    """Why rung ``rung_name`` cannot change a case on ``devices`` GPUs joined by ``links``; None if it may."""
+# NCCL's ncclNvlsInit (src/transport/nvls.cc) returns without NVLS for `gpuCount <= 2` from v2.18.3-1
+# to v2.28.3-1, and for `gpuCount < 2` from v2.28.7-1 on: before 2.28.7 a pair never uses NVLS.
+NVLS_ON_PAIRS_FROM = (2, 28, 7)
+
+
+def nvls_min_gpus(nccl: str | None) -> int:
+    """The fewest GPUs a communicator of this NCCL version uses NVLS on (unknown version: 2, so it is tried)."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", nccl or "")
+    version = tuple(int(part) for part in found.groups()) if found else None
+    return 3 if version is not None and version < NVLS_ON_PAIRS_FROM else 2
+
+
+def cannot_change(rung_name: str, devices: int, links: Sequence[str], nccl: str | None = None) -> str | None:
+    """Why rung ``rung_name`` cannot change a case on ``devices`` GPUs joined by ``links``; None if it may.
+
+    ``nccl``: the run's NCCL version, where a rule depends on it (None: unknown).
+    """
     reach = RUNG_REACH.get(rung_name)
     kinds = {path_kind(link) for link in links}
     if reach is None or "other" in kinds:
         return None
+    if rung_name == "nvls_off" and kinds == {"nvlink"} and devices < nvls_min_gpus(nccl):
+        return f"rung nvls_off cannot change a case on {devices} GPUs: NCCL {nccl} uses NVLS from 3 GPUs only"
     if not kinds:  # no path between GPUs: one GPU, or a set whose devices are not known here
         if devices != 1 or reach.one_gpu:
             return None

@@ -371,7 +371,7 @@ def peer_copy(ctx: RankContext) -> None:
             copied = pattern(ctx.rank, n, src).to(dst, copy=True)
             ctx.synchronize(src, dst)
             ctx.verify(label, copied, partial(pattern, ctx.rank, n, dst))
-    nbytes = _largest(ctx)
+    nbytes = int(ctx.params.get("bandwidth_bytes", _largest(ctx)))
     rates = {}
     for src, dst, names in directions:
         data, out = torch.empty(_numel(nbytes), device=src), torch.empty(_numel(nbytes), device=dst)

@@ -19,6 +19,7 @@ from conformance.common.verdicts import Verdict
 
 SCHEMA = 1
 SIMULATED_GBPS = "simulated_gbps"  # a simulated pair's bandwidth in its metrics: its link's rate (link_rate.py)
+LINK_GBPS = "link_gbps"  # a GPU pair's physical link rate in its metrics, GB/s per direction (link_rate.py)
 HOST_SET_KIND = "host"  # the set_kind of a host check's record (conformance/host_checks.py): no devices, no rung
 JUNIT_PREFIX = "conformance."
 

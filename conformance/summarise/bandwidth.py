@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from conformance.common.verdicts import Verdict
-from conformance.record.records import SIMULATED_GBPS, CaseRecord
+from conformance.record.records import LINK_GBPS, SIMULATED_GBPS, CaseRecord
 
 DEFAULT_SLOW_RATIO = 0.6  # settings.py's default for slow_ratio; older runs did not record one
 SLOW_FIX = "check the pair's path: both GPUs' PCIe links (`nvidia-smi -q -d PCIE`) and NVLinks (`nvidia-smi nvlink -s`)"
@@ -40,6 +40,12 @@ def judged_gbps(record: CaseRecord) -> float | None:
     return None
 
 
+def link_gbps(record: CaseRecord) -> float | None:
+    """The pair's physical link rate the run recorded (``record.metrics.link_gbps``), where it knew it."""
+    rate = record.metrics.get(LINK_GBPS)
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0 else None
+
+
 @dataclass(frozen=True)
 class SlowPair:
     """One pair below its group's median times the ratio, or below its class's floor."""
@@ -53,6 +59,7 @@ class SlowPair:
     median: float | None  # of its group (None: alone in it)
     ratio: float
     floor: float | None
+    link_gbps: float | None = None  # its link's physical rate (``discover/link_rate.py``), where known
 
     @property
     def test_name(self) -> str:
@@ -66,6 +73,8 @@ class SlowPair:
             reasons.append(f"{self.gbps / self.median:.2f} of the median {self.median:g}")
         if self.floor is not None and self.gbps < self.floor:
             reasons.append(f"below the floor {self.floor:g}")
+        if self.link_gbps:
+            reasons.append(f"{self.gbps / self.link_gbps:.2f} of its link's {self.link_gbps:g}")
         return f"{self.pair} {self.gbps:g} GB/s ({', '.join(reasons)})"
 
 
@@ -96,6 +105,6 @@ def slow_pairs(records: Iterable[CaseRecord], ratio: float, floors: Mapping[str,
         for record, figure in members:
             below_peers = middle is not None and figure < ratio * middle
             if below_peers or (floor is not None and figure < floor):
-                pair = "-".join(record.devices)
-                slow.append(SlowPair(record.nodeid, pair, link, probe, rung, figure, middle, ratio, floor))
+                pair, rate = "-".join(record.devices), link_gbps(record)
+                slow.append(SlowPair(record.nodeid, pair, link, probe, rung, figure, middle, ratio, floor, rate))
     return slow

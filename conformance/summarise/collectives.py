@@ -3,7 +3,9 @@
 A collective's record keeps ``metrics.algbw_gbps`` and ``metrics.busbw_gbps`` per size (the probes
 time the largest size, after its data was checked: ``rank/probes.py``); busbw is algbw times
 nccl-tests' factor (2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter).  The
-terminal summary shows one compact table, the report the same rows.
+terminal summary shows one compact table, the report the same rows.  On GPUs each row also gives
+busbw as a fraction of the set's slowest link's physical rate (``metrics.link_gbps``, the bound
+busbw cannot pass: ``discover/link_rate.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from conformance.common.tables import align_columns
 from conformance.common.verdicts import Verdict
 from conformance.record.records import CaseRecord
+from conformance.summarise.bandwidth import link_gbps
 
 HOST_MEMORY = "gloo on CPU ranks: host memory copies, not a GPU link"
 
@@ -28,10 +31,12 @@ class CollectiveRow:
     busbw: float | None
     rung: str
     backend: str
+    link_gbps: float | None = None  # the set's slowest link's physical rate (GPU runs)
 
     def cells(self) -> tuple[str, ...]:
         busbw = "-" if self.busbw is None else f"{self.busbw:.2f}"
-        return (self.collective, self.devices, str(self.ranks), self.size, f"{self.algbw:.2f}", busbw, self.rung)
+        share = "-" if self.busbw is None or not self.link_gbps else f"{self.busbw / self.link_gbps:.2f}"
+        return (self.collective, self.devices, str(self.ranks), self.size, f"{self.algbw:.2f}", busbw, share, self.rung)
 
 
 def _set_name(record: CaseRecord) -> str:
@@ -54,15 +59,16 @@ def collective_rows(records: Iterable[CaseRecord]) -> list[CollectiveRow]:
             continue
         algbw, busbw = _numbers(record.metrics.get("algbw_gbps")), _numbers(record.metrics.get("busbw_gbps"))
         ranks = len(record.devices) * (len(record.nodes) if record.nodes else 1)
+        link = link_gbps(record)
         for size, value in algbw.items():
             rows.append(
                 CollectiveRow(record.probe, _set_name(record), ranks, size, value, busbw.get(size),
-                              str(record.env_name), str(record.backend or "?"))
+                              str(record.env_name), str(record.backend or "?"), link)
             )  # fmt: skip
     return sorted(rows, key=lambda r: (r.collective, r.devices, r.rung, r.size))
 
 
-HEADER = ("collective", "devices", "ranks", "size", "algbw", "busbw", "rung")
+HEADER = ("collective", "devices", "ranks", "size", "algbw", "busbw", "of link", "rung")
 
 
 def collective_lines(records: Iterable[CaseRecord]) -> list[str]:
@@ -71,5 +77,8 @@ def collective_lines(records: Iterable[CaseRecord]) -> list[str]:
     if not rows:
         return []
     note = f"; {HOST_MEMORY}" if all(r.backend == "gloo" for r in rows) else ""
-    title = f"collectives (GB/s as nccl-tests prints them: algbw = bytes / time, busbw = algbw x its factor{note})"
+    title = (
+        "collectives (GB/s as nccl-tests prints them: algbw = bytes / time, busbw = algbw x its factor; "
+        f"of link: busbw / the slowest link's physical rate{note})"
+    )
     return [title, *align_columns([HEADER, *(row.cells() for row in rows)])]

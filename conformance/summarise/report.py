@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause, Run
 from conformance.record.runs import Run
 from conformance.summarise.answer import Answer, Tone
 from conformance.summarise.answer import answer as answer_of
+from conformance.summarise.bandwidth import link_gbps
 from conformance.summarise.collectives import collective_rows
 from conformance.summarise.compare import COMPARISON_FILE
 from conformance.summarise.recommend import recommend
@@ -374,7 +375,8 @@ def _host_copies(facts: _Facts, records: Iterable[CaseRecord]) -> bool:
     return cpu or facts.run.facts.backend == "gloo" or any(r.backend == "gloo" for r in records)
 
 
-def _heat_map(facts: _Facts, probe: str, records: list[CaseRecord]) -> Figure:
+def _heat_map(facts: _Facts, probe: str, records: list[CaseRecord], slow: Collection[frozenset[str]]) -> Figure:
+    """One probe's best passing figure per pair; a SLOW pair (``bandwidth.py``) outlined in red."""
     passing = (r for r in records if r.outcome is Verdict.PASS and _bandwidth(r) is not None)
     best = {pair: max(group, key=lambda r: _bandwidth(r) or 0.0) for pair, group in _by_pair(passing).items()}
     top = max((_bandwidth(r) or 0.0 for r in best.values()), default=0.0)
@@ -389,6 +391,10 @@ def _heat_map(facts: _Facts, probe: str, records: list[CaseRecord]) -> Figure:
         background, colour = _heat_colour(value / top if top > 0 else 0.0)
         css = "bw" if record.env_name == "inherited" else "bw alt"
         title = f"{a}-{b} {record.link or ''}: {value:g} GB/s on rung {record.env_name}"
+        rate = link_gbps(record)
+        title += f"; its link's physical rate {rate:g} GB/s" if rate else ""
+        if frozenset((a, b)) in slow:
+            css, title = f"{css} slow", f"SLOW: {title}"
         return Cell(css, _bw_text(value), title, f"background:{background};color:{colour}")
 
     note = HOST_COPIES if _host_copies(facts, records) else ""
@@ -502,6 +508,11 @@ def kept_comparison(run: Run) -> Baseline | None:
     return Baseline(tuple(str(line) for line in lines), tuple(r for r in regressions if isinstance(r, dict)))
 
 
+def _slow(found: Answer, probe: str) -> set[frozenset[str]]:
+    """The pairs the answer calls SLOW on ``probe`` (on any rung)."""
+    return {frozenset(p.pair.split("-")) for p in found.slow if p.probe == probe}
+
+
 def _regressions(regressions: Sequence[Mapping[str, object]]) -> tuple[list[str], list[tuple[object, ...]]]:
     columns: list[str] = []
     for entry in regressions:
@@ -540,7 +551,7 @@ def _page(
         ),
         "grids": _grids(facts),
         "verdict_legend": [(f"v-{v.value}", VERDICT_LETTERS[v], VERDICT_MEANING[v]) for v in SEVERITY],
-        "heat_maps": [_heat_map(facts, probe, records) for probe, records in heat if records],
+        "heat_maps": [_heat_map(facts, probe, records, _slow(found, probe)) for probe, records in heat if records],
         "heat_scale": (_heat_colour(0.0)[0], _heat_colour(1.0)[0]),
         "failures": failures,
         "rungs": rungs,
