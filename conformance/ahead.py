@@ -36,6 +36,9 @@ def case_call(probe: str, expect: str | None, params: dict[str, Any]) -> CaseCal
     return probe, expect, json.dumps(params, sort_keys=True, default=str)
 
 
+SIGNAL_CHECK_SECONDS = 0.2  # how soon an interrupt delivered to another thread stops the wait for a case
+
+
 @dataclass
 class Pending:
     """A case running in a thread of its own; the item that waits for it shows its progress."""
@@ -65,7 +68,10 @@ class Pending:
 
     def wait(self, on_wait: OnWait | None) -> CaseResult:
         self.on_wait = on_wait
-        self.done.wait()
+        # In slices: a Ctrl-C the kernel hands to another thread only marks it for the main thread,
+        # which sees it when it next wakes; an untimed wait would sleep through it until the case ends.
+        while not self.done.wait(SIGNAL_CHECK_SECONDS):
+            pass
         self.on_wait = None
         if self.error is not None:
             raise self.error

@@ -7,10 +7,13 @@ import multiprocessing
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from conformance.ahead import Pending, case_call
 from conformance.record.coverage import Coverage
 from conformance.record.records import RunEnd, RunFacts
 from conformance.record.results import claim_run_folder
@@ -202,3 +205,37 @@ def test_runs_started_together_with_one_id_get_a_folder_each(tmp_path: Path) -> 
     ids = [queue.get(timeout=5) for _ in claims]
     assert len(set(ids)) == 6 and "20261124-101010-abcd" in ids
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ids)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupt_delivered_to_another_thread_ends_the_wait_for_a_case() -> None:
+    """The kernel may hand Ctrl-C to any thread; the main thread, waiting for a case, must still see it soon.
+
+    Python runs the handler in the main thread, but only once that thread wakes: an untimed wait for the case
+    would sleep through it until the case ended (under load, an interrupted run went on to its deadline).
+    """
+    case_seconds = 20.0
+    pending = Pending("test_x", case_call("all_reduce", None, {}), frozenset())
+    release = threading.Event()
+    pending.run(lambda on_wait: release.wait(case_seconds) and None)  # type: ignore[func-returns-value]
+
+    def interrupt_from_another_thread() -> None:
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGINT, raise_interrupted)
+    started = time.monotonic()
+    try:
+        threading.Thread(target=interrupt_from_another_thread).start()
+        with pytest.raises(Interrupted):
+            pending.wait(None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        release.set()
+    assert time.monotonic() - started < case_seconds / 2  # seen within a slice of the wait, not at the case's end
