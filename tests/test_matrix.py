@@ -45,7 +45,7 @@ else:  # pragma: no cover
 RunSuite = Callable[..., pytest.RunResult]
 
 BUILTIN_NAMES = [
-    "inherited", "clean", "cumem_off", "nvls_off", "p2p_level_nvl",
+    "inherited", "clean", "nvls_off", "cumem_off", "p2p_level_nvl",
     "p2p_off", "shm_off", "p2p_shm_off", "ib_off", "net_socket",
 ]  # fmt: skip
 FAMILIES = "NCCL_, TORCH_NCCL_, TORCH_, GLOO_, CUDA_"
@@ -571,14 +571,14 @@ def test_ladder_book_user_rung_same_as_builtin_is_skipped(tmp_path: Path) -> Non
 def test_ladder_book_follower_jumps_to_the_leaders_rung(tmp_path: Path) -> None:
     book = make_book(tmp_path)
     leader, follower = "test_p[gpu0-gpu3-SYS]", "test_p[gpu1-gpu3-SYS]"
-    record(book, leader, {"inherited": "hang", "clean": "skipped", "cumem_off": "hang"})
+    record(book, leader, {"inherited": "hang", "clean": "skipped", "nvls_off": "hang"})
     record(book, follower, {"inherited": "hang", "clean": "skipped"})
     no_rung = "no rung up to {} passed for link class SYS (test_p[gpu0-gpu3-SYS])"
-    assert book.decide(step(follower, "cumem_off", leader), {}) == RungDecision(False, no_rung.format("cumem_off"))
-    record(book, follower, {"cumem_off": "skipped"})
-    record(book, leader, {"nvls_off": "hang", "p2p_level_nvl": "pass"})
     assert book.decide(step(follower, "nvls_off", leader), {}) == RungDecision(False, no_rung.format("nvls_off"))
     record(book, follower, {"nvls_off": "skipped"})
+    record(book, leader, {"cumem_off": "hang", "p2p_level_nvl": "pass"})
+    assert book.decide(step(follower, "cumem_off", leader), {}) == RungDecision(False, no_rung.format("cumem_off"))
+    record(book, follower, {"cumem_off": "skipped"})
     assert book.decide(step(follower, "p2p_level_nvl", leader), {}) == RungDecision(True)
     # the rung failed for the follower: it goes on down the ladder by itself
     record(book, follower, {"p2p_level_nvl": "hang"})
@@ -597,35 +597,35 @@ def test_ladder_book_follower_of_a_dead_leader_decides_alone(tmp_path: Path) -> 
     book = make_book(tmp_path)
     leader, follower = "test_p[gpu0-gpu1-SYS]", "test_p[gpu1-gpu2-SYS]"
     record(book, follower, {"inherited": "hang", "clean": "skipped"})
-    expected = RungDecision(True, f"rung inherited, clean, cumem_off of {leader} {NEVER_DECIDED}")
-    assert book.decide(step(follower, "cumem_off", leader), {}) == expected
-    record(book, follower, {"cumem_off": "hang"})
+    expected = RungDecision(True, f"rung inherited, clean, nvls_off of {leader} {NEVER_DECIDED}")
+    assert book.decide(step(follower, "nvls_off", leader), {}) == expected
+    record(book, follower, {"nvls_off": "hang"})
     # the next follower decision waits only for the leader's new rung
-    decision = book.decide(step(follower, "nvls_off", leader), {})
-    assert decision == RungDecision(True, f"rung inherited, clean, cumem_off, nvls_off of {leader} {NEVER_DECIDED}")
+    decision = book.decide(step(follower, "cumem_off", leader), {})
+    assert decision == RungDecision(True, f"rung inherited, clean, nvls_off, cumem_off of {leader} {NEVER_DECIDED}")
     assert [g["rung"] for g in lines_of(book) if g["outcome"] == "undecided"] == [
-        "inherited", "clean", "cumem_off", "nvls_off"]  # fmt: skip
+        "inherited", "clean", "nvls_off", "cumem_off"]  # fmt: skip
 
 
 def test_ladder_book_waits_only_for_selected_rungs(tmp_path: Path) -> None:
     book = make_book(tmp_path)
     key = "test_x[all2]"
-    alone = book.decide(step(key, "cumem_off"), {})  # the deciding worker died: decide for itself
+    alone = book.decide(step(key, "nvls_off"), {})  # the deciding worker died: decide for itself
     assert alone == RungDecision(True, f"rung inherited, clean of {key} {NEVER_DECIDED}")
     given_up = lines_of(book)
     assert [(g["rung"], g["outcome"]) for g in given_up] == [("inherited", "undecided"), ("clean", "undecided")]
     assert given_up[0]["reason"].startswith("not decided within 0s of waiting")
     # nobody waits for a rung given up on again; a real outcome, when it comes, takes its place
-    assert book.decide(step(key, "cumem_off"), {}) == alone  # e.g. the replacement worker, on the same item
+    assert book.decide(step(key, "nvls_off"), {}) == alone  # e.g. the replacement worker, on the same item
     assert len(lines_of(book)) == 2
     record(book, key, {"inherited": "hang", "clean": "pass"})
     book.record(step(key, "inherited"), "undecided")  # a late give-up does not overwrite it
-    assert book.decide(step(key, "nvls_off"), {}) == RungDecision(False, ALREADY_PASSED.format("clean"))
-    # only cumem_off and nvls_off are in this run (-k): nothing earlier is waited for
+    assert book.decide(step(key, "cumem_off"), {}) == RungDecision(False, ALREADY_PASSED.format("clean"))
+    # only nvls_off and cumem_off are in this run (-k): nothing earlier is waited for
     selected = {(key, 2), (key, 3)}
-    assert book.decide(step(key, "cumem_off"), {}, selected) == RungDecision(True)
-    record(book, key, {"cumem_off": "pass"})
-    assert book.decide(step(key, "nvls_off"), {}, selected) == RungDecision(False, ALREADY_PASSED.format("cumem_off"))
+    assert book.decide(step(key, "nvls_off"), {}, selected) == RungDecision(True)
+    record(book, key, {"nvls_off": "pass"})
+    assert book.decide(step(key, "cumem_off"), {}, selected) == RungDecision(False, ALREADY_PASSED.format("nvls_off"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -907,6 +907,7 @@ RUNG_REACH_CASES = [
     # rung, devices, links, can change it
     ("cumem_off", 2, ("SYS",), False), ("cumem_off", 2, ("NV18",), True), ("cumem_off", 1, (), True),
     ("nvls_off", 2, ("PIX",), False), ("nvls_off", 8, ("NV18",), True), ("nvls_off", 1, (), False),
+    ("nvls_off", 2, ("NV18",), True),  # the NCCL version unknown: a pair may use NVLS (2.28.7 on)
     ("p2p_level_nvl", 2, ("NV18",), False), ("p2p_level_nvl", 2, ("SYS",), True), ("p2p_level_nvl", 1, (), False),
     ("p2p_off", 2, ("PHB",), True), ("p2p_off", 1, (), False),
     ("shm_off", 1, (), True), ("shm_off", 2, ("NODE",), True),
@@ -925,6 +926,22 @@ def test_rung_relevance_table(rung: str, devices: int, links: tuple[str, ...], c
     assert (reason is None) == changes, reason
     if reason is not None:
         assert reason.startswith(f"rung {rung} cannot change a case ") and RUNG_REACH[rung].why in reason
+
+
+@pytest.mark.parametrize(
+    ("nccl", "tried_on_a_pair"),
+    [("2.18.3", False), ("2.27.5+cuda12.9", False), ("2.28.3", False), ("2.28.7", True), ("2.29.3", True),
+     (None, True), ("unknown", True)],
+)  # fmt: skip
+def test_nvls_off_is_tried_on_a_pair_only_where_that_nccl_uses_nvls_on_pairs(
+    nccl: str | None, tried_on_a_pair: bool
+) -> None:
+    """nvls.cc's ncclNvlsInit: `gpuCount <= 2` skips NVLS from v2.18.3-1 to v2.28.3-1, `gpuCount < 2` from v2.28.7-1."""
+    reason = cannot_change("nvls_off", 2, ("NV18",), nccl)
+    assert (reason is None) == tried_on_a_pair
+    if reason is not None:
+        assert reason == f"rung nvls_off cannot change a case on 2 GPUs: NCCL {nccl} uses NVLS from 3 GPUs only"
+    assert cannot_change("nvls_off", 3, ("NV18", "NV18", "NV18"), nccl) is None
 
 
 def test_rung_relevance_table_covers_every_builtin_fallback() -> None:

@@ -29,6 +29,9 @@ PCIE_8GPU_PASSED = (
 FM_DOWN = (
     "MACHINE FAULT, no setting changes it: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)"
 )
+NVLS_FIXED = "passes with NCCL_NVLS_ENABLE=0 -> export NCCL_NVLS_ENABLE=0"  # not NCCL_CUMEM_ENABLE=0: narrowest first
+NVLS_CAUSE = "NVLink SHARP (NVLS) multicast failed: "
+NVLS_FIX = "-> fix: Fabric Manager or the NVSwitches are misconfigured; `export NCCL_NVLS_ENABLE=0` avoids NVLS"
 ANSWERS = {
     "fabric-manager-down": [
         "host check host:fabric_manager: ERROR: gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7: Fabric Manager state "
@@ -44,6 +47,22 @@ ANSWERS = {
             for name in ("every_other", "last_half", "last_half_all_visible", "reversed")
         ),
         f"single sets: ERROR on inherited (all_reduce 8/8, environment 1/1); {FM_DOWN}",
+    ],
+    "nvls-broken": [
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); {NVLS_FIXED}",
+        f"  {NVLS_CAUSE}rank 0 (gpu0) in init of all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, "
+        f"reduce_scatter: *{NVLS_FIX}",
+        *(
+            line
+            for name, gpu in (("every_other", 1), ("last_half", 4), ("last_half_all_visible", 4), ("reversed", 7))
+            for line in (
+                f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {NVLS_FIXED}",
+                f"  {NVLS_CAUSE}rank 0 (gpu{gpu}) in init of barrier, barrier_no_device_ids: *{NVLS_FIX}",
+            )
+        ),
+        "passed as they are: NV18 pairs, single sets",
+        "for every class together: export NCCL_NVLS_ENABLE=0",
     ],
     "pcie-link-downtrained": [
         "host check host:pcie_link: ERROR: gpu5: PCIe link x8, the GPU and slot allow x16: a downtrained link "

@@ -15,10 +15,12 @@ import pytest
 from conformance.verdict.decision import RankReport, decide
 from conformance.verdict.stderr_causes import (
     ADDRESS_IN_USE,
+    CUMEM_HOST_FAILED,
     DESCRIPTORS_EXHAUSTED,
     FILE_TABLE_FULL,
     LOCKED_MEMORY_TOO_LOW,
     NCCL_ERROR,
+    NVLS_BROKEN,
     SHM_FULL,
     TAIL_BYTES,
     Cause,
@@ -100,6 +102,18 @@ TAILS: dict[str, tuple[str, Cause | None]] = {
             "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
             "NCCL's warning before its invalid usage",
         ),
+    ),
+    "nccl-nvls-bind": (  # NCCL's own text (src/transport/nvls.cc, v2.30.7-1), before torch's unhandled cuda error
+        f"{W}transport/nvls.cc:380 NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory of size 1073741824 : "
+        "CUDA error 801 'operation not supported'.\nThis is usually caused by a system or configuration error in the "
+        "Fabric Manager or NVSwitches.\nDisable NVLS (NCCL_NVLS_ENABLE=0) if you wish to avoid this error in the "
+        "future.\ntorch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error",
+        NVLS_BROKEN,
+    ),
+    "nccl-cumem-host-shm": (  # NVIDIA/nccl#1838: SHM in cuMem host memory on PCIe GPUs without P2P
+        f"{W}transport/shm.cc:590 NCCL WARN Cuda failure 217 'peer access is not supported between these two "
+        "devices'\ntorch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error",
+        CUMEM_HOST_FAILED,
     ),
     "nccl-error-alone": (NCCL_SYSTEM_ERROR, NCCL_ERROR),
     "control-victim-and-shm-transport": (

@@ -62,8 +62,11 @@ INHERITED = Rung("inherited", description="the caller's environment as it is")
 BUILTIN_LADDER: tuple[Rung, ...] = (
     INHERITED,
     Rung("clean", unset_families=NCCL_FAMILIES, description="every NCCL_/TORCH_NCCL_ variable removed"),
-    Rung("cumem_off", {"NCCL_CUMEM_ENABLE": "0"}, description="cuMem allocations off"),
+    # Narrowest first: NVLS alone before all of cuMem, which NCCL's NVLS failures name as the fix
+    # ("Disable NVLS (NCCL_NVLS_ENABLE=0)", src/transport/nvls.cc, v2.30.7-1) and cuMem off also turns
+    # off cuMem P2P and cuMem host memory for SHM (src/transport/shm.cc, v2.30.7-1).
     Rung("nvls_off", {"NCCL_NVLS_ENABLE": "0"}, description="NVLink SHARP off"),
+    Rung("cumem_off", {"NCCL_CUMEM_ENABLE": "0"}, description="cuMem allocations off"),
     Rung("p2p_level_nvl", {"NCCL_P2P_LEVEL": "NVL"}, description="P2P over NVLink only, not PCIe"),
     Rung("p2p_off", {"NCCL_P2P_DISABLE": "1"}, description="no P2P: SHM between GPUs"),
     Rung("shm_off", {"NCCL_SHM_DISABLE": "1"}, description="no SHM transport"),

@@ -59,6 +59,20 @@ ADDRESS_IN_USE = Cause(
 LOCKED_MEMORY_TOO_LOW = Cause(
     "InfiniBand memory registration failed", "the locked-memory limit is too low; `ulimit -l unlimited`"
 )
+# NCCL's own words for a broken NVLS (src/transport/nvls.cc, v2.30.7-1): "Failed to bind NVLink SHARP (NVLS)
+# Multicast memory ... usually caused by a system or configuration error in the Fabric Manager or NVSwitches.
+# Disable NVLS (NCCL_NVLS_ENABLE=0) ..."
+NVLS_BROKEN = Cause(
+    "NVLink SHARP (NVLS) multicast failed",
+    "Fabric Manager or the NVSwitches are misconfigured; `export NCCL_NVLS_ENABLE=0` avoids NVLS",
+)
+# Since NCCL 2.24 SHM puts its buffers in cuMem host memory (src/misc/cudawrap.cc ncclCuMemHostEnable,
+# src/transport/shm.cc); on PCIe GPUs without P2P that fails with Cuda failure 217 "peer access is not
+# supported between these two devices" (NVIDIA/nccl#1838), which NCCL_CUMEM_HOST_ENABLE=0 avoids.
+CUMEM_HOST_FAILED = Cause(
+    "cuMem host memory for SHM failed",
+    "peer access is not supported between these GPUs; `export NCCL_CUMEM_HOST_ENABLE=0` keeps SHM in plain host memory",
+)
 NCCL_ERROR = Cause("NCCL error", "its cause is in NCCL's WARN lines; run with NCCL_DEBUG=WARN to see them")
 
 
@@ -81,6 +95,10 @@ KNOWN_CAUSES: tuple[KnownCause, ...] = (
         SHM_FULL,
     ),
     KnownCause(_any_of(r"address already in use", r"\bEADDRINUSE\b"), ADDRESS_IN_USE),
+    KnownCause(_any_of(r"failed to bind nvlink sharp \(nvls\) multicast memory"), NVLS_BROKEN),
+    KnownCause(
+        _any_of(r"shm\.cc[^\n]*cuda failure 217", r"shm\.cc[^\n]*peer access is not supported"), CUMEM_HOST_FAILED
+    ),
     KnownCause(_any_of(r"ibv_reg_mr\w*[^\n]*cannot allocate memory"), LOCKED_MEMORY_TOO_LOW),
     KnownCause(
         _any_of(
