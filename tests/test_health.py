@@ -182,7 +182,7 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), *files)
-    assert healthy.parseoutcomes() == {"passed": 8, "skipped": 1}, healthy.stdout.str()  # p2p_path: no iommu facts
+    assert healthy.parseoutcomes() == {"passed": 9}, healthy.stdout.str()  # every health check, p2p_path too
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
     assert records["host:fabric_manager"]["metrics"]["gpu0"] == {
