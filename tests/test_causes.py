@@ -52,11 +52,11 @@ def test_a_logged_host_limit_names_the_root_ranks_cause_and_its_fix() -> None:
 
 def test_nccls_own_warning_is_the_cause_without_a_made_up_fix_and_a_long_message_is_cut() -> None:
     tail = (
-        "h:1:2 [0] transport/shm.cc:590 NCCL WARN Cuda failure 217 'peer access is not supported'\n"
+        "h:1:2 [0] enqueue.cc:1451 NCCL WARN Cuda failure 700 'an illegal memory access was encountered'\n"
         "torch.distributed.DistBackendError: NCCL error ... unhandled system error (run with NCCL_DEBUG=INFO)\n"
-    )
+    )  # (shm.cc's Cuda failure 217 has a fix of ours: stderr_causes.CUMEM_HOST_FAILED)
     cause = recognise(tail)
-    assert cause is not None and cause.name.startswith("Cuda failure 217")
+    assert cause is not None and cause.name.startswith("Cuda failure 700")
     root = {"rank": 0, "kind": "DistBackendError", "message": "x" * 300, "phase": "init", "step": None}
     (line,) = cause_lines([failing(root_cause=root, ranks=[rank(0, phase="init", cause=cause.text)])])
     assert line.startswith(f"  {cause.name}: rank 0 (gpu0) in init of all_reduce: DistBackendError: xxx")
