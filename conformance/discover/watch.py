@@ -29,6 +29,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -207,10 +208,9 @@ def kernel_xid_problems(health: Mapping[str, GpuHealth]) -> tuple[dict[str, str]
     machine: dict[str, str] = {}
     application: dict[str, str] = {}
     for name, h in health.items():
-        for xid in sorted(set(h.kernel_xids or ())):
+        for xid, times in sorted(Counter(h.kernel_xids or ()).items()):
             kind = xid_kind(xid)
             found = machine if kind.machine else application
-            times = (h.kernel_xids or ()).count(xid)
             text = f"Xid {xid} ({kind.meaning}) {times}x since boot -> {kind.fix}"
             found[name] = f"{found[name]}; {text}" if name in found else text
     return machine, application
@@ -315,13 +315,18 @@ class NvmlWatch:
             slowdowns = None if reasons is None else slowdown_names(int(reasons))
             self.samples.append(Sample(now, name, None if gen is None else int(gen), slowdowns))
 
-    def stop(self, busy: Mapping[str, Sequence[tuple[float, float]]]) -> RunWatch:
-        """Ends the watch; ``busy``: per GPU name, the (start, end) times of the cases that ran on it."""
+    def _end_thread(self) -> None:
+        """The sampling thread stopped and the Xid event set freed."""
         self._stopping.set()
         self._thread.join()
-        self._sample()
         if self.event_set is not None:
-            ask(self.nvml, lambda: self.nvml.nvmlEventSetFree(self.event_set))
+            ask(self.nvml, partial(self.nvml.nvmlEventSetFree, self.event_set))
+            self.event_set = None
+
+    def stop(self, busy: Mapping[str, Sequence[tuple[float, float]]]) -> RunWatch:
+        """Ends the watch; ``busy``: per GPU name, the (start, end) times of the cases that ran on it."""
+        self._end_thread()
+        self._sample()
         gpus = {
             name: GpuWatch(
                 pcie_gen_busy=_highest_gen_busy(self.samples, name, busy.get(name, ())),
@@ -337,8 +342,7 @@ class NvmlWatch:
 
     def close(self) -> None:
         """Stops the thread and lets NVML go (the run ended before its facts were asked for)."""
-        self._stopping.set()
-        self._thread.join()
+        self._end_thread()
         ask(self.nvml, self.nvml.nvmlShutdown)
 
 
@@ -438,34 +442,38 @@ def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:
 class WatchFinding:
     """One thing the watch saw that fails the run (``machine``) or is only worth a line."""
 
-    test_name: str  # its failed test case's name in the JUnit file
-    gpu: str
+    kind: str  # xid, pcie_gen, link_errors, slowdown
+    subject: str  # what it is about: the GPU, and an Xid's number (``gpu3-79``)
     text: str  # what was seen, naming the fix
     machine: bool = True
+
+    @property
+    def test_name(self) -> str:
+        """Its failed test case's name in the JUnit file: ``xid[gpu3-79]``, ``pcie_gen[gpu3]``."""
+        return f"{self.kind}[{self.subject}]" if self.subject else self.kind
 
 
 def watch_findings(watch: RunWatch, max_gens: Mapping[str, int | None]) -> list[WatchFinding]:
     """Every finding of the run's watch, GPU by GPU; ``max_gens``: each GPU's highest PCIe generation."""
     findings: list[WatchFinding] = []
-    minutes = (watch.seconds or 0.0) / 60
     for name, gpu in watch.gpus.items():
         findings += [_xid_finding(name, event) for event in gpu.xids]
         highest = max_gens.get(name)
         if gpu.pcie_gen_busy is not None and highest is not None and gpu.pcie_gen_busy < highest:
             findings.append(
                 WatchFinding(
-                    f"pcie_gen[{name}]",
+                    "pcie_gen",
                     name,
                     f"{name}: PCIe gen{gpu.pcie_gen_busy} at most while its cases ran, where the GPU and slot "
                     f"allow gen{highest}: a link trained down (check the slot's BIOS setting and the riser; "
                     "`nvidia-smi -q -d PCIE` during a transfer)",
                 )
             )
-        errors = _errors_beyond_limits(gpu.grown(), minutes, watch.seconds)
+        errors = _errors_beyond_limits(gpu.grown(), watch.seconds or 0.0)
         if errors:
             findings.append(
                 WatchFinding(
-                    f"link_errors[{name}]",
+                    "link_errors",
                     name,
                     f"{name}: link error counters grew during the run ({', '.join(errors)}): reset the GPU; if they "
                     "grow again, have the link serviced (`nvidia-smi nvlink -e`, `nvidia-smi -q -d PCIE`)",
@@ -474,7 +482,7 @@ def watch_findings(watch: RunWatch, max_gens: Mapping[str, int | None]) -> list[
         if gpu.slowdowns:
             findings.append(
                 WatchFinding(
-                    f"slowdown[{name}]",
+                    "slowdown",
                     name,
                     f"{name}: clocks held down during the run ({', '.join(gpu.slowdowns)}): check cooling, power "
                     "and the power-brake signal (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`)",
@@ -487,21 +495,21 @@ def _xid_finding(gpu: str, event: XidEvent) -> WatchFinding:
     kind = xid_kind(event.xid)
     where = f" during {event.case} (its verdict: {event.verdict})" if event.case else " between cases"
     return WatchFinding(
-        f"xid[{gpu}-{event.xid}]",
-        gpu,
+        "xid",
+        f"{gpu}-{event.xid}",
         f"{gpu}: Xid {event.xid} ({kind.meaning}){where} -> {kind.fix}",
         kind.machine,
     )
 
 
-def _errors_beyond_limits(grown: Mapping[str, int], minutes: float, seconds: float | None) -> list[str]:
-    """The counters whose growth passes DCGM's limits (module docstring), as ``nvlink2 crc_flit +4000``."""
+def _errors_beyond_limits(grown: Mapping[str, int], seconds: float) -> list[str]:
+    """The counters whose growth over ``seconds`` passes DCGM's limits (module docstring): ``nvlink2 crc_flit +40``."""
     beyond = []
     for name, growth in grown.items():
         if name == PCIE_REPLAY:
-            limit = PCIE_REPLAYS_PER_MINUTE * max(minutes, 1.0)  # a short run gets a minute's allowance
+            limit = PCIE_REPLAYS_PER_MINUTE * max(seconds / 60, 1.0)  # a short run gets a minute's allowance
         elif name.endswith(("crc_flit", "crc_data")):
-            limit = NVLINK_CRC_PER_SECOND * max(seconds or 0.0, 1.0)
+            limit = NVLINK_CRC_PER_SECOND * max(seconds, 1.0)
         else:
             limit = NVLINK_ERRORS
         if growth > limit:

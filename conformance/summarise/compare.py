@@ -288,7 +288,7 @@ def watch_regressions(baseline: Run, current: Run) -> list[MachineChange]:
         MachineChange(
             case=f.test_name,
             kind="machine",
-            metric=WATCH_METRICS.get(f.test_name.split("[")[0], "watch"),
+            metric=WATCH_METRICS.get(f.kind, "watch"),
             baseline="not seen",
             current="seen",
             summary=f.text,
