@@ -288,8 +288,14 @@ def test_the_kernel_logs_earlier_xids_are_a_host_check(
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     topology = with_watch(pytester, {}, kernel={"gpu0": [45], "gpu1": [48, 79]})
-    result = run_suite("--topology-file", str(topology), *files, "-k", "kernel_log")
+    junit = pytester.path / "xid_log.xml"
+    result = run_suite("--topology-file", str(topology), f"--junitxml={junit}", *files, "-k", "kernel_log")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert answer_lines(result)[0].startswith("host check host:xid_log: ERROR: gpu1: Xid 48 (double-bit ECC error)")
+    facts = json.loads((reports_dir / "latest" / "run.json").read_text())
+    assert facts["topology"]["health"]["gpu1"]["kernel_xids"] == [48, 79]
+    (case,) = ElementTree.parse(junit).getroot().iter("testcase")
+    assert case.get("name") == "test_no_gpu_fault_in_the_kernel_log" and case.find("failure") is not None
     (record,) = [r for r in read_records(reports_dir) if r["probe"] == "host:xid_log"]
     assert record["verdict"] == "error" and record["metrics"]["gpu1"] == {"kernel_xids": [48, 79]}
     assert record["summary"].startswith("gpu1: Xid 48 (double-bit ECC error) 1x since boot -> reset the GPU")
