@@ -43,6 +43,7 @@ from conformance.plan.matrix import (
     recheck_partners,
 )
 from conformance.plan.parametrize import Plan, device_set_of
+from conformance.plan.transport import NcclHost
 from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
@@ -157,7 +158,8 @@ class ConformanceSession:
         self.plan = Plan(self.topology, ladder, self.settings.matrix, fallbacks_matter, pairing)
         self.deadlines.check(rungs=len(self.plan.ladder))
         wait = self.deadlines.rung_wait
-        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, wait, nccl_wheel_version())
+        self.nccl_host = NcclHost(self.topology.cpu, nccl_wheel_version())
+        self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, wait, self.nccl_host)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -358,6 +360,9 @@ class ConformanceSession:
             params={**MEASUREMENT["gpu" if self.backend == "nccl" else "cpu"], **params},
             set_kind=device_set.kind,
             links=device_set.links,
+            predicted=self.nccl_host.summary(
+                self.plan.paths(device_set), len(device_set.devices), rung.effective(os.environ)
+            ),
             isolate=device_set.isolate,
             visible=self.topology.devices,
             p2p_status=self.topology.p2p_status(*pair) if pair else None,

@@ -33,8 +33,8 @@ from conformance.plan.matrix import (
     load_rungs_file,
     parse_rung_spec,
 )
-from conformance.plan.relevance import RUNG_REACH, cannot_change
-from conformance.rank.scenario import p2p_used
+from conformance.plan.relevance import RUNG_REACH, Between, cannot_change
+from conformance.plan.transport import NcclHost, PairPath
 from conftest import COLLECTIVE_TEST, REPO, copy_suites, in_rounds_named, ladder_lines, read_records, scenario_text
 
 if sys.version_info >= (3, 11):
@@ -45,7 +45,7 @@ else:  # pragma: no cover
 RunSuite = Callable[..., pytest.RunResult]
 
 BUILTIN_NAMES = [
-    "inherited", "clean", "nvls_off", "cumem_off", "p2p_level_nvl",
+    "inherited", "clean", "nvls_off", "cumem_host_off", "cumem_off", "p2p_level_nvl",
     "p2p_off", "shm_off", "p2p_shm_off", "ib_off", "net_socket",
 ]  # fmt: skip
 FAMILIES = "NCCL_, TORCH_NCCL_, TORCH_, GLOO_, CUDA_"
@@ -63,11 +63,15 @@ def test_pair(conformance_case, device_pair):
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
-def write_topology(pytester: pytest.Pytester, name: str, links: dict[str, str]) -> Path:
-    """A simulated GPU machine (the topology file format), its GPUs named by the links given."""
+def write_topology(pytester: pytest.Pytester, name: str, links: dict[str, str], cpu: str = "amd") -> Path:
+    """A simulated GPU machine (the topology file format), its GPUs named by the links given.
+
+    AMD CPUs by default: NCCL then uses P2P over every path of a pair, SYS included (transport.py).
+    """
     names = sorted({n for key in links for n in key.split("-")}, key=lambda n: int(n[3:]))
     devices = [{"name": n, "index": i, "kind": "gpu", "numa_node": 0} for i, n in enumerate(names)]
     data = {"kind": "gpu", "source": "file", "note": f"simulated: {name}", "devices": devices, "links": links}
+    data["cpu"] = cpu
     path = pytester.path / f"{name}.json"
     path.write_text(json.dumps(data, indent=1))
     return path
@@ -480,46 +484,6 @@ def test_rung_effective_and_unset() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# p2p_used: the scenario's model of NCCL_P2P_DISABLE / NCCL_P2P_LEVEL
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("link", "environ", "used"),
-    [
-        ("NV12", {"NCCL_P2P_DISABLE": "1"}, False),
-        ("PIX", {"NCCL_P2P_DISABLE": "1"}, False),
-        ("SYS", {"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}, False),
-        ("SYS", {"NCCL_P2P_DISABLE": "0"}, True),
-        ("SYS", {"NCCL_P2P_DISABLE": ""}, True),
-        ("NV12", {"NCCL_P2P_LEVEL": "NVL"}, True),
-        ("NV18", {"NCCL_P2P_LEVEL": "NVL"}, True),
-        ("PIX", {"NCCL_P2P_LEVEL": "NVL"}, False),
-        ("SYS", {"NCCL_P2P_LEVEL": "NVL"}, False),
-        ("NV12", {"NCCL_P2P_LEVEL": "LOC"}, False),
-        ("PIX", {"NCCL_P2P_LEVEL": "LOC"}, False),
-        ("SYS", {}, True),
-        ("NODE", {}, True),
-        ("PHB", {}, True),
-        ("PIX", {}, True),
-        ("NV4", {}, True),
-        ("SYS", {"NCCL_P2P_LEVEL": "SYS"}, True),
-        ("PIX", {"NCCL_P2P_LEVEL": "PXB"}, True),
-        ("PXB", {"NCCL_P2P_LEVEL": "PXB"}, True),
-        ("PHB", {"NCCL_P2P_LEVEL": "PXB"}, False),
-        ("NODE", {"NCCL_P2P_LEVEL": "PXB"}, False),
-        ("SYS", {"NCCL_P2P_LEVEL": "PXB"}, False),
-        ("NODE", {"NCCL_P2P_LEVEL": "NODE"}, True),
-        ("SYS", {"NCCL_P2P_LEVEL": "NODE"}, False),
-        ("PHB", {"NCCL_P2P_LEVEL": "PHB"}, True),
-        ("NODE", {"NCCL_P2P_LEVEL": "PHB"}, False),
-    ],
-)
-def test_p2p_used(link: str, environ: dict[str, str], used: bool) -> None:
-    assert p2p_used(link, environ) is used
-
-
-# ---------------------------------------------------------------------------------------------
 # LadderBook decisions (units; the runs below check the same through real ranks)
 # ---------------------------------------------------------------------------------------------
 
@@ -815,7 +779,7 @@ LEADER_LINKS = {
 LEADER = "test_pair[gpu0-gpu3-SYS]"  # the first SYS pair in the plan's order
 FOLLOWERS = ["test_pair[gpu1-gpu3-SYS]", "test_pair[gpu2-gpu3-SYS]"]
 HEALTHY_PAIRS = ["test_pair[gpu0-gpu1-PIX]", "test_pair[gpu0-gpu2-NODE]", "test_pair[gpu1-gpu2-NODE]"]
-LADDER_COLUMNS = ["inherited", "p2p_level_nvl"]  # the rungs that ran (cumem_off, nvls_off cannot help over SYS)
+LADDER_COLUMNS = ["inherited", "cumem_off", "p2p_level_nvl"]  # the rungs that ran (no NVLink, no SHM over SYS)
 SYS_HANG_RULE = 'effect = "hang"\nphase = "probe"\nprobes = ["pair_exchange"]\nlinks = ["SYS"]\np2p = true'
 
 
@@ -824,13 +788,18 @@ def expected_leader_ladder() -> dict[tuple[str, str], tuple[str, str]]:
     for key in HEALTHY_PAIRS:
         for name in BUILTIN_NAMES[1:]:
             expected[(key, name)] = ("skipped", ALREADY_PASSED.format("inherited"))
+    nvls_futile = f"rung nvls_off cannot change a case over SYS: {RUNG_REACH['nvls_off'].why}"
+    shm_futile = "rung cumem_host_off cannot change a case over SYS: NCCL uses no SHM there"
     for key in [LEADER, *FOLLOWERS]:
         expected[(key, "inherited")] = ("hang", "")
         expected[(key, "clean")] = ("skipped", SAME_ENV)
-        for name in ("cumem_off", "nvls_off"):
-            expected[(key, name)] = ("skipped", f"rung {name} cannot change a case over SYS: {RUNG_REACH[name].why}")
+        expected[(key, "nvls_off")] = ("skipped", nvls_futile)
+        expected[(key, "cumem_host_off")] = ("skipped", shm_futile)
+        # cuMem P2P could be what broke: the leader tries it, its followers follow it
+        leader_hung = ("skipped", f"no rung up to cumem_off passed for link class SYS ({LEADER})")
+        expected[(key, "cumem_off")] = ("hang", "") if key == LEADER else leader_hung
         expected[(key, "p2p_level_nvl")] = ("pass", "")
-        for name in BUILTIN_NAMES[5:]:
+        for name in BUILTIN_NAMES[6:]:
             expected[(key, name)] = ("skipped", ALREADY_PASSED.format("p2p_level_nvl"))
     return expected
 
@@ -848,10 +817,11 @@ def test_class_leader_searches_and_followers_jump(
     )
     outcomes = result.parseoutcomes()  # later rungs not needed: deselected, or skipped where decided after a wait
     not_run = outcomes.get("skipped", 0) + outcomes.get("deselected", 0)
-    assert (outcomes["failed"], outcomes["passed"], not_run) == (3, 6, 51)
+    assert (outcomes["failed"], outcomes["passed"], not_run) == (4, 6, 56)
     assert verdict_map(reports_dir) == {
         **{key: [("inherited", "pass")] for key in HEALTHY_PAIRS},
-        **{key: [("inherited", "hang"), ("p2p_level_nvl", "pass")] for key in [LEADER, *FOLLOWERS]},
+        LEADER: [("inherited", "hang"), ("cumem_off", "hang"), ("p2p_level_nvl", "pass")],
+        **{key: [("inherited", "hang"), ("p2p_level_nvl", "pass")] for key in FOLLOWERS},
     }
     decided, expected = ladder_map(reports_dir), expected_leader_ladder()
     if workers:  # a later rung may be decided before its own inherited outcome is in: same skip, other reason
@@ -860,8 +830,8 @@ def test_class_leader_searches_and_followers_jump(
     assert decided == expected
     records = read_records(reports_dir)
     hangs = [r for r in records if r["verdict"] == "hang"]
-    assert len(hangs) == 3
-    stops = {r["ladder_key"]: r["stop_reason"] for r in hangs}
+    assert len(hangs) == 4
+    stops = {r["ladder_key"]: r["stop_reason"] for r in hangs if r["env_name"] == "inherited"}
     assert stops[LEADER] == "stalled"
     # followers stuck where the leader hung are confirmed sooner; under xdist one may start before
     # the leader's hang is recorded, and then pays its own deadline
@@ -875,23 +845,24 @@ def test_class_leader_searches_and_followers_jump(
         assert r["link"] == "SYS" and r["simulated"] is True
     assert [r["env"] for r in records if r["env_name"] == "p2p_level_nvl"] == [{"NCCL_P2P_LEVEL": "NVL"}] * 3
     paid = sum(r["stop_reason"] == "stalled" for r in records)
-    confirmed = f"; {3 - paid} hang(s) confirmed sooner, stuck where their class hung" if paid < 3 else ""
+    confirmed = f"; {4 - paid} hang(s) confirmed sooner, stuck where their class hung" if paid < 4 else ""
     result.stdout.fnmatch_lines(
         [
             "link class x rung (passed/run)",
             table_row("class", 5, {n: n for n in LADDER_COLUMNS}),
-            table_row("NODE", 5, dict(zip(LADDER_COLUMNS, ["2/2", "-"], strict=True))),
-            table_row("PIX", 5, dict(zip(LADDER_COLUMNS, ["1/1", "-"], strict=True))),
-            table_row("SYS", 5, dict(zip(LADDER_COLUMNS, ["0/3", "3/3"], strict=True))),
+            table_row("NODE", 5, dict(zip(LADDER_COLUMNS, ["2/2", "-", "-"], strict=True))),
+            table_row("PIX", 5, dict(zip(LADDER_COLUMNS, ["1/1", "-", "-"], strict=True))),
+            table_row("SYS", 5, dict(zip(LADDER_COLUMNS, ["0/3", "0/1", "3/3"], strict=True))),
             "NODE, PIX: first passing rung inherited: nothing to set: the environment as it is",
             "SYS: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
             f"deadlines paid: {paid} (step deadline 3s){confirmed}",
         ]
     )
-    assert paid == 1 or workers
+    assert paid == 2 or workers  # the leader on inherited and on cumem_off
     failed = sorted(line.split(" ")[1] for line in result.outlines if line.startswith("FAILED "))
     assert failed == sorted(
         [
+            "test_pair.py::test_pair[gpu0-gpu3-SYS-cumem_off]",
             "test_pair.py::test_pair[gpu0-gpu3-SYS-inherited]",
             "test_pair.py::test_pair[gpu1-gpu3-SYS-inherited]",
             "test_pair.py::test_pair[gpu2-gpu3-SYS-inherited]",
@@ -904,28 +875,39 @@ def test_class_leader_searches_and_followers_jump(
 # ---------------------------------------------------------------------------------------------
 
 RUNG_REACH_CASES = [
-    # rung, devices, links, can change it
-    ("cumem_off", 2, ("SYS",), False), ("cumem_off", 2, ("NV18",), True), ("cumem_off", 1, (), True),
+    # rung, devices, links, can change it (every pair's NVML P2P status OK; NCCL and CPU unknown)
+    ("cumem_off", 2, ("SYS",), True), ("cumem_off", 2, ("NV18",), True), ("cumem_off", 1, (), True),
     ("nvls_off", 2, ("PIX",), False), ("nvls_off", 8, ("NV18",), True), ("nvls_off", 1, (), False),
     ("nvls_off", 2, ("NV18",), True),  # the NCCL version unknown: a pair may use NVLS (2.28.7 on)
-    ("p2p_level_nvl", 2, ("NV18",), False), ("p2p_level_nvl", 2, ("SYS",), True), ("p2p_level_nvl", 1, (), False),
-    ("p2p_off", 2, ("PHB",), True), ("p2p_off", 1, (), False),
+    ("cumem_host_off", 1, (), False), ("cumem_host_off", 2, ("NV18",), False), ("cumem_host_off", 2, ("SYS",), True),
+    ("p2p_level_nvl", 2, ("NV18",), False), ("p2p_level_nvl", 2, ("PIX",), True), ("p2p_level_nvl", 1, (), False),
+    ("p2p_off", 2, ("PXB",), True), ("p2p_off", 1, (), False),
     ("shm_off", 1, (), True), ("shm_off", 2, ("NODE",), True),
     ("p2p_shm_off", 1, (), False), ("ib_off", 1, (), False), ("net_socket", 2, ("PXB",), True),
     # a set with both kinds of path: a rung for either kind may change it
-    ("cumem_off", 8, ("NODE", "PIX", "SYS", "NV4"), True), ("p2p_level_nvl", 8, ("NV4", "SYS"), True),
+    ("cumem_off", 8, ("NODE", "PIX", "SYS", "NV4"), True), ("p2p_level_nvl", 8, ("NV4", "PIX"), True),
     # paths the table does not know (between nodes, virtual CPU devices), rungs it does not list
     ("p2p_level_nvl", 2, ("NET",), True), ("nvls_off", 2, ("CPU",), True), ("nvls_off", 0, (), True),
     ("inherited", 1, (), True), ("clean", 2, ("SYS",), True), ("mine", 2, ("SYS",), True),
 ]  # fmt: skip
+LADDER_WITH_MINE = (*BUILTIN_LADDER, Rung("mine", {"NCCL_ALGO": "Ring"}))
+
+
+def futile(rung: str, devices: int, links: tuple[str, ...], nccl: str | None = None) -> str | None:
+    """relevance.cannot_change for a built-in rung on a set whose pairs are ``links`` (NVML P2P OK)."""
+    names = [r.name for r in LADDER_WITH_MINE]
+    k = names.index(rung)
+    between = Between(devices, tuple(PairPath(link, True) for link in links))
+    return cannot_change(LADDER_WITH_MINE, k, between, NcclHost("", nccl), {}, tuple(range(k)))
 
 
 @pytest.mark.parametrize(("rung", "devices", "links", "changes"), RUNG_REACH_CASES)
 def test_rung_relevance_table(rung: str, devices: int, links: tuple[str, ...], changes: bool) -> None:
-    reason = cannot_change(rung, devices, links)
+    reason = futile(rung, devices, links)
     assert (reason is None) == changes, reason
     if reason is not None:
-        assert reason.startswith(f"rung {rung} cannot change a case ") and RUNG_REACH[rung].why in reason
+        assert reason.startswith(f"rung {rung} cannot change a case ")
+        assert RUNG_REACH[rung].why in reason or "NCCL uses no SHM there" in reason
 
 
 @pytest.mark.parametrize(
@@ -937,11 +919,11 @@ def test_nvls_off_is_tried_on_a_pair_only_where_that_nccl_uses_nvls_on_pairs(
     nccl: str | None, tried_on_a_pair: bool
 ) -> None:
     """nvls.cc's ncclNvlsInit: `gpuCount <= 2` skips NVLS from v2.18.3-1 to v2.28.3-1, `gpuCount < 2` from v2.28.7-1."""
-    reason = cannot_change("nvls_off", 2, ("NV18",), nccl)
+    reason = futile("nvls_off", 2, ("NV18",), nccl)
     assert (reason is None) == tried_on_a_pair
     if reason is not None:
         assert reason == f"rung nvls_off cannot change a case on 2 GPUs: NCCL {nccl} uses NVLS from 3 GPUs only"
-    assert cannot_change("nvls_off", 3, ("NV18", "NV18", "NV18"), nccl) is None
+    assert futile("nvls_off", 3, ("NV18", "NV18", "NV18"), nccl) is None
 
 
 def test_rung_relevance_table_covers_every_builtin_fallback() -> None:
@@ -950,18 +932,18 @@ def test_rung_relevance_table_covers_every_builtin_fallback() -> None:
 
 def test_ladder_book_skips_futile_rungs_without_waiting_for_them(tmp_path: Path) -> None:
     book = make_book(tmp_path)
-    leader, follower = "test_p[gpu0-gpu4-SYS]", "test_p[gpu1-gpu4-SYS]"
+    leader, follower = "test_p[gpu0-gpu4-PIX]", "test_p[gpu1-gpu5-PIX]"
 
-    def sys_step(key: str, name: str, leader_key: str | None = None) -> Step:
-        return replace(step(key, name, leader_key), devices=2, links=("SYS",))
+    def pix_step(key: str, name: str, leader_key: str | None = None) -> Step:
+        return replace(step(key, name, leader_key), devices=2, paths=(PairPath("PIX", True),))
 
-    for futile in ("cumem_off", "nvls_off"):
-        decision = book.decide(sys_step(leader, futile), {})
-        assert not decision.run and decision.reason.startswith(f"rung {futile} cannot change a case over SYS")
+    for futile_rung in ("nvls_off", "cumem_host_off"):  # no NVLink; P2P predicted, so no SHM
+        decision = book.decide(pix_step(leader, futile_rung), {})
+        assert not decision.run and decision.reason.startswith(f"rung {futile_rung} cannot change a case over PIX")
     # the leader's futile rungs are never recorded by anyone: the follower does not wait for them
-    record(book, leader, {"inherited": "hang", "clean": "skipped", "p2p_level_nvl": "pass"})
-    record(book, follower, {"inherited": "hang", "clean": "skipped"})
-    assert book.decide(sys_step(follower, "p2p_level_nvl", leader), {}) == RungDecision(True)
+    record(book, leader, {"inherited": "hang", "clean": "skipped", "cumem_off": "hang", "p2p_level_nvl": "pass"})
+    record(book, follower, {"inherited": "hang", "clean": "skipped", "cumem_off": "skipped"})
+    assert book.decide(pix_step(follower, "p2p_level_nvl", leader), {}) == RungDecision(True)
     assert not any(line["outcome"] == "undecided" for line in lines_of(book))
 
 

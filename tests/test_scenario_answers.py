@@ -32,7 +32,35 @@ FM_DOWN = (
 NVLS_FIXED = "passes with NCCL_NVLS_ENABLE=0 -> export NCCL_NVLS_ENABLE=0"  # not NCCL_CUMEM_ENABLE=0: narrowest first
 NVLS_CAUSE = "NVLink SHARP (NVLS) multicast failed: "
 NVLS_FIX = "-> fix: Fabric Manager or the NVSwitches are misconfigured; `export NCCL_NVLS_ENABLE=0` avoids NVLS"
+CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HOST_ENABLE=0"
+CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
 ANSWERS = {
+    "cumem-host-shm": [
+        f"NODE pairs: ERROR on inherited (pair_exchange 4/4); {CUMEM_HOST_FIXED}",
+        *(f"{CUMEM_HOST_CAUSE}(gpu{gpu}) in probe of pair_exchange: *Cuda failure 217 *" for gpu in (0, 1)),
+        f"PIX pairs: ERROR on inherited (pair_exchange 2/2); {CUMEM_HOST_FIXED}",
+        *(f"{CUMEM_HOST_CAUSE}(gpu{gpu}) in probe of pair_exchange: *Cuda failure 217 *" for gpu in (0, 2)),
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); {CUMEM_HOST_FIXED}",
+        f"{CUMEM_HOST_CAUSE}(gpu0) in probe of all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, "
+        "reduce_scatter: *",
+        *(
+            line
+            for name, gpu, probes, wrong_barrier in (
+                ("every_other", 1, "barrier, barrier_no_device_ids", False),
+                ("last_half", 2, "barrier, barrier_no_device_ids", False),
+                ("last_half_all_visible", 2, "barrier", True),
+                ("reversed", 3, "barrier", True),
+            )
+            for line in (
+                f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {CUMEM_HOST_FIXED}",
+                f"{CUMEM_HOST_CAUSE}(gpu{gpu}) in probe of {probes}: *",
+                *(["  FIRST BARRIER ON ANOTHER RANK'S GPU: *"] if wrong_barrier else []),
+            )
+        ),
+        "passed as they are: single sets",
+        "for every class together: export NCCL_CUMEM_HOST_ENABLE=0",
+    ],
     "fabric-manager-down": [
         "host check host:fabric_manager: ERROR: gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7: Fabric Manager state "
         "not_started, status Success: start nvidia-fabricmanager (the driver's exact version): *",
@@ -128,10 +156,10 @@ ANSWERS = {
         "20.00 GiB.*; rank 1 only waited for it (victims) -> fix: free that GPU *",
         "passed as they are: PHB pairs, reversed sets, single sets",
     ],
-    "pcie-sys-p2p-hang": [
-        "SYS pairs: HANG on inherited (pair_exchange 16/16); passes with NCCL_P2P_LEVEL=NVL -> "
-        "export NCCL_P2P_LEVEL=NVL",
-        "passed as they are: NODE pairs, PIX pairs, all sets, every_other sets, last_half sets, "
+    "driver-p2p-hang": [
+        "PIX pairs: HANG on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL -> export NCCL_P2P_LEVEL=NVL",
+        "PXB pairs: HANG on inherited (pair_exchange 8/8); passes with NCCL_P2P_LEVEL=NVL -> export NCCL_P2P_LEVEL=NVL",
+        "passed as they are: SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
         "for every class together: export NCCL_P2P_LEVEL=NVL",
     ],

@@ -136,7 +136,7 @@ def test_single_gpu_nccl_init(pytester: pytest.Pytester, run_suite: RunSuite, re
             "adaptive matrix: rung shm_off already passed",
         )
     # pairs, barriers and collectives over all devices: skipped with the reason, never run
-    for name in ("nvls_off", "p2p_level_nvl", "p2p_off"):
+    for name in ("nvls_off", "cumem_host_off", "p2p_level_nvl", "p2p_off"):
         reason = decisions[("test_world_of_one[gpu0]", name)][1]
         assert reason.startswith(f"rung {name} cannot change a case on one GPU")
     assert skip_reasons(result) == {ONE_DEVICE: 8}  # the rungs not needed are no skips: deselected
@@ -145,8 +145,8 @@ def test_single_gpu_nccl_init(pytester: pytest.Pytester, run_suite: RunSuite, re
         SAME_ENV: 1,
         "adaptive matrix: rung shm_off already passed": 3,
     }
-    assert sum(v for k, v in later.items() if "cannot change" in k) == 3
-    result.assert_outcomes(failed=2, passed=1, skipped=8, deselected=7)
+    assert sum(v for k, v in later.items() if "cannot change" in k) == 4
+    result.assert_outcomes(failed=2, passed=1, skipped=8, deselected=8)
     result.stdout.fnmatch_lines(
         [
             "[[]simulated[]] error: rank 0 (gpu0) in init (init_process_group(gloo)): SimulatedError: NCCL Error 2: *",
@@ -223,15 +223,16 @@ def devices_of(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]
     return [x["barrier"] for x in record["ranks"]]
 
 
-# The whole 8-GPU PCIe box: every SYS pair hangs until NCCL_P2P_LEVEL=NVL
-# 5 s leaves the 8-rank collectives room on a loaded 2-core machine; 18 deadlines still fit in 3 min.
+# The whole 8-GPU PCIe box: every PIX and PXB pair (P2P by NCCL's default level) hangs until NCCL_P2P_LEVEL=NVL
+# 5 s leaves the 8-rank collectives room on a loaded 2-core machine; the deadlines still fit in 3 min.
 SYS_STEP_DEADLINE = 5.0
 SYS_TIMEOUTS = (f"--step-timeout={SYS_STEP_DEADLINE:g}", "--op-timeout=4", "--init-timeout=4")
 SYS_WALL_LIMIT = 180.0
+SWITCH_BOX = "pcie-switch-8gpu.json"
 
 
-def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
-    scenario, args = scenario_args("pcie-sys-p2p-hang")
+def test_driver_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    scenario, args = scenario_args("driver-p2p-hang")
     suites = copy_suites(
         pytester, "test_environment.py", "test_collectives.py", "test_pairs.py", "test_failure_handling.py",
         "test_machine_health.py",
@@ -243,17 +244,24 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
     records = read_records(reports_dir)
     assert_simulated(result, scenario, records)
 
-    sys_pairs = pairs_of_class("pcie-2socket-8gpu.json", "SYS")
-    assert len(sys_pairs) == 16
-    leader, followers = sys_pairs[0], sys_pairs[1:]
-    assert leader == "gpu0-gpu4"
+    hung = {link: pairs_of_class(SWITCH_BOX, link) for link in ("PIX", "PXB")}
+    assert [len(hung["PIX"]), len(hung["PXB"]), len(pairs_of_class(SWITCH_BOX, "SYS"))] == [4, 8, 16]
+    assert [pairs[0] for pairs in hung.values()] == ["gpu0-gpu1", "gpu0-gpu2"]
     cases = by_case(records)
     exchanges = {k: v for k, v in cases.items() if k.startswith("test_pair_exchange[")}
-    expected = {f"test_pair_exchange[{pair}-{link}]": [("inherited", "pass")] for pair, link in links_except("SYS")}
-    # cumem_off and nvls_off cannot change a case over SYS: not tried
-    expected[f"test_pair_exchange[{leader}-SYS]"] = [("inherited", "hang"), ("p2p_level_nvl", "pass")]
-    for pair in followers:
-        expected[f"test_pair_exchange[{pair}-SYS]"] = [("inherited", "hang"), ("p2p_level_nvl", "pass")]
+    expected = {
+        f"test_pair_exchange[{pair}-SYS]": [("inherited", "pass")] for pair in pairs_of_class(SWITCH_BOX, "SYS")
+    }
+    for link, pairs in hung.items():
+        # the leader tries cuMem off (cuMem P2P could be what broke); nvls_off, cumem_host_off (no NVLink, no
+        # SHM) and the rungs after the one that passed are not tried
+        expected[f"test_pair_exchange[{pairs[0]}-{link}]"] = [
+            ("inherited", "hang"),
+            ("cumem_off", "hang"),
+            ("p2p_level_nvl", "pass"),
+        ]
+        for pair in pairs[1:]:
+            expected[f"test_pair_exchange[{pair}-{link}]"] = [("inherited", "hang"), ("p2p_level_nvl", "pass")]
     assert exchanges == expected
 
     # the host checks are recorded too, on no rung (this host suits a gloo run; GPU-only ones skip, and the
@@ -274,48 +282,57 @@ def test_pcie_sys_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: Run
         "peer_copy": 28, "all_reduce": 9, "barrier": 5, "barrier_no_device_ids": 5, "broadcast": 1,
         "all_gather": 1, "reduce_scatter": 1, "environment": 1, "fail_one_rank": 1,
     }  # fmt: skip
+    # the record says which transport NCCL would pick: P2P for the pairs that hung, SHM across the sockets
+    predicted = {(r["link"], r["env_name"]): r["predicted"] for r in records if r["probe"] == "pair_exchange"}
+    assert predicted[("PIX", "inherited")] == {"PIX": "P2P"} and predicted[("PXB", "inherited")] == {"PXB": "P2P"}
+    assert predicted[("SYS", "inherited")] == {"SYS": "SHM"} and predicted[("PIX", "p2p_level_nvl")] == {"PIX": "SHM"}
 
     hangs = [r for r in records if r["verdict"] == "hang"]
-    assert {(r["link"], r["probe"]) for r in hangs} == {("SYS", "pair_exchange")}
-    # The class leader pays the deadline, with the pairs of its round side by side (one wait); every
-    # pair started after the leader hung is confirmed where it hung.
-    (first,) = [r for r in hangs if r["ladder_key"] == f"test_pair_exchange[{leader}-SYS]"]
-    first_ended = first["time"]
-    for r in hangs:
-        # A record says when the pair's ranks started, not when its rung was decided: a pair of the leader's
-        # round, decided beside it, may start its ranks up to a step deadline later (under load). Only a
-        # pair started before the leader ended, or one deadline after it, has a known way to stop.
-        started = r["time"] - r["seconds"]
-        if started < first_ended:
-            assert r["stop_reason"] == "stalled", r["nodeid"]
-        elif started > first_ended + SYS_STEP_DEADLINE:
-            assert r["stop_reason"] == "confirm", r["nodeid"]
-        assert r["summary"] == "ranks 0,1 all stuck in probe (send/recv 4B)"
-    paid = deadlines_paid(records)  # the leader's round stalls together; the other pairs confirm
-    assert len(hangs) == len(sys_pairs) == 16 and 1 <= paid <= 4  # a round of 8 devices holds 4 pairs
+    assert {(r["link"], r["probe"]) for r in hangs} == {("PIX", "pair_exchange"), ("PXB", "pair_exchange")}
+    for link, pairs in hung.items():
+        # A class leader pays the deadline, with the pairs of its round side by side (one wait); every pair
+        # started after the leader hung is confirmed where it hung.
+        (first,) = [r for r in hangs if r["ladder_key"] == f"test_pair_exchange[{pairs[0]}-{link}]"
+                    and r["env_name"] == "inherited"]  # fmt: skip
+        for r in (r for r in hangs if r["link"] == link and r["env_name"] == "inherited"):
+            # A record says when the pair's ranks started, not when its rung was decided: a pair of the
+            # leader's round, decided beside it, may start its ranks up to a step deadline later (under
+            # load). Only a pair started before the leader ended, or one deadline after it, has a known way
+            # to stop.
+            started = r["time"] - r["seconds"]
+            if started < first["time"]:
+                assert r["stop_reason"] == "stalled", r["nodeid"]
+            elif started > first["time"] + SYS_STEP_DEADLINE:
+                assert r["stop_reason"] == "confirm", r["nodeid"]
+            assert r["summary"] == "ranks 0,1 all stuck in probe (send/recv 4B)"
+    paid = deadlines_paid(records)  # each leader's round stalls together (4 pairs), then its cumem_off
+    assert len(hangs) == 4 + 8 + 2 and 4 <= paid <= 10
+    fixed = "passes with NCCL_P2P_LEVEL=NVL -> export NCCL_P2P_LEVEL=NVL"
     result.stdout.fnmatch_lines(  # the answer first, then the details
         [
             "*= conformance: the answer (SIMULATED) =*",
-            "SYS pairs: HANG on inherited (pair_exchange 16/16); passes with NCCL_P2P_LEVEL=NVL"
-            " -> export NCCL_P2P_LEVEL=NVL",
-            "passed as they are: NODE pairs, PIX pairs, all sets, *, single sets",
+            f"PIX pairs: HANG on inherited (pair_exchange 4/4); {fixed}",
+            f"PXB pairs: HANG on inherited (pair_exchange 8/8); {fixed}",
+            "passed as they are: SYS pairs, all sets, *, single sets",
             "for every class together: export NCCL_P2P_LEVEL=NVL",
             "*= conformance summary (SIMULATED) =*",
         ]
     )
     result.stdout.fnmatch_lines(
         [
-            "SYS: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
-            f"deadlines paid: {paid} (step deadline 5s); {16 - paid} hang(s) confirmed sooner, stuck where*",
+            "PIX, PXB: first passing rung p2p_level_nvl: export NCCL_P2P_LEVEL=NVL",
+            f"deadlines paid: {paid} (step deadline 5s); {14 - paid} hang(s) confirmed sooner, stuck where*",
             "recommended environment:",
-            "*SYS: p2p_level_nvl: export NCCL_P2P_LEVEL=NVL*",
+            "*PIX: p2p_level_nvl: export NCCL_P2P_LEVEL=NVL*",
         ]
     )
     env_file = (reports_dir / "latest" / "recommended.env").read_text()
     assert "NCCL_P2P_LEVEL=NVL" in env_file and "NCCL_P2P_DISABLE" not in env_file
     prefix = "suites/test_pairs.py::test_pair_exchange"
-    assert failed_nodeids(result) == sorted(f"{prefix}[{pair}-SYS-inherited]" for pair in sys_pairs)
-    assert result.parseoutcomes()["failed"] == 16
+    inherited = [f"{prefix}[{pair}-{link}-inherited]" for link, pairs in hung.items() for pair in pairs]
+    leaders = [f"{prefix}[{pairs[0]}-{link}-cumem_off]" for link, pairs in hung.items()]
+    assert failed_nodeids(result) == sorted(inherited + leaders)
+    assert result.parseoutcomes()["failed"] == 14
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,13 +351,18 @@ def test_wrong_data_p2p(pytester: pytest.Pytester, run_suite: RunSuite, reports_
     assert pix == ["gpu0-gpu1", "gpu2-gpu3", "gpu4-gpu5", "gpu6-gpu7"]
     leader, followers = pix[0], pix[1:]
     expected = {f"test_pair_exchange[{pair}-{link}]": [("inherited", "pass")] for pair, link in links_except("PIX")}
-    # cumem_off and nvls_off cannot change a case over PIX: not tried
-    expected[f"test_pair_exchange[{leader}-PIX]"] = [("inherited", "fail"), ("p2p_level_nvl", "pass")]
+    # nvls_off and cumem_host_off cannot change a case over PIX (no NVLink, no SHM): not tried; the leader
+    # tries cumem_off (cuMem P2P could be what broke)
+    expected[f"test_pair_exchange[{leader}-PIX]"] = [
+        ("inherited", "fail"),
+        ("cumem_off", "fail"),
+        ("p2p_level_nvl", "pass"),
+    ]
     for pair in followers:
         expected[f"test_pair_exchange[{pair}-PIX]"] = [("inherited", "fail"), ("p2p_level_nvl", "pass")]
     assert by_case(records) == expected
     fails = [r for r in records if r["verdict"] == "fail"]
-    assert len(fails) == 4
+    assert len(fails) == 5
     for r in fails:
         assert r["link"] == "PIX"
         assert r["root_cause"] == {
@@ -356,8 +378,9 @@ def test_wrong_data_p2p(pytester: pytest.Pytester, run_suite: RunSuite, reports_
     for pair in followers:
         key = f"test_pair_exchange[{pair}-PIX]"
         assert decisions[(key, "clean")] == ("skipped", SAME_ENV)
-        for futile in ("cumem_off", "nvls_off"):
+        for futile in ("nvls_off", "cumem_host_off"):
             assert decisions[(key, futile)][1].startswith(f"rung {futile} cannot change a case over PIX")
+        assert decisions[(key, "cumem_off")][1].startswith("no rung up to cumem_off passed for link class PIX")
         assert decisions[(key, "p2p_level_nvl")] == ("pass", "")
     result.stdout.fnmatch_lines(
         [
@@ -375,7 +398,7 @@ def test_wrong_data_p2p(pytester: pytest.Pytester, run_suite: RunSuite, reports_
             "deadlines paid: 0 (step deadline 3s)",
         ]
     )
-    assert result.parseoutcomes()["failed"] == 4
+    assert result.parseoutcomes()["failed"] == 5
     assert result.parseoutcomes()["passed"] == 28
 
 

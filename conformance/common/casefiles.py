@@ -86,6 +86,7 @@ class CaseFile:
     single_process: bool = False
     set_kind: str = "all"
     links: tuple[str, ...] = ()
+    p2p_links: tuple[str, ...] = ()  # the link classes NCCL would use P2P over here (plan/transport.py)
     visible: tuple[str, ...] = ()  # the GPUs the ranks see, in order (UUIDs)
     params: Mapping[str, Any] = field(default_factory=dict)  # the probe's own parameters (JSON)
     env_set: Mapping[str, str] = field(default_factory=dict)
@@ -100,7 +101,7 @@ class CaseFile:
         values["devices"] = tuple(RankDevice(**d) for d in data.get("devices", ()))
         values["peers"] = tuple(RankDevice(**d) for d in data.get("peers", ()))
         values["store"] = StoreAddress(**data["store"]) if data.get("store") else None
-        for name in ("links", "visible", "env_unset", "rules"):
+        for name in ("links", "p2p_links", "visible", "env_unset", "rules"):
             values[name] = tuple(data.get(name, ()))
         return cls(**values)
 

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from conformance.common.inputs import json_type_name, read_user_file, wrong_field_type
 from conformance.common.tables import align_columns
 from conformance.common.values import MAX_DEVICES
+from conformance.discover.cpu import CPU_KINDS, UNKNOWN_CPU, host_cpu
 from conformance.discover.health import GpuHealth, ask, health_from_json, nvlink_states, read_health
 from conformance.discover.inventory import (
     HostPaths,
@@ -143,6 +144,7 @@ class Topology:
     iommu: IommuFacts = field(default_factory=IommuFacts)  # IOMMU mode and ACS above the GPUs (iommu.py)
     kernel_log: str = ""  # why the kernel log's Xids were not read ("" when they were, or not asked for)
     watch: RunWatch | None = None  # a simulated machine's facts during the run (watch.py); None on a real one
+    cpu: str = ""  # the host CPU as NCCL classifies it (discover/cpu.py: intel, amd, ...); "" unknown
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -290,6 +292,8 @@ def _wrong_type(topology: Topology) -> str:
     """The first value of the wrong type in a topology read from a file ("" when there is none)."""
     if topology.kind not in ("cpu", "gpu"):
         return f"kind is {topology.kind!r}, not 'cpu' or 'gpu'"
+    if topology.cpu not in (UNKNOWN_CPU, *CPU_KINDS):
+        return f"cpu is {topology.cpu!r}, not one of {', '.join(CPU_KINDS)}"
     for device in topology.devices:
         problem = wrong_field_type(asdict(device), Device)
         if problem:
@@ -672,7 +676,7 @@ def _read_nvml(nvml: Any, visible: str | None) -> NvmlView:
     health = {gpu.name: read_health(nvml, reader.handle(gpu)) for gpu in devices}
     topology = Topology(
         "gpu", devices, "nvml", links=links, p2p=p2p, driver=driver, cuda_driver=cuda_driver, link_notes=notes,
-        health=health,
+        health=health, cpu=host_cpu(),
     )  # fmt: skip
     return NvmlView(topology, "", bus_ids)
 

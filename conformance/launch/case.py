@@ -20,6 +20,7 @@ from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess
 from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
+from conformance.plan.transport import P2P
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
 from conformance.verdict.decision import (
@@ -59,6 +60,9 @@ class CaseSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     set_kind: str = "all"
     links: tuple[str, ...] = ()  # link classes between the devices (scenario rules match them)
+    # What NCCL would use between the devices under this case's environment (plan/transport.py):
+    # per link class, its transport(s); the link classes with P2P are what a scenario's ``p2p`` matches.
+    predicted: Mapping[str, str] = field(default_factory=dict)
     isolate: bool = False  # the ranks see only these GPUs, renumbered from 0
     visible: tuple[Device, ...] = ()  # what the ranks see, in order (default: the case's devices)
     p2p_status: Mapping[str, str] | None = None  # NVML's view, for pairs
@@ -205,6 +209,7 @@ class CaseRunner:
             single_process=spec.single_process,
             set_kind=spec.set_kind,
             links=spec.links,
+            p2p_links=tuple(link for link, used in spec.predicted.items() if P2P in used.split("+")),
             visible=tuple(device_id(d) for d in spec.seen),
             params=dict(spec.params),
             env_set=env_set,

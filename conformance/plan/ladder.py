@@ -25,7 +25,8 @@ from conformance.common.jsonl import JsonlFollower, append_line
 from conformance.common.lifetime import process_gone
 from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
-from conformance.plan.relevance import cannot_change
+from conformance.plan.relevance import Between, cannot_change
+from conformance.plan.transport import NcclHost, PairPath
 
 LADDER_FILE = "ladder.jsonl"
 # After a worker died, xdist hands its items to the others in no rung order: an outcome not yet
@@ -51,7 +52,11 @@ class Step:
     leader_key: str | None  # the class leader's key, for pairs that are not the leader
     link: str | None
     devices: int = 0  # how many GPUs the case runs on (0: not known)
-    links: tuple[str, ...] = ()  # every path class between them
+    paths: tuple[PairPath, ...] = ()  # every pair of them, as NCCL reads it
+
+    @property
+    def between(self) -> Between:
+        return Between(self.devices, self.paths)
 
 
 @dataclass(frozen=True)
@@ -71,14 +76,14 @@ class LadderBook:
         ladder: Sequence[Rung],
         mode: str,
         decision_wait: Callable[[int], float],
-        nccl: str | None = None,
+        host: NcclHost | None = None,
     ) -> None:
         """``decision_wait(k)``: the most the decision on rung ``k`` waits (``Deadlines.rung_wait``).
 
-        ``nccl``: the run's NCCL version, for the rules of ``relevance.py`` that depend on it.
+        ``host``: the CPU and NCCL version that NCCL's choice of transport depends on (``relevance.py``).
         """
         self.path = path
-        self.nccl = nccl
+        self.host = host or NcclHost()
         self.ladder = tuple(ladder)
         self.mode = mode
         self.decision_wait = decision_wait
@@ -177,11 +182,11 @@ class LadderBook:
         known = self._outcomes()  # what is decided already settles it without a wait (one passed, ...)
         in_run = [i for i in range(k) if selected is None or (step.key, i) in selected]
         decided = {names[i]: known[(step.key, names[i])] for i in in_run if (step.key, names[i]) in known}
-        futile = cannot_change(names[k], step.devices, step.links, self.nccl)
+        futile = self._futile(step, k, environ, selected)
         early = self._by_own_outcomes(step, decided, environ) or (RungDecision(False, futile) if futile else None)
         if early is not None:
             return early
-        tried, earlier, follows = self._reads(step, selected)
+        tried, earlier, follows = self._reads(step, selected, environ)
         deadline = time.monotonic() + self.decision_wait(len(tried) - 1)
         own = self.wait_for([(step.key, n) for n in earlier], deadline)
         outcomes = {n: own[(step.key, n)] for n in earlier}
@@ -195,7 +200,12 @@ class LadderBook:
             LOG.warning("%s, rung %s: %s", step.key, names[k], decision.reason)
         return decision
 
-    def _reads(self, step: Step, selected: Selected) -> tuple[list[str], list[str], bool]:
+    def _futile(self, step: Step, k: int, environ: Mapping[str, str], selected: Selected) -> str | None:
+        """Why rung ``k`` cannot change this step's case (relevance.py), else None."""
+        in_run = [i for i in range(k) if selected is None or (step.key, i) in selected]
+        return cannot_change(self.ladder, k, step.between, self.host, environ, in_run)
+
+    def _reads(self, step: Step, selected: Selected, environ: Mapping[str, str]) -> tuple[list[str], list[str], bool]:
         """What deciding a later rung may read.
 
         The rungs tried up to it, its own earlier ones in this run, and whether it follows its class
@@ -203,11 +213,7 @@ class LadderBook:
         """
         names = [r.name for r in self.ladder]
         # Rungs the table rules out here are skipped without a case, so nothing waits for them.
-        indices = [
-            i
-            for i in range(step.rung_index + 1)
-            if cannot_change(names[i], step.devices, step.links, self.nccl) is None
-        ]
+        indices = [i for i in range(step.rung_index + 1) if self._futile(step, i, environ, selected) is None]
         earlier = [names[i] for i in indices[:-1] if selected is None or (step.key, i) in selected]
         leader = step.leader_key
         follows = leader is not None and (selected is None or all((leader, i) in selected for i in indices))
@@ -217,11 +223,11 @@ class LadderBook:
         """Whether the outcome of ``key`` on that rung is recorded."""
         return (key, self.ladder[rung_index].name) in self._outcomes()
 
-    def ready(self, step: Step, selected: Selected = None) -> bool:
+    def ready(self, step: Step, selected: Selected = None, environ: Mapping[str, str] = os.environ) -> bool:
         """Whether the decision on this step's rung can be had now, without waiting for another case."""
         if self.mode == "full" or step.rung_index == 0:
             return True
-        tried, earlier, follows = self._reads(step, selected)
+        tried, earlier, follows = self._reads(step, selected, environ)
         wanted = [(step.key, n) for n in earlier] + ([(step.leader_key or "", n) for n in tried] if follows else [])
         known = self._outcomes()
         return all(w in known for w in wanted)

@@ -66,6 +66,10 @@ BUILTIN_LADDER: tuple[Rung, ...] = (
     # ("Disable NVLS (NCCL_NVLS_ENABLE=0)", src/transport/nvls.cc, v2.30.7-1) and cuMem off also turns
     # off cuMem P2P and cuMem host memory for SHM (src/transport/shm.cc, v2.30.7-1).
     Rung("nvls_off", {"NCCL_NVLS_ENABLE": "0"}, description="NVLink SHARP off"),
+    # cuMem host memory for SHM alone before all of cuMem: shm.cc uses it only when both NCCL_CUMEM_ENABLE
+    # and NCCL_CUMEM_HOST_ENABLE allow it (src/transport/shm.cc, v2.24.3-1 .. v2.30.7-1); it fails with
+    # "Cuda failure 217 'peer access is not supported'" on PCIe GPUs without P2P (NVIDIA/nccl#1838).
+    Rung("cumem_host_off", {"NCCL_CUMEM_HOST_ENABLE": "0"}, description="cuMem host memory for SHM off"),
     Rung("cumem_off", {"NCCL_CUMEM_ENABLE": "0"}, description="cuMem allocations off"),
     Rung("p2p_level_nvl", {"NCCL_P2P_LEVEL": "NVL"}, description="P2P over NVLink only, not PCIe"),
     Rung("p2p_off", {"NCCL_P2P_DISABLE": "1"}, description="no P2P: SHM between GPUs"),

@@ -24,6 +24,7 @@ from conformance.plan.matrix import (
     Rung,
     each_pair,
 )
+from conformance.plan.transport import PairPath, pair_paths
 
 
 class Plan:
@@ -112,8 +113,14 @@ class Plan:
             leader_key=f"{name}[{ident.replace(device_set.id, leader or '')}]" if follows else None,
             link=device_set.link,
             devices=len(device_set.devices),
-            links=device_set.links,
+            paths=self.paths(device_set),
         )
+
+    def paths(self, device_set: DeviceSet) -> tuple[PairPath, ...]:
+        """Every pair of the set as NCCL reads it; across nodes, the link classes only (NET: no rule of NCCL's)."""
+        if device_set.nodes:
+            return tuple(PairPath(link) for link in device_set.links)
+        return pair_paths(self.topology, device_set.devices)
 
     def worker_scope(self, nodeid: str) -> str:
         """What one xdist worker runs together: every rung of one device set (the test id less its rung).

@@ -15,9 +15,10 @@
     sets = ["last_half"]       # optional: only these device-set kinds (all, single, pair, last_half, ...)
     wrong_barrier_device = true  # optional: only while torch's barrier is about to run on another
                                #   GPU than the rank's own (barrier_device.py has torch's rule)
-    p2p = true                 # optional: only when simulated NCCL would (true) / would not (false)
-                               #   use P2P over those links: NCCL_P2P_DISABLE and NCCL_P2P_LEVEL are
-                               #   honoured as NCCL does (default level: SYS)
+    p2p = true                 # optional: only when NCCL would (true) / would not (false) use P2P over
+                               #   those links under the case's environment, by NCCL's own rule
+                               #   (plan/transport.py: default level PXB, SYS on AMD with <= 2 GPUs;
+                               #   NVML's P2P status; NCCL_P2P_DISABLE and NCCL_P2P_LEVEL)
     when_env = { NCCL_P2P_DISABLE = "0" }    # optional: only when every variable has this value
     unless_env = { NCCL_P2P_DISABLE = "1" }  # optional: not when every variable has this value
     ignore_sigterm = true      # hang only
@@ -77,21 +78,6 @@ COMMON_FIELDS = {
     "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "wrong_barrier_device", "when_env",
     "unless_env",
 }  # fmt: skip
-# NCCL's P2P levels, nearest first; a pair uses P2P when its path is no farther than NCCL_P2P_LEVEL.
-P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "NODE", "SYS")
-
-
-def p2p_used(link: str, environ: Mapping[str, str]) -> bool:
-    """Whether NCCL would use P2P over a link of this class, by NCCL_P2P_DISABLE and NCCL_P2P_LEVEL."""
-    if environ.get("NCCL_P2P_DISABLE", "0") not in ("0", ""):
-        return False
-    level = environ.get("NCCL_P2P_LEVEL", "SYS").upper()
-    path = "NVL" if link.startswith("NV") else link
-    if level not in P2P_LEVELS or path not in P2P_LEVELS:
-        return True
-    return P2P_LEVELS.index(path) <= P2P_LEVELS.index(level)
-
-
 ALL_EFFECT_FIELDS = set().union(*EFFECT_FIELDS.values())
 
 
@@ -108,6 +94,7 @@ class Placement:
     probe: str
     set_kind: str = "all"
     links: tuple[str, ...] = ()
+    p2p_links: tuple[str, ...] = ()  # the links NCCL would use P2P over (the parent predicts it: transport.py)
     wrong_barrier_device: bool | None = None  # known only while a barrier probe is about to run one
 
 
@@ -135,7 +122,7 @@ class Rule:
             return False
         if self.p2p is not None:
             links = [link for link in where.links if self.links is None or link in self.links]
-            if not links or any(p2p_used(link, environ) for link in links) != self.p2p:
+            if not links or any(link in where.p2p_links for link in links) != self.p2p:
                 return False
         if self.wrong_barrier_device is not None and where.wrong_barrier_device != self.wrong_barrier_device:
             return False

@@ -78,6 +78,7 @@ class CaseRecord:
     metrics: JsonObject = field(default_factory=dict)
     p2p_status: Mapping[str, str] | None = None
     transports: JsonObject = field(default_factory=dict)
+    predicted: Mapping[str, str] = field(default_factory=dict)  # link class -> transport NCCL should pick
     nccl_warnings: tuple[Any, ...] = ()
     nccl: JsonObject | None = None
     seconds: float | None = None
@@ -132,7 +133,7 @@ class CaseRecord:
         values["ranks"] = tuple(
             RankRecord(**_known(RankRecord, r)) for r in values.get("ranks") or () if isinstance(r, dict)
         )
-        for name in ("env", "metrics", "transports"):
+        for name in ("env", "metrics", "transports", "predicted"):
             if name in values and values[name] is None:
                 values[name] = {}
         return cls(**values)

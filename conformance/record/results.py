@@ -116,6 +116,7 @@ def case_record(
         metrics=result.metrics,
         p2p_status=spec.p2p_status,
         transports=nccl.get("transports", {}),
+        predicted=dict(spec.predicted),
         nccl_warnings=tuple(nccl.get("warnings", [])),
         nccl=result.nccl,
         seconds=result.seconds,

@@ -18,6 +18,7 @@ from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
 from conformance.discover.watch import WatchFinding
 from conformance.plan.matrix import Rung
+from conformance.plan.transport import transport_surprise
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
 from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_lines, slow_pairs
@@ -230,6 +231,19 @@ def _host_warnings(records: Sequence[CaseRecord]) -> tuple[str, ...]:
     )
 
 
+def _transport_warnings(records: Sequence[CaseRecord]) -> tuple[str, ...]:
+    """One warning per distinct disagreement between the transport predicted and the one NCCL logged."""
+    found: dict[str, str] = {}
+    for r in records:
+        surprise = transport_surprise(r.predicted, r.transports)
+        if surprise:
+            found.setdefault(surprise, f"{r.probe}[{'-'.join(r.devices)}] on {r.env_name}")
+    return tuple(
+        f"WARNING transport: {surprise} ({case}): the ladder chose its rungs by the prediction"
+        for surprise, case in found.items()
+    )
+
+
 def answer(run: Run, recommendation: Recommendation) -> Answer:
     ladder = run_ladder(run)
     order = {r.name: i for i, r in enumerate(ladder)}
@@ -258,6 +272,6 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         harness_errors=recommendation.harness_errors,
         cpu_only=run.facts.cpu_only,
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
-        warnings=_host_warnings(run.usable_records),
+        warnings=_host_warnings(run.usable_records) + _transport_warnings(counted),
         watched=tuple(run_watch_findings(run)),
     )
