@@ -247,7 +247,7 @@ def test_xdist_gives_the_same_verdicts(pytester: pytest.Pytester, run_suite, rep
 
 # Three GPUs, every pair across the sockets: gpu0-gpu1 leads the class, the other two follow it.
 SYS_BOX = {
-    "kind": "gpu", "source": "file", "driver": "550.54.15", "cuda_driver": "12.4",
+    "kind": "gpu", "source": "file", "driver": "550.54.15", "cuda_driver": "12.4", "cpu": "amd",
     "devices": [{"name": f"gpu{i}", "index": i, "kind": "gpu", "uuid": f"GPU-{i:08d}-0000-0000-0000-00000000000{i}",
                  "nvml_index": i} for i in range(3)],
     "links": {"gpu0-gpu1": "SYS", "gpu0-gpu2": "SYS", "gpu1-gpu2": "SYS"},
@@ -266,8 +266,9 @@ def pytest_collection_modifyitems(items):
         group = "leader" if "gpu0-gpu1" in item.name else "followers"
         item.add_marker(pytest.mark.xdist_group(group))
 """
-# Cross-socket P2P hangs (seed d): NCCL_P2P_LEVEL=NVL fixes it.
-P2P_HANG = 'effect = "hang"\nprobes = ["pair_exchange"]\np2p = true'
+# Cross-socket P2P hangs (a pair on AMD CPUs uses P2P over SYS); cuMem off, the first rung such a pair
+# tries, fixes it here.
+P2P_HANG = 'effect = "hang"\nprobes = ["pair_exchange"]\np2p = true\nunless_env = { NCCL_CUMEM_ENABLE = "0" }'
 
 
 def case_rank_pids(case_dir: Path) -> set[int]:
@@ -333,8 +334,8 @@ def test_killed_worker_harms_no_other(pytester: pytest.Pytester, reports_dir: Pa
     records = [r for r in read_records(reports_dir) if "gpu0-gpu1" not in r["nodeid"]]
     ran = sorted((r["nodeid"].split("[")[1].split("-SYS")[0], r["env_name"], r["verdict"]) for r in records)
     assert ran == [
-        ("gpu0-gpu2", "inherited", "hang"), ("gpu0-gpu2", "p2p_level_nvl", "pass"),
-        ("gpu1-gpu2", "inherited", "hang"), ("gpu1-gpu2", "p2p_level_nvl", "pass"),
+        ("gpu0-gpu2", "cumem_off", "pass"), ("gpu0-gpu2", "inherited", "hang"),
+        ("gpu1-gpu2", "cumem_off", "pass"), ("gpu1-gpu2", "inherited", "hang"),
     ], text  # fmt: skip
     decisions = [json.loads(line) for line in (reports_dir / "latest" / "ladder.jsonl").read_text().splitlines()]
     assert all(d["outcome"] in ("pass", "hang", "skipped") for d in decisions if d["key"] == "test_pair[gpu0-gpu2-SYS]")

@@ -43,6 +43,8 @@ NCCL_CUDA_ERROR = "NCCL error: unhandled cuda error, Cuda failure 'operation not
         ("crash", "RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
         ("error", "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable", True),
         ("error", "pynvml.NVMLError_GPUIsLost: GPU is lost", True),
+        ("crash", "torch.AcceleratorError: CUDA error: unknown error\nSearch for `cudaErrorUnknown'", True),
+        ("error", "NCCL error: unhandled cuda error, Cuda failure 'unknown error'", False),  # NCCL's: it climbs
         ("hang", "system not yet initialized", False),  # a hang names no fault: its ranks said nothing
     ],
 )

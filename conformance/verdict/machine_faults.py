@@ -17,7 +17,9 @@ encountered", cudaErrorDevicesUnavailable 46 "CUDA-capable device(s) is/are busy
 insufficient for CUDA runtime version", cudaErrorInvalidDevice 101 "invalid device ordinal",
 cudaErrorNotSupported 801 "operation not supported"; torch's own "No CUDA GPUs are available"
 (torch/cuda/__init__.py, _lazy_init); NVML's "GPU is lost" (NVML_ERROR_GPU_IS_LOST, Xid 79: the
-GPU fell off the bus).
+GPU fell off the bus); cudaErrorUnknown 999 "unknown error", what the CUDA runtime answers once the
+GPU is gone (torch prints it as "CUDA error: unknown error"; NCCL's own "Cuda failure 'unknown
+error'" is NCCL's and climbs).
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ MACHINE_FAULTS: tuple[MachineFault, ...] = (
         _said("GPU is lost", "fallen off the bus"),
         "the GPU fell off the bus (Xid 79: `dmesg | grep -i xid`): reset it or reboot; one that stays lost is a "
         "hardware case",
+    ),
+    MachineFault(
+        "CUDA UNKNOWN ERROR (a GPU lost after Xid 79 answers so)",
+        re.compile(r"CUDA error: unknown error", re.IGNORECASE),
+        "look for Xid 79 (`dmesg | grep -i xid`: the GPU fell off the bus) and other Xids; reset the GPU or reboot",
     ),
     MachineFault(
         "NO CUDA DEVICE IN THE RANK",
