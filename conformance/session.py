@@ -43,7 +43,7 @@ from conformance.plan.matrix import (
     recheck_partners,
 )
 from conformance.plan.parametrize import Plan, device_set_of
-from conformance.plan.transport import NcclHost
+from conformance.plan.transport import SHM, NcclHost, pair_paths
 from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
 from conformance.record import results
@@ -309,6 +309,13 @@ class ConformanceSession:
         watched = self.gpu_watch.stop(busy_windows(spans))
         self.gpu_watch = None
         return attribute_xids(watched, spans)
+
+    @property
+    def shm_predicted(self) -> bool:
+        """Whether NCCL would use its SHM transport between some of the run's GPUs (transport.py; unknown: yes)."""
+        devices = self.topology.devices
+        transports = self.nccl_host.transports(pair_paths(self.topology, devices), len(devices), os.environ)
+        return transports is None or SHM in transports
 
     @property
     def lease_dir(self) -> Path | None:

@@ -133,6 +133,22 @@ def test_dev_shm_messages(environment: ModuleType) -> None:
     assert "a gloo run needs at least 64 MiB" in gloo and "only a sanity floor" in gloo
 
 
+def test_dev_shm_needs_nccl_room_only_where_nccl_uses_shm(environment: ModuleType) -> None:
+    assert environment.shm_problem(100 << 20, "nccl", shm_used=False) is None  # one GPU, or P2P everywhere
+    floor = environment.shm_problem(10 << 20, "nccl", shm_used=False)
+    assert floor.startswith("/dev/shm has 10 MiB free; a nccl run needs at least 64 MiB") and "sanity floor" in floor
+    assert environment.shm_needed("nccl", shm_used=False) == 64 << 20 and environment.shm_needed("nccl") == 1 << 30
+
+
+def test_locked_memory_fails_only_a_run_across_nodes(environment: ModuleType) -> None:
+    problem, note = environment.memlock_verdict(8192, 8192, ["mlx5_0"], nnodes=1)
+    assert problem is None and note.startswith("one node: NCCL registers no InfiniBand memory here; a job across")
+    problem, note = environment.memlock_verdict(8192, 8192, ["mlx5_0"], nnodes=2)
+    assert problem is not None and "ibv_reg_mr failed" in problem and note is None
+    unlimited = resource.RLIM_INFINITY
+    assert environment.memlock_verdict(unlimited, unlimited, ["mlx5_0"], nnodes=4) == (None, None)
+
+
 def test_locked_memory_messages(environment: ModuleType) -> None:
     unlimited = resource.RLIM_INFINITY
     assert environment.memlock_problem(unlimited, unlimited, ["mlx5_0"]) is None

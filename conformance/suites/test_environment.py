@@ -99,22 +99,27 @@ def _limit(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
-def shm_needed(backend: str) -> int:
-    return SHM_NEEDED_NCCL if backend == "nccl" else SHM_NEEDED_GLOO
+def shm_needed(backend: str, shm_used: bool = True) -> int:
+    """NCCL's 1 GiB where its SHM transport is used; else the sanity floor."""
+    return SHM_NEEDED_NCCL if backend == "nccl" and shm_used else SHM_NEEDED_GLOO
 
 
-def shm_problem(free: int, backend: str) -> str | None:
-    """None when ``free`` bytes in /dev/shm are enough for ``backend``; else what to do, in one paragraph."""
-    needed = shm_needed(backend)
+def shm_problem(free: int, backend: str, shm_used: bool = True) -> str | None:
+    """None when ``free`` bytes in /dev/shm are enough for ``backend``; else what to do, in one paragraph.
+
+    ``shm_used``: NCCL would use its SHM transport between some of the run's GPUs (plan/transport.py).
+    """
+    needed = shm_needed(backend, shm_used)
     if free >= needed:
         return None
-    if backend == "nccl":
+    if backend == "nccl" and shm_used:
         why = (
             "NCCL's SHM transport creates its segments there, about 9.6 MB per connection "
             "(NVIDIA/nccl#1518), and NCCL's troubleshooting guide asks for 1 GiB"
         )
     else:
-        why = "gloo itself uses TCP, but torch's shared-memory tensors live there; this is only a sanity floor"
+        user = "gloo itself uses TCP" if backend != "nccl" else "no pair of its GPUs uses NCCL's SHM transport"
+        why = f"{user}, but torch's shared-memory tensors live there; this is only a sanity floor"
     return (
         f"/dev/shm has {free >> 20} MiB free; a {backend} run needs at least {needed >> 20} MiB: {why}. "
         f"Containers: start with `--shm-size={SHM_RECOMMENDED} --ulimit memlock=-1` (NCCL's troubleshooting guide) "
@@ -131,9 +136,15 @@ def test_dev_shm_space(conformance: ConformanceSession, host_metric: HostMetric)
     except OSError as exc:
         pytest.fail(f"/dev/shm is not usable ({exc}); NCCL's SHM transport and torch's shared tensors need it")
     free = stat.f_bavail * stat.f_frsize
+    shm_used = conformance.shm_predicted
     host_metric("dev_shm_free_bytes", free)
-    host_metric("dev_shm_needed_bytes", shm_needed(conformance.backend))
-    problem = shm_problem(free, conformance.backend)
+    host_metric("dev_shm_needed_bytes", shm_needed(conformance.backend, shm_used))
+    if conformance.backend == "nccl" and not shm_used and free < SHM_NEEDED_NCCL:
+        host_metric(
+            "note", f"/dev/shm has {free >> 20} MiB free, less than NCCL's 1 GiB, but no pair of this run's GPUs uses "
+            "NCCL's SHM transport by default (P2P or one GPU): only the sanity floor applies",
+        )  # fmt: skip
+    problem = shm_problem(free, conformance.backend, shm_used)
     assert problem is None, problem
 
 
@@ -202,16 +213,31 @@ def memlock_problem(soft: int, hard: int, ib_devices: list[str]) -> str | None:
 
 
 @pytest.mark.host_check("locked_memory")
-def test_locked_memory_limit(host_metric: HostMetric) -> None:
-    """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used."""
+def test_locked_memory_limit(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+    """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used (across nodes)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     host_metric("memlock_soft", _limit(soft))
     host_metric("memlock_hard", _limit(hard))
     ib_devices = sorted(p.name for p in IB_DIR.iterdir()) if IB_DIR.is_dir() else []
     if not ib_devices:
         pytest.skip(f"no InfiniBand device, so the locked-memory limit ({_limit(soft)}) does not matter here")
-    problem = memlock_problem(soft, hard, ib_devices)
+    nnodes = conformance.setup.nnodes if conformance.setup else 1
+    problem, note = memlock_verdict(soft, hard, ib_devices, nnodes)
+    if note:
+        host_metric("note", note)
     assert problem is None, problem
+
+
+def memlock_verdict(soft: int, hard: int, ib_devices: list[str], nnodes: int) -> tuple[str | None, str | None]:
+    """(the problem that fails the check, a note for a pass) for a run over ``nnodes`` nodes.
+
+    Within a node NCCL connects GPUs by P2P or SHM and registers no InfiniBand memory (ncclTransports
+    order, src/transport.cc v2.28.9-1): only a run across nodes needs the limit.
+    """
+    problem = memlock_problem(soft, hard, ib_devices)
+    if problem is not None and nnodes <= 1:
+        return None, f"one node: NCCL registers no InfiniBand memory here; a job across nodes: {problem}"
+    return problem, None
 
 
 def _interface_matches(spec: str, interfaces: list[str], exact: bool) -> list[str]:
