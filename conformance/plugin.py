@@ -32,6 +32,7 @@ from conformance.plan.matrix import (
     load_rungs_file,
     parse_rung_spec,
 )
+from conformance.plan.parametrize import NO_NCCL
 from conformance.plan.scenario_fit import RunBounds, check_scenario_fits
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
@@ -187,6 +188,9 @@ class NotTheSuite:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance_gpu: the case needs the NCCL backend and GPUs")
+    config.addinivalue_line(
+        "markers", f"{NO_NCCL}: the probe uses no NCCL: it runs once, on inherited, outside the ladder"
+    )
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", host_checks.MARKER_HELP)
     if not runs_the_suite(config):

@@ -42,7 +42,7 @@ from conformance.plan.matrix import (
     node_rungs,
     recheck_partners,
 )
-from conformance.plan.parametrize import Plan, device_set_of
+from conformance.plan.parametrize import NO_NCCL, Plan, device_set_of
 from conformance.plan.transport import SHM, NcclHost, pair_paths
 from conformance.progress import CaseProgress
 from conformance.rank.scenario import Scenario
@@ -409,8 +409,10 @@ class ConformanceSession:
             self.book.record(step, outcome, final_reason, final=bool(final_reason), stuck=stuck)
         if self.nodes and placed.kind == "node_pair" and step.rung_index == 0 and self.plan.pairing.rechecks:
             self.nodes.publish_first_pass(step.key, result.verdict)
-        one_rung = self.plan.item_step(item) is None  # a device set of the test's own: not parametrised
-        record = self._with_link_figures(results.case_record(result, self.run_id, expect, step.key, one_rung))
+        no_nccl = item.get_closest_marker(NO_NCCL) is not None
+        one_rung = no_nccl or self.plan.item_step(item) is None  # a device set of the test's own: not parametrised
+        record = results.case_record(result, self.run_id, expect, step.key, one_rung, no_nccl)
+        record = self._with_link_figures(record)
         results.append_case(self.results_path, record)
         item.stash[junit.CASE_SECONDS] = result.seconds
         if result.verdict not in (Verdict.PASS, Verdict.SKIP):

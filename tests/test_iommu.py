@@ -106,12 +106,12 @@ def test_a_topology_files_iommu_of_the_wrong_shape_is_named(data: object, messag
 def test_a_p2p_hang_on_a_box_whose_acs_redirects_names_the_likely_cause(
     pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult], reports_dir: Path
 ) -> None:
-    box = json.loads((TOPOLOGIES / "pcie-2socket-8gpu.json").read_text())
+    box = json.loads((TOPOLOGIES / "pcie-switch-8gpu.json").read_text())
     box["iommu"] = {"mode": "translated", "cmdline": ["intel_iommu=on"], "acs_redirect": ["0000:16:02.0"]}
     topology = pytester.path / "acs-box.json"
     topology.write_text(json.dumps(box))
     files = copy_suites(pytester, "test_pairs.py", "test_machine_health.py")
-    result = run_suite("--topology-file", str(topology), "--scenario", "pcie-sys-p2p-hang", "-k",
+    result = run_suite("--topology-file", str(topology), "--scenario", "driver-p2p-hang", "-k",
                        "pair_exchange or acs_redirect", "--step-timeout=4", "--op-timeout=3", "--init-timeout=3",
                        *files, timeout=240)  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -120,7 +120,7 @@ def test_a_p2p_hang_on_a_box_whose_acs_redirects_names_the_likely_cause(
         "host check host:p2p_path: ERROR: ACS redirects P2P on bridge(s) 0000:16:02.0 above the GPUs: P2P goes "
         "through the root complex (slow, or a hang); boot with the IOMMU in passthrough (iommu=pt) or off"
     )
-    assert lines[1].startswith("SYS pairs: HANG on inherited (pair_exchange 16/16); passes with NCCL_P2P_LEVEL=NVL")
+    assert lines[1].startswith("PIX pairs: HANG on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL")
     assert lines[2] == (
         "  LIKELY CAUSE: P2P THROUGH THE ROOT COMPLEX: the IOMMU translates the GPUs' DMA (intel_iommu=on); ACS "
         "redirects P2P on bridge(s) 0000:16:02.0 -> fix: boot with the IOMMU in passthrough (iommu=pt) or off, and "

@@ -577,11 +577,25 @@ def finished(reports_dir: Path, result: pytest.RunResult, simulated: bool) -> tu
     return run, rec, run.folder
 
 
-def on_three_gpus(folder: Path, scenario: str) -> Path:
-    """A seed scenario's rules on a 3-GPU cut of its 8-GPU PCIe box (fewer pairs, a faster run).
+# An AMD box's cross-socket P2P hangs: NCCL uses P2P over SYS for a pair there (plan/transport.py).
+AMD_SYS_HANG = """[scenario]
+name = "AMD PCIe box whose cross-socket P2P hangs"
+topology = "topologies/pcie-2socket-8gpu.json"
+
+[[rule]]
+effect = "hang"
+phase = "probe"
+probes = ["pair_exchange"]
+links = ["SYS"]
+p2p = true
+"""
+
+
+def on_three_gpus(folder: Path, scenario: str, cpu: str = "") -> Path:
+    """A seed scenario's rules (a shipped name, or a scenario's text) on a 3-GPU cut of its 8-GPU PCIe box.
 
     gpu0 and gpu1 sit under one switch (PIX), gpu2 on the other socket: gpu0-gpu2 and gpu1-gpu2
-    are SYS, so a class that fails has one leader and one follower.
+    are SYS, so a class that fails has one leader and one follower.  ``cpu``: the box's CPU kind.
     """
     data = json.loads((SCENARIOS / "topologies" / "pcie-2socket-8gpu.json").read_text())
     picked = [0, 1, 4]
@@ -596,11 +610,11 @@ def on_three_gpus(folder: Path, scenario: str) -> Path:
             links[f"gpu{i}-gpu{j}"] = data["links"][f"gpu{a}-gpu{b}"]
             p2p[f"gpu{i}-gpu{j}"] = data["p2p"][f"gpu{a}-gpu{b}"]
     assert links == {"gpu0-gpu1": "PIX", "gpu0-gpu2": "SYS", "gpu1-gpu2": "SYS"}
-    data.update(devices=devices, links=links, p2p=p2p, note="simulated: 3 PCIe GPUs on two sockets")
+    data.update(devices=devices, links=links, p2p=p2p, note="simulated: 3 PCIe GPUs on two sockets", cpu=cpu)
     (folder / "pcie-3gpu.json").write_text(json.dumps(data))
-    text = (SCENARIOS / f"{scenario}.toml").read_text()
+    text = scenario if "\n" in scenario else (SCENARIOS / f"{scenario}.toml").read_text()
     assert 'topology = "topologies/pcie-2socket-8gpu.json"' in text
-    path = folder / f"{scenario}-3gpu.toml"
+    path = folder / f"{'inline' if chr(10) in scenario else scenario}-3gpu.toml"
     path.write_text(text.replace("topologies/pcie-2socket-8gpu.json", "pcie-3gpu.json"))
     return path
 
@@ -609,10 +623,12 @@ def on_three_gpus(folder: Path, scenario: str) -> Path:
 def test_sys_hang_recommends_p2p_level_nvl_for_sys_only(
     pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    scenario = on_three_gpus(pytester.path, "pcie-sys-p2p-hang")
+    scenario = on_three_gpus(pytester.path, AMD_SYS_HANG, cpu="amd")
     suites = copy_suites(pytester, "test_pairs.py")
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "-k", "test_pair_exchange", *suites)
-    result.assert_outcomes(failed=2, passed=3, deselected=55)  # -k: 30; rungs not needed or not tried: 25
+    # the SYS leader hangs on inherited and on cumem_off, its follower on inherited
+    outcomes = result.parseoutcomes()
+    assert (outcomes["failed"], outcomes["passed"]) == (3, 3)
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.lines() == [
         SIMULATED,
@@ -653,15 +669,17 @@ def test_wrong_data_scenario_is_not_fit_for_training(
     scenario = on_three_gpus(pytester.path, "wrong-data-p2p")
     suites = copy_suites(pytester, "test_pairs.py")
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "-k", "test_pair_exchange", *suites)
-    result.assert_outcomes(failed=1, passed=3, deselected=56)  # -k: 30; rungs not needed or not tried: 26
+    outcomes = result.parseoutcomes()  # the PIX pair fails on inherited and on cumem_off (cuMem P2P tried)
+    assert (outcomes["failed"], outcomes["passed"]) == (2, 3)
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.unfit
     nodeid = "suites/test_pairs.py::test_pair_exchange[gpu0-gpu1-PIX-{}]"
     message = "rank 1 (gpu1) in verify (send/recv 4B): WrongData: " + WRONG_DATA
     assert rec.lines() == [
         SIMULATED,
-        f"NOT FIT FOR TRAINING: wrong data (verdict fail) in 1 case; {UNFIT}:",
+        f"NOT FIT FOR TRAINING: wrong data (verdict fail) in 2 cases; {UNFIT}:",
         f"  FAIL {nodeid.format('inherited')} (PIX, rung inherited): {message}",
+        f"  FAIL {nodeid.format('cumem_off')} (PIX, rung cumem_off): {message}",
     ]
     assert (folder / "recommended.env").read_text() == "\n".join(
         [
@@ -670,6 +688,7 @@ def test_wrong_data_scenario_is_not_fit_for_training(
             ENV_USAGE,
             f"# NOT FIT FOR TRAINING: wrong data (verdict fail); {UNFIT}",
             f"#   FAIL {nodeid.format('inherited')}",
+            f"#   FAIL {nodeid.format('cumem_off')}",
             "",
         ]
     )
@@ -685,7 +704,7 @@ def test_single_gpu_needs_shm_off(pytester: pytest.Pytester, run_suite: RunSuite
     scenario = SCENARIOS / "single-gpu-nccl-init.toml"
     suites = copy_suites(pytester, "test_collectives.py")
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, *suites)
-    result.assert_outcomes(failed=2, passed=1, skipped=6, deselected=7)  # P2P rungs cannot change one GPU
+    result.assert_outcomes(failed=2, passed=1, skipped=6, deselected=8)  # P2P rungs cannot change one GPU
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.lines() == [
         SIMULATED,

@@ -207,7 +207,7 @@ def sys_hang_records(topology: Topology) -> list[dict[str, Any]]:
 def make_run(topology: Topology, records: list[dict[str, Any]], folder: Path | None = None, **facts: Any) -> Run:
     run_facts = {
         "run_id": "20260101-000000-abcd", "host": "box-17", "backend": "gloo", "simulated": True,
-        "scenario": "scenarios/pcie-sys-p2p-hang.toml", "torch": "2.13.0", "matrix": "adaptive",
+        "scenario": "scenarios/driver-p2p-hang.toml", "torch": "2.13.0", "matrix": "adaptive",
         "topology": json.loads(topology.to_json()), "inherited_env": {}, **facts,
     }  # fmt: skip
     return Run(str(folder or "/reports/run"), RunFacts.from_json(run_facts), typed(records), folder=folder)
@@ -238,7 +238,7 @@ def test_sections_grids_heat_map_and_failures() -> None:
                         "recommendation"]  # fmt: skip
     machine = root.find("section", id="machine").text
     for fact in ("GPU-00000003-0000-0000-0000-000000000003", "00000000:48:00.0", "550.54.15", "12.4", "2.13.0",
-                 "box-17", "NVIDIA RTX 6000 Ada Generation", "scenarios/pcie-sys-p2p-hang.toml"):  # fmt: skip
+                 "box-17", "NVIDIA RTX 6000 Ada Generation", "scenarios/driver-p2p-hang.toml"):  # fmt: skip
         assert fact in machine
     assert "SIMULATED" in root.find("header").text
     links = root.find("table", "links")

@@ -163,6 +163,12 @@ ANSWERS = {
         "last_half_all_visible sets, reversed sets, single sets",
         "for every class together: export NCCL_P2P_LEVEL=NVL",
     ],
+    "peer-copy-hang": [  # the copy uses no NCCL: a machine fault, and the PIX pairs' NCCL answer stands
+        "MACHINE FAULT: peer_copy uses no NCCL and did not pass on PIX pairs: HANG in 4 (rank 0 (gpu0) in probe "
+        "(copy gpu0->gpu1 8B): *); no NCCL setting changes it -> fix: CUDA's own P2P between these GPUs: *",
+        "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
+    ],
     "single-gpu-nccl-init": [
         "single sets: ERROR on inherited (all_reduce 1/1, environment 1/1); passes with NCCL_SHM_DISABLE=1 -> "
         "export NCCL_SHM_DISABLE=1",

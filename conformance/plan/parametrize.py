@@ -26,6 +26,10 @@ from conformance.plan.matrix import (
 )
 from conformance.plan.transport import PairPath, pair_paths
 
+# A test that uses no NCCL (a peer copy is CUDA's own): no NCCL variable can change it, so it runs once,
+# on inherited, and the ladder of its class never waits on it.
+NO_NCCL = "no_nccl"
+
 
 class Plan:
     def __init__(
@@ -81,9 +85,10 @@ class Plan:
         )
 
     def parametrize(self, metafunc: pytest.Metafunc) -> None:
+        rungs = (INHERITED,) if metafunc.definition.get_closest_marker(NO_NCCL) else self.local_rungs
         for fixture, plan in DEVICE_SET_FIXTURES.items():
             if fixture in metafunc.fixturenames:
-                sets = [s.with_rung(r) for s in plan(self.topology) for r in self.local_rungs]
+                sets = [s.with_rung(r) for s in plan(self.topology) for r in rungs]
                 self._parametrize(metafunc, fixture, self.not_applicable(fixture), sets)
         for fixture, node_plan in NODE_SET_FIXTURES.items():
             if fixture in metafunc.fixturenames:

@@ -94,6 +94,7 @@ class CaseRecord:
     time: float | None = None
     shared_by: str | None = None  # the test whose case also ran this one's collective (one process group)
     one_rung: bool = False  # its test is not parametrised over the rungs: it runs as inherited only
+    no_nccl: bool = False  # its probe uses no NCCL (a peer copy): a failure is the machine's, never a class's rung
 
     @property
     def outcome(self) -> Verdict | None:

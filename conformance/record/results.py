@@ -92,6 +92,7 @@ def case_record(
     expected_verdict: str | None = None,
     ladder_key: str | None = None,
     one_rung: bool = False,
+    no_nccl: bool = False,
 ) -> CaseRecord:
     spec, nccl = result.spec, result.nccl or {}
     return CaseRecord(
@@ -132,6 +133,7 @@ def case_record(
         time=time.time(),
         shared_by=result.shared_by,
         one_rung=one_rung,
+        no_nccl=no_nccl,
     )
 
 

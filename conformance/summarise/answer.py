@@ -15,16 +15,25 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
-from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
+from conformance.discover.iommu import IOMMU_FIX, IommuError, IommuFacts, iommu_from_json
 from conformance.discover.watch import WatchFinding
 from conformance.plan.matrix import Rung
+from conformance.plan.relevance import PCIE_PATHS
 from conformance.plan.transport import transport_surprise
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
 from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_lines, slow_pairs
 from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.recommend import ClassAdvice, Recommendation
-from conformance.summarise.summary import count_text, counted_cases, link_class_of, run_ladder, rung_env_text
+from conformance.summarise.summary import (
+    count_text,
+    counted_cases,
+    ladder_cases,
+    link_class_of,
+    no_nccl_failures,
+    run_ladder,
+    rung_env_text,
+)
 from conformance.summarise.watched import run_watch_findings
 from conformance.verdict.machine_faults import MachineFault, machine_fault
 
@@ -157,6 +166,10 @@ class Answer:
 
 
 CPU_ONLY = "CPU ONLY: no GPU was tested"
+NO_NCCL_FIX = (
+    "CUDA's own P2P between these GPUs: check the IOMMU (`iommu=pt` or off) and ACS on the PCIe switches above "
+    "them (`lspci -vvv | grep ACSCtl`), the driver version, and run `p2pBandwidthLatencyTest` from cuda-samples"
+)
 HARNESS_ERRORS_NAMED = 3  # the answer's line names this many failed tests, then counts the rest
 
 
@@ -212,6 +225,28 @@ def _outside_classes(records: Sequence[CaseRecord]) -> tuple[str, ...]:
     )
 
 
+def _no_nccl_lines(failed: Sequence[CaseRecord], iommu: IommuFacts) -> tuple[str, ...]:
+    """One line per class and probe that uses no NCCL and failed: the machine's fault, whatever NCCL does.
+
+    A peer copy is CUDA's own (``tensor.to(peer)``): no NCCL variable changes it, so it ran once and
+    its class's NCCL answer stands apart; a hang or wrong data over PCIe is CUDA's P2P data path.
+    """
+    by_place: dict[tuple[str, str], list[CaseRecord]] = {}
+    for r in failed:
+        by_place.setdefault((class_label(r), r.probe), []).append(r)
+    lines = []
+    for (label, probe), records in by_place.items():
+        verdicts = "/".join(v.value.upper() for v in READING_ORDER if any(r.outcome is v for r in records))
+        redirected = iommu.redirects_p2p and any(r.link in PCIE_PATHS for r in records)
+        fix = IOMMU_FIX if redirected else NO_NCCL_FIX
+        facts = f" ({iommu.cause_text()})" if redirected else ""
+        lines.append(
+            f"MACHINE FAULT: {probe} uses no NCCL and did not pass on {label}: {verdicts} in {len(records)} "
+            f"({records[0].summary}){facts}; no NCCL setting changes it -> fix: {fix}"
+        )
+    return tuple(lines)
+
+
 def run_iommu(run: Run) -> IommuFacts:
     """The run's IOMMU facts (run.json's topology); unknown where it has none or they do not read."""
     topology = run.facts.topology
@@ -249,7 +284,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
     order = {r.name: i for i, r in enumerate(ladder)}
     counted = counted_cases(run.records)
     by_class: dict[str, list[CaseRecord]] = {}
-    for r in counted:
+    for r in ladder_cases(run.records):
         by_class.setdefault(link_class_of(r), []).append(r)
     failing, passed = [], []
     iommu = run_iommu(run)
@@ -264,7 +299,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
     return Answer(
         classes=tuple(failing),
         passed=tuple(passed),
-        others=_outside_classes(run.usable_records),
+        others=_outside_classes(run.usable_records) + _no_nccl_lines(no_nccl_failures(run.records), iommu),
         exports=tuple(recommendation.exports()),
         cases=len(counted),
         simulated=run.simulated,

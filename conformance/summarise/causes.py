@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from conformance.common.verdicts import Verdict
 from conformance.discover.iommu import IOMMU_FIX, IommuFacts
+from conformance.plan.relevance import PCIE_PATHS
 from conformance.record.records import CaseRecord, RankRecord
 from conformance.verdict.stderr_causes import cause_parts
 
@@ -109,7 +110,6 @@ def known_cause(record: CaseRecord) -> KnownCause | None:
     return _wrong_barrier_gpu(record) or _out_of_memory(record) or _logged(record)
 
 
-PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nvidia-smi's PCIe path classes (no NVLink between them)
 P2P_THROUGH_ROOT = "LIKELY CAUSE: P2P THROUGH THE ROOT COMPLEX"
 
 

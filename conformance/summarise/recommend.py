@@ -30,9 +30,10 @@ from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run, RunError
 from conformance.summarise.summary import (
     case_of,
+    counted_cases,
     first_passing_rungs,
+    ladder_cases,
     link_class_of,
-    one_record_per_case,
     run_ladder,
     rung_env_text,
 )
@@ -495,7 +496,7 @@ def _wrong_data(records: list[CaseRecord]) -> list[WrongData]:
 def recommend(run: Run) -> Recommendation:
     """The recommendation for a finished run (its ladder: :func:`conformance.summarise.summary.run_ladder`)."""
     ladder = run_ladder(run)
-    records = one_record_per_case(r for r in run.records if r.counts)  # a cross-node case once
+    records = ladder_cases(run.records)  # a cross-node case once; no probe that uses no NCCL
     by_class: dict[str, list[CaseRecord]] = {}
     for r in records:
         by_class.setdefault(link_class_of(r), []).append(r)
@@ -508,7 +509,7 @@ def recommend(run: Run) -> Recommendation:
             if family not in unset:
                 unset.append(family)
     inherited = run.facts.inherited_env
-    wrong = _wrong_data(records)
+    wrong = _wrong_data(counted_cases(run.records))  # wrong data anywhere, a peer copy's too
     return Recommendation(
         run_id=run.run_id,
         source=run.source,

@@ -38,6 +38,16 @@ def counted_cases(records: Iterable[CaseRecord]) -> list[CaseRecord]:
     return one_record_per_case(r for r in records if r.counts)
 
 
+def ladder_cases(records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    """The counted cases whose class climbs the ladder: those of probes that use NCCL (not a peer copy)."""
+    return [r for r in counted_cases(records) if not r.no_nccl]
+
+
+def no_nccl_failures(records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    """Counted cases of probes that use no NCCL and did not pass: faults of the machine, no rung's."""
+    return [r for r in counted_cases(records) if r.no_nccl and r.outcome is not None and r.outcome.failed]
+
+
 @dataclass(frozen=True)
 class RecordCounts:
     """A run's records, each counted once, in the words every summary uses.
