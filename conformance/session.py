@@ -23,7 +23,13 @@ from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import simulated_gbps, slowest_link_gbps
 from conformance.discover.topology import Topology, choose_backend, link_matrix_lines, link_note_lines, watch_run
-from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
+from conformance.discover.versions import (
+    NcclVersions,
+    loaded_nccl_version,
+    nccl_wheel_version,
+    package_version,
+    suite_version,
+)
 from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids, busy_windows
 from conformance.failed_tests import FailedTests
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
@@ -158,7 +164,9 @@ class ConformanceSession:
         self.plan = Plan(self.topology, ladder, self.settings.matrix, fallbacks_matter, pairing)
         self.deadlines.check(rungs=len(self.plan.ladder))
         wait = self.deadlines.rung_wait
-        self.nccl_host = NcclHost(self.topology.cpu, nccl_wheel_version())
+        # The library torch loads, asked only on NCCL runs (importing torch here costs a second or two).
+        self.nccl = NcclVersions(loaded_nccl_version() if self.backend == "nccl" else None, nccl_wheel_version())
+        self.nccl_host = NcclHost(self.topology.cpu, self.nccl.used)
         self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, wait, self.nccl_host)
 
     @pytest.hookimpl(tryfirst=True)
@@ -251,7 +259,8 @@ class ConformanceSession:
             backend=self.backend,
             topology=json.loads(self.topology.to_json()),
             torch=package_version("torch"),
-            nccl=nccl_wheel_version(),
+            nccl=self.nccl.used,
+            nccl_warning=self.nccl.warning,
             inherited_env=inherited_variables(),
             simulated=self.simulated,
             scenario=self.scenario.path if self.scenario else None,
@@ -611,8 +620,10 @@ class ConformanceSession:
         lines = [
             f"conformance: run {self.run_id}, backend {self.backend}, {len(t.devices)} devices: {devices}",
             f"conformance: torch {package_version('torch') or 'not installed'}, "
-            f"NCCL {nccl_wheel_version() or 'n/a'}, reports in {self.run_dir}",
+            f"NCCL {self.nccl.used or 'n/a'}, reports in {self.run_dir}",
         ]
+        if self.nccl.warning:
+            lines.append(f"conformance: WARNING {self.nccl.warning}")
         if t.note:
             lines.append(f"conformance: {t.note}")
         if t.driver or t.cuda_driver:

@@ -72,7 +72,8 @@ def test_a_failure_message_is_its_headline(
     junit = pytester.path / "hang.xml"
     result = run_suite(topology, scenario, *TIMEOUTS, *xdist, f"--junitxml={junit}", "test_tiny.py")
     outcomes = result.parseoutcomes()  # later rungs: deselected or skipped, as the ladder decides
-    assert (outcomes["passed"], outcomes["failed"]) == (3, 2), result.stdout.str()
+    # the SYS leader hangs on inherited and on cumem_off, its follower on inherited
+    assert (outcomes["passed"], outcomes["failed"]) == (3, 3), result.stdout.str()
     assert_no_warning(result)
     assert schema_errors(junit) == []
     failures = {case.get("name"): case.find("failure") for case in ElementTree.parse(junit).getroot().iter("testcase")}

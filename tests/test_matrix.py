@@ -311,6 +311,7 @@ def test_builtin_ladder() -> None:
         "inherited": {},
         "clean": {},
         "cumem_off": {"NCCL_CUMEM_ENABLE": "0"},
+        "cumem_host_off": {"NCCL_CUMEM_HOST_ENABLE": "0"},
         "nvls_off": {"NCCL_NVLS_ENABLE": "0"},
         "p2p_level_nvl": {"NCCL_P2P_LEVEL": "NVL"},
         "p2p_off": {"NCCL_P2P_DISABLE": "1"},
@@ -539,8 +540,8 @@ def test_ladder_book_follower_jumps_to_the_leaders_rung(tmp_path: Path) -> None:
     record(book, follower, {"inherited": "hang", "clean": "skipped"})
     no_rung = "no rung up to {} passed for link class SYS (test_p[gpu0-gpu3-SYS])"
     assert book.decide(step(follower, "nvls_off", leader), {}) == RungDecision(False, no_rung.format("nvls_off"))
-    record(book, follower, {"nvls_off": "skipped"})
-    record(book, leader, {"cumem_off": "hang", "p2p_level_nvl": "pass"})
+    record(book, follower, {"nvls_off": "skipped", "cumem_host_off": "skipped"})
+    record(book, leader, {"cumem_host_off": "hang", "cumem_off": "hang", "p2p_level_nvl": "pass"})
     assert book.decide(step(follower, "cumem_off", leader), {}) == RungDecision(False, no_rung.format("cumem_off"))
     record(book, follower, {"cumem_off": "skipped"})
     assert book.decide(step(follower, "p2p_level_nvl", leader), {}) == RungDecision(True)
@@ -565,10 +566,12 @@ def test_ladder_book_follower_of_a_dead_leader_decides_alone(tmp_path: Path) -> 
     assert book.decide(step(follower, "nvls_off", leader), {}) == expected
     record(book, follower, {"nvls_off": "hang"})
     # the next follower decision waits only for the leader's new rung
-    decision = book.decide(step(follower, "cumem_off", leader), {})
-    assert decision == RungDecision(True, f"rung inherited, clean, nvls_off, cumem_off of {leader} {NEVER_DECIDED}")
+    decision = book.decide(step(follower, "cumem_host_off", leader), {})
+    assert decision == RungDecision(
+        True, f"rung inherited, clean, nvls_off, cumem_host_off of {leader} {NEVER_DECIDED}"
+    )
     assert [g["rung"] for g in lines_of(book) if g["outcome"] == "undecided"] == [
-        "inherited", "clean", "nvls_off", "cumem_off"]  # fmt: skip
+        "inherited", "clean", "nvls_off", "cumem_host_off"]  # fmt: skip
 
 
 def test_ladder_book_waits_only_for_selected_rungs(tmp_path: Path) -> None:
@@ -619,7 +622,7 @@ def test_plan_lists_every_pair_per_rung(pytester: pytest.Pytester, run_suite: Ru
     items = collected(run_suite, suite)
     ids = pair_ids(items)
     assert len(NVSWITCH_PAIRS) == 28
-    assert len(ids) == len(set(ids)) == 28 * 10
+    assert len(ids) == len(set(ids)) == 28 * 11
     by_rung: dict[str, list[str]] = {}
     for ident in ids:
         base, _, name = ident.partition("-NV18-")
@@ -644,7 +647,7 @@ def test_plan_inherited_matrix_and_user_rung(pytester: pytest.Pytester, run_suit
     assert len(items) == 56
     assert collected(run_suite, "--matrix=inherited", suite) == items
     with_user = pair_ids(collected(run_suite, "--env-rung=ring:NCCL_ALGO=Ring", suite))
-    assert len(with_user) == 28 * 11
+    assert len(with_user) == 28 * 12
     assert with_user[-28:] == [f"{p}-ring" for p in NVSWITCH_PAIRS]
 
 
@@ -670,7 +673,7 @@ def test_adaptive_runs_only_inherited_on_a_healthy_machine(
 ) -> None:
     result = run_suite(*healthy, f"--junitxml={reports_dir / 'junit.xml'}")
     # Rungs not needed are no tests that could not run: deselected, as pytest counts -k, no JUnit case
-    result.assert_outcomes(passed=3, deselected=27)
+    result.assert_outcomes(passed=3, deselected=30)
     result.stdout.fnmatch_lines(
         [
             "conformance: matrix adaptive, rungs: " + ", ".join(BUILTIN_NAMES),
@@ -699,7 +702,7 @@ def test_adaptive_runs_only_inherited_on_a_healthy_machine(
 
 def test_full_runs_every_rung_for_every_pair(run_suite: RunSuite, reports_dir: Path, healthy: tuple[str, ...]) -> None:
     result = run_suite("--matrix=full", *healthy)
-    result.assert_outcomes(passed=30)
+    result.assert_outcomes(passed=33)
     records = read_records(reports_dir)
     assert sorted((r["ladder_key"], r["env_name"]) for r in records) == sorted(
         itertools.product(HEALTHY_KEYS, BUILTIN_NAMES)
@@ -752,7 +755,7 @@ def test_a_case_that_skips_does_not_climb_the_ladder(
     pytester.makepyfile(test_all=SKIPPING_TEST)
     topology = write_topology(pytester, "three-gpus", HEALTHY_LINKS)
     result = run_suite(f"--topology-file={topology}", *TIMEOUTS, "-rs", "test_all.py")
-    result.assert_outcomes(skipped=1, deselected=9)  # the later rungs are not needed: no tests
+    result.assert_outcomes(skipped=1, deselected=10)  # the later rungs are not needed: no tests
     records = read_records(reports_dir)
     assert [(r["env_name"], r["verdict"], r["summary"]) for r in records] == [
         ("inherited", "skip", "pair_exchange needs exactly 2 ranks, got 3")
@@ -881,7 +884,8 @@ RUNG_REACH_CASES = [
     ("nvls_off", 2, ("NV18",), True),  # the NCCL version unknown: a pair may use NVLS (2.28.7 on)
     ("cumem_host_off", 1, (), False), ("cumem_host_off", 2, ("NV18",), False), ("cumem_host_off", 2, ("SYS",), True),
     ("p2p_level_nvl", 2, ("NV18",), False), ("p2p_level_nvl", 2, ("PIX",), True), ("p2p_level_nvl", 1, (), False),
-    ("p2p_off", 2, ("PXB",), True), ("p2p_off", 1, (), False),
+    ("p2p_off", 2, ("NV18",), True), ("p2p_off", 1, (), False),
+    ("p2p_off", 2, ("PXB",), False),  # SHM, as p2p_level_nvl before it already made it
     ("shm_off", 1, (), True), ("shm_off", 2, ("NODE",), True),
     ("p2p_shm_off", 1, (), False), ("ib_off", 1, (), False), ("net_socket", 2, ("PXB",), True),
     # a set with both kinds of path: a rung for either kind may change it
@@ -907,7 +911,8 @@ def test_rung_relevance_table(rung: str, devices: int, links: tuple[str, ...], c
     assert (reason is None) == changes, reason
     if reason is not None:
         assert reason.startswith(f"rung {rung} cannot change a case ")
-        assert RUNG_REACH[rung].why in reason or "NCCL uses no SHM there" in reason
+        transport = ("NCCL uses no SHM there", "NCCL would use SHM over PXB as on rung p2p_level_nvl")
+        assert RUNG_REACH[rung].why in reason or reason.endswith(transport)
 
 
 @pytest.mark.parametrize(
@@ -968,7 +973,7 @@ def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
     records = {(r["ladder_key"], r["env_name"]): r for r in read_records(reports_dir)}
     leader, same, differs = (f"test_pair[{p}-SYS]" for p in ("gpu0-gpu1", "gpu0-gpu2", "gpu1-gpu2"))
     assert {k: r["verdict"] for k, r in records.items()} == {
-        (leader, "inherited"): "hang", (leader, "p2p_level_nvl"): "pass",
+        (leader, "inherited"): "hang", (leader, "cumem_off"): "hang", (leader, "p2p_level_nvl"): "pass",
         (same, "inherited"): "hang", (same, "p2p_level_nvl"): "pass",
         (differs, "inherited"): "pass",  # found, though its class hangs
     }  # fmt: skip

@@ -129,8 +129,8 @@ def test_under_xdist_every_rung_of_a_device_set_runs_on_one_worker(pytester: pyt
     pytester.makepyfile(test_p=PAIRS_SUITE)
     result = run_suite(TOPOLOGY, "-n", "2", "-v", "-k", "gpu0-gpu1 or gpu2-gpu3", timeout=300)
     outcomes = result.parseoutcomes()  # later rungs not needed: deselected, or skipped where decided after a wait
-    assert outcomes["passed"] == 4 and outcomes.get("skipped", 0) <= 36, outcomes
-    assert sum(d["outcome"] == "skipped" for d in ladder_lines(pytester.path / "reports")) == 36
+    assert outcomes["passed"] == 4 and outcomes.get("skipped", 0) <= 40, outcomes
+    assert sum(d["outcome"] == "skipped" for d in ladder_lines(pytester.path / "reports")) == 40
     workers: dict[str, set[str]] = {}
     for line in result.outlines:
         match = re.match(r"\[(gw\d+)\].* (?:PASSED|SKIPPED) test_p\.py::test_\w+\[(gpu\d-gpu\d)", line)

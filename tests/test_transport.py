@@ -5,11 +5,13 @@ Each row cites the NCCL source it encodes (read in NVIDIA/nccl at the tag named)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from conformance.discover.cpu import cpu_kind, host_cpu
+from conformance.discover.versions import NcclVersions, loaded_nccl_version
 from conformance.plan.matrix import BUILTIN_LADDER
 from conformance.plan.relevance import Between, cannot_change
 from conformance.plan.transport import NcclHost, PairPath, transport_surprise
@@ -131,3 +133,34 @@ def test_the_cpu_is_classified_as_nccl_does(machine: str, cpuinfo: str, kind: st
 
 def test_an_unreadable_cpuinfo_is_an_unknown_cpu(tmp_path: Path) -> None:
     assert host_cpu(tmp_path / "no-cpuinfo") == ""
+
+
+@pytest.mark.parametrize(
+    ("loaded", "pip", "used", "warned"),
+    [
+        ("2.27.5", "2.27.5 (nvidia-nccl-cu12)", "2.27.5", False),
+        ("2.28.9", "2.27.5 (nvidia-nccl-cu12)", "2.28.9", True),  # LD_LIBRARY_PATH or a wheel over torch's pin
+        ("2.21.5", None, "2.21.5", False),  # an NGC or source build: no wheel at all
+        (None, "2.27.5 (nvidia-nccl-cu12)", "2.27.5 (nvidia-nccl-cu12)", False),  # CPU torch: pip's word only
+        (None, None, None, False),
+    ],
+)
+def test_the_nccl_version_is_the_library_loaded_and_pip_is_named_only_where_it_differs(
+    loaded: str | None, pip: str | None, used: str | None, warned: bool
+) -> None:
+    versions = NcclVersions(loaded, pip)
+    assert versions.used == used
+    assert (versions.warning is not None) == warned
+    if warned:
+        assert versions.warning == (
+            "NCCL 2.28.9 is the library torch loads, while pip's 2.27.5 (nvidia-nccl-cu12) says otherwise "
+            "(LD_PRELOAD, LD_LIBRARY_PATH, an NGC or source build, or a wheel installed over torch's pin)"
+        )
+
+
+def test_only_a_cuda_build_of_torch_loads_nccl() -> None:
+    import torch
+
+    loaded = loaded_nccl_version()
+    assert (loaded is None) == (torch.version.cuda is None), loaded
+    assert loaded is None or re.fullmatch(r"\d+\.\d+\.\d+", loaded)

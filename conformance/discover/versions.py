@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from importlib import metadata
 
 SUITE_DISTRIBUTION = "gpu-conformance"  # this suite's own package, as pip names it
@@ -18,6 +19,47 @@ def package_version(name: str) -> str | None:
 def suite_version() -> str | None:
     """The installed version of this suite (None: not installed, e.g. run from a bare checkout)."""
     return package_version(SUITE_DISTRIBUTION)
+
+
+def loaded_nccl_version() -> str | None:
+    """The NCCL the torch of this process loads (``torch.cuda.nccl.version()``); None on CPU torch.
+
+    What the dynamic loader found: LD_PRELOAD, LD_LIBRARY_PATH and NGC or source builds included.
+    """
+    try:
+        import torch
+
+        return ".".join(str(part) for part in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
+    except Exception:  # a CPU build has no NCCL: torch raises AttributeError or RuntimeError, by version
+        return None
+
+
+@dataclass(frozen=True)
+class NcclVersions:
+    """The NCCL a run uses, and pip's word where it differs."""
+
+    loaded: str | None  # what torch loads; None: not known here (CPU torch)
+    pip: str | None  # nvidia-nccl-cu* metadata, e.g. "2.27.5 (nvidia-nccl-cu12)"
+
+    @property
+    def used(self) -> str | None:
+        """The version the run tests: the library loaded, else pip's."""
+        return self.loaded or self.pip
+
+    @property
+    def warning(self) -> str | None:
+        """A warning where pip's metadata names another version than the library loaded."""
+        pip_version = (self.pip or "").split(" ")[0]
+        if not self.loaded or not pip_version or pip_version == self.loaded:
+            return None
+        return (
+            f"NCCL {self.loaded} is the library torch loads, while pip's {self.pip} says otherwise "
+            "(LD_PRELOAD, LD_LIBRARY_PATH, an NGC or source build, or a wheel installed over torch's pin)"
+        )
+
+
+def nccl_versions() -> NcclVersions:
+    return NcclVersions(loaded_nccl_version(), nccl_wheel_version())
 
 
 def nccl_wheel_version() -> str | None:

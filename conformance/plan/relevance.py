@@ -159,7 +159,10 @@ def _same_transports(
         if host.transports(between.paths, between.devices, ladder[i].effective(environ)) == mine:
             summary = host.summary(between.paths, between.devices, ladder[k].effective(environ))
             uses = ", ".join(f"{transport} over {link}" for link, transport in summary.items())
-            return f"rung {ladder[k].name} cannot change a case: NCCL would use {uses} as on rung {ladder[i].name}"
+            where, earlier = ", ".join(between.links), ladder[i].name
+            return (
+                f"rung {ladder[k].name} cannot change a case over {where}: NCCL would use {uses} as on rung {earlier}"
+            )
     return None
 
 

@@ -262,7 +262,8 @@ class RunFacts:
     backend: str | None = None
     topology: JsonObject | None = None  # as ``Topology.to_json`` wrote it
     torch: str | None = None
-    nccl: str | None = None
+    nccl: str | None = None  # the NCCL torch loads (pip's nvidia-nccl-cu* version where that is not known)
+    nccl_warning: str | None = None  # pip's metadata names another NCCL than the one loaded
     inherited_env: Mapping[str, str] = field(default_factory=dict)
     simulated: bool = False
     scenario: str | None = None

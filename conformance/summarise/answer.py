@@ -307,6 +307,10 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         harness_errors=recommendation.harness_errors,
         cpu_only=run.facts.cpu_only,
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
-        warnings=_host_warnings(run.usable_records) + _transport_warnings(counted),
+        warnings=(
+            *([f"WARNING {run.facts.nccl_warning}"] if run.facts.nccl_warning else []),
+            *_host_warnings(run.usable_records),
+            *_transport_warnings(counted),
+        ),
         watched=tuple(run_watch_findings(run)),
     )
