@@ -793,7 +793,8 @@ def bridged_box() -> FakeMachine:
     return FakeMachine(
         gpus,
         ancestors=matrix(4, lambda i, j: TOPOLOGY_SYSTEM if i // 2 != j // 2 else TOPOLOGY_HOSTBRIDGE),
-        p2p=p2p_matrix(4, lambda i, j, cap: P2P_OK),
+        # NVML's NVLINK capability answers OK only for the bridged pairs, as the real one does
+        p2p=p2p_matrix(4, lambda i, j, cap: P2P_NOT_SUPPORTED if cap == CAPS_NVLINK and i // 2 != j // 2 else P2P_OK),
         driver="470.256.02",
         cuda=11040,
     )

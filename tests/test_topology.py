@@ -577,20 +577,20 @@ def test_whole_gpu_with_mig_on_is_listed_with_its_mode(monkeypatch: pytest.Monke
 
 
 # --------------------------------------------------------------------------------------------
-# NVLink state NVML will not give: PCIe class and a note
+# NVLink state NVML will not give: NV? where NVML's P2P status says NVLink, else the PCIe class; a note
 # --------------------------------------------------------------------------------------------
 
 NO_PERMISSION_NOTE = (
     "NVLink state of gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7 unknown (Insufficient Permissions): "
-    "PCIe class shown"
+    "NVML's P2P status says NVLink (NV?)"
 )
 
 
 def test_container_without_permission_for_nvlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVSwitch pairs keep their NVLink class (and NVLink rungs): NVML's P2P status NVLINK capability says so."""
     machine = with_failures(nv.nvswitch_box(), Failure("nvmlDeviceGetNvLinkState", nv.ERROR_NO_PERMISSION))
     found, _ = discovered(monkeypatch, machine)
-    assert found.links["gpu0-gpu1"] == "NODE" and found.links["gpu0-gpu7"] == "SYS"
-    assert set(found.links.values()) == {"NODE", "SYS"}
+    assert set(found.links.values()) == {"NV?"}
     assert found.link_notes == dict.fromkeys(found.links, NO_PERMISSION_NOTE)
     assert link_note_lines(found) == [f"{NO_PERMISSION_NOTE} (28 pairs)"]
     assert all(status == ALL_OK for status in found.p2p.values())
@@ -601,11 +601,11 @@ def test_one_gpu_without_nvlink_state(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = with_failures(nv.nvswitch_box(), Failure("nvmlDeviceGetNvLinkState", nv.ERROR_NO_PERMISSION, gpu=2))
     found, _ = discovered(monkeypatch, machine)
     assert link_matrix_lines(found)[1:4] == [
-        "gpu0  X     NV18  NODE  NV18  NV18  NV18  NV18  NV18  0",
-        "gpu1  NV18  X     NODE  NV18  NV18  NV18  NV18  NV18  0",
-        "gpu2  NODE  NODE  X     NODE  SYS   SYS   SYS   SYS   0",
+        "gpu0  X     NV18  NV?   NV18  NV18  NV18  NV18  NV18  0",
+        "gpu1  NV18  X     NV?   NV18  NV18  NV18  NV18  NV18  0",
+        "gpu2  NV?   NV?   X     NV?   NV?   NV?   NV?   NV?   0",
     ]
-    note = "NVLink state of gpu2 unknown (Insufficient Permissions): PCIe class shown"
+    note = "NVLink state of gpu2 unknown (Insufficient Permissions): NVML's P2P status says NVLink (NV?)"
     assert found.link_notes == {key: note for key in found.links if "gpu2" in key.split("-")}
     assert link_note_lines(found) == [f"{note} (7 pairs)"]
 
@@ -614,21 +614,27 @@ def test_unknown_error_in_the_middle_of_a_scan(monkeypatch: pytest.MonkeyPatch) 
     """Links counted before the error are not trusted: the GPU's pairs fall back as a whole."""
     failure = Failure("nvmlDeviceGetNvLinkRemoteDeviceType", nv.ERROR_UNKNOWN, gpu=5)
     found, _ = discovered(monkeypatch, with_failures(nv.nvswitch_box(), failure))
-    assert (found.links["gpu4-gpu5"], found.links["gpu1-gpu5"], found.links["gpu4-gpu6"]) == ("NODE", "SYS", "NV18")
-    assert set(found.link_notes.values()) == {"NVLink state of gpu5 unknown (Unknown Error): PCIe class shown"}
+    assert (found.links["gpu4-gpu5"], found.links["gpu1-gpu5"], found.links["gpu4-gpu6"]) == ("NV?", "NV?", "NV18")
+    assert set(found.link_notes.values()) == {
+        "NVLink state of gpu5 unknown (Unknown Error): NVML's P2P status says NVLink (NV?)"
+    }
 
 
 def test_driver_without_remote_pci_info_v2(monkeypatch: pytest.MonkeyPatch) -> None:
     found, _ = discovered(monkeypatch, without(nv.bridged_box(), "nvmlDeviceGetNvLinkRemotePciInfo_v2"))
-    assert link_matrix_lines(found)[1:3] == ["gpu0  X     PHB   SYS   SYS   N/A", "gpu1  PHB   X     SYS   SYS   N/A"]
-    note = "NVLink state of gpu0, gpu1, gpu2, gpu3 unknown (Function Not Found): PCIe class shown"
-    assert link_note_lines(found) == [f"{note} (6 pairs)"]
+    # the bridged pairs keep NVLink by NVML's P2P status; the others are PCIe, as their status says
+    assert link_matrix_lines(found)[1:3] == ["gpu0  X     NV?   SYS   SYS   N/A", "gpu1  NV?   X     SYS   SYS   N/A"]
+    note = "NVLink state of gpu0, gpu1, gpu2, gpu3 unknown (Function Not Found): "
+    assert link_note_lines(found) == [
+        f"{note}NVML's P2P status says NVLink (NV?) (pairs gpu0-gpu1 gpu2-gpu3)",
+        f"{note}PCIe class shown (4 pairs)",
+    ]
     assert [d.mig for d in found.devices] == [False, False, False, True]
 
 
 def test_driver_without_remote_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
     found, _ = discovered(monkeypatch, without(nv.nvswitch_box(), "nvmlDeviceGetNvLinkRemoteDeviceType"))
-    assert (found.links["gpu0-gpu1"], found.links["gpu0-gpu7"]) == ("NODE", "SYS")
+    assert (found.links["gpu0-gpu1"], found.links["gpu0-gpu7"]) == ("NV?", "NV?")
     assert len(found.link_notes) == 28
 
 
@@ -889,9 +895,9 @@ def test_cli_table_shows_link_notes_under_the_matrix(monkeypatch: pytest.MonkeyP
     assert main(["topology"]) == 0
     out = capsys.readouterr().out
     assert (
-        "gpu2  NODE  NODE  X     0\n"
-        "Note: NVLink state of gpu0, gpu1, gpu2 unknown (Insufficient Permissions): PCIe class shown "
-        "(pairs gpu0-gpu1 gpu0-gpu2 gpu1-gpu2)\n"
+        "gpu2  NV?   NV?   X     0\n"
+        "Note: NVLink state of gpu0, gpu1, gpu2 unknown (Insufficient Permissions): NVML's P2P status says NVLink "
+        "(NV?) (pairs gpu0-gpu1 gpu0-gpu2 gpu1-gpu2)\n"
         "\nNVML P2P status: OK for every pair\n"
     ) in out
 

@@ -39,6 +39,8 @@ TRANSPORT_TABLE = [
     # NVLink: P2P at every level but LOC; NVLS on pairs from 2.28.7 (nvls.cc), not before
     ("NV18", True, "intel", 2, "2.27.3", "P2P", ["cumem_off", "p2p_off", "p2p_shm_off", "net_socket"]),
     ("NV18", True, "intel", 2, "2.28.7", "P2P", ["nvls_off", "cumem_off", "p2p_off", "p2p_shm_off", "net_socket"]),
+    # NV?: NVLink by NVML's P2P status, its link count unknown (NVLink queries denied): still NVLink rungs
+    ("NV?", True, "intel", 2, "2.27.3", "P2P", ["cumem_off", "p2p_off", "p2p_shm_off", "net_socket"]),
     # paths.cc v2.18.3-1 ..: NVML not OK over NVLink fails NCCL's init (WARN ... NCCL_IGNORE_DISABLED_P2P)
     ("NV4", False, "intel", 2, "2.27.3", "REFUSED", ["cumem_off", "p2p_off", "p2p_shm_off", "net_socket"]),
     # NCCL version unknown: the newest rule (PXB), every version-dependent rung tried

@@ -38,7 +38,9 @@ def pcie_gbps(health: GpuHealth | None) -> float | None:
 
 def pair_rate_gbps(link: str, first: GpuHealth | None, second: GpuHealth | None) -> float | None:
     """The physical rate of a pair's link class (``NV18``, ``PIX`` ...), or None where a fact is missing."""
-    if link.startswith("NV") and link[2:].isdigit():
+    if link.startswith("NV"):
+        if not link[2:].isdigit():
+            return None  # NV?: NVLink, its count unknown
         version = (first or GpuHealth()).nvlink_version
         return None if version not in NVLINK_GBPS else int(link[2:]) * NVLINK_GBPS[version]
     rates = [rate for rate in (pcie_gbps(first), pcie_gbps(second)) if rate is not None]

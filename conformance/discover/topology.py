@@ -59,6 +59,7 @@ from conformance.discover.watch import (
 
 CPU_LINK = "CPU"
 UNKNOWN_LINK = "?"
+NVLINK_UNKNOWN_COUNT = "NV?"  # NVLink by NVML's P2P status, the number of links unknown
 UNKNOWN_P2P = "UNKNOWN"
 MIB = 1024 * 1024
 SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")  # where the NUMA node is read when NVML cannot say
@@ -599,10 +600,13 @@ class _NvmlReader:
         for a, b in combinations(devices, 2):
             key = pair_key(a, b)
             count = _nvlink_count(a, b, scans)
+            p2p[key] = {cap: self.p2p_status(a, b, constant, names) for cap, constant in P2P_CAPS}
             links[key] = f"NV{count}" if count else self.pcie_class(a, b)
             if count is None:
                 notes[key] = unknown_notes.get(a.name) or unknown_notes[b.name]
-            p2p[key] = {cap: self.p2p_status(a, b, constant, names) for cap, constant in P2P_CAPS}
+                if p2p[key]["nvlink"] == "OK":  # NVML's P2P status still says NVLink: keep it an NVLink pair
+                    links[key] = NVLINK_UNKNOWN_COUNT
+                    notes[key] = notes[key].replace(": PCIe class shown", ": NVML's P2P status says NVLink (NV?)")
         return links, p2p, notes
 
     def nvlinks(self, gpu: Device) -> NvLinkScan:

@@ -12,14 +12,12 @@ memory backs SHM), so they are tried only where that is there.  Paths NCCL's rul
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from conformance.plan.matrix import Rung
-from conformance.plan.transport import NET, SHM, NcclHost, PairPath, version_tuple
+from conformance.plan.transport import NET, NVLINK, SHM, NcclHost, PairPath, version_tuple
 
-NVLINK = re.compile(r"NV\d+")
 PCIE_PATHS = frozenset({"PIX", "PXB", "PHB", "NODE", "SYS"})
 
 

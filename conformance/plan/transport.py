@@ -28,7 +28,9 @@ P2P, SHM, NET, REFUSED = "P2P", "SHM", "NET", "REFUSED"  # REFUSED: NCCL's init 
 # NCCL's path types, nearest first (src/graph/topo.h, v2.28.9-1: LOC NVL NVB C2C PIX PXB P2C PXN PHB SYS).
 NCCL_PATHS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
 OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # levelsOldToNew, paths.cc v2.28.9-1
-NVLINK = re.compile(r"NV\d+")
+# NVLink: nvidia-smi's NV<n>, or NV? where NVML's P2P status says NVLink but the link count is unknown
+# (NVLink queries denied in a container: discover/topology.py).
+NVLINK = re.compile(r"NV(?:\d+|\?)")
 SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
 PXB_DEFAULT_FROM = (2, 23, 0)  # paths.cc v2.23.4-1: default level PXB; v2.22.3-1 and before: SYS
 OLDEST_RULE_KNOWN = (2, 9, 0)  # paths.cc v2.7.8-1 still had Intel PHB (PXB on Broadwell): not modelled
