@@ -1081,3 +1081,35 @@ def test_module_entry_point_refuses_a_bad_selection_in_one_line() -> None:
     )
     fine = run_module("topology", "--json", machine=nv.pcie_box(), CUDA_VISIBLE_DEVICES="0,1")
     assert (fine.returncode, fine.stderr, json.loads(fine.stdout)["links"]) == (0, "", {"gpu0-gpu1": "PIX"})
+
+
+def mixed_models() -> FakeMachine:
+    """The bridged box with gpu3 another model: CUDA's fastest-first order and the PCI order may differ."""
+    machine = nv.bridged_box()
+    machine.gpus[3].name = "NVIDIA A40"
+    machine.gpus[3].migs = []
+    return machine
+
+
+def test_indices_on_a_box_of_mixed_models_are_refused_unless_cuda_orders_by_pci_bus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    message = selection_error(monkeypatch, mixed_models(), "0,3")
+    assert message.startswith(
+        "CUDA_VISIBLE_DEVICES='0,3' selects GPUs by index on a machine of mixed models (NVIDIA A100 80GB PCIe, "
+        "NVIDIA A40): CUDA numbers them fastest first (CUDA_DEVICE_ORDER=unset, default FASTEST_FIRST), NVML and "
+        "nvidia-smi by PCI bus, so index 0 may be another GPU for the ranks than for this suite; set "
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID or list GPU- UUIDs; this machine has "
+    )
+    found, _ = discovered(
+        monkeypatch, mixed_models(), {"CUDA_VISIBLE_DEVICES": "0,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    )
+    assert [(d.name, d.nvml_index, d.model) for d in found.devices] == [
+        ("gpu0", 0, "NVIDIA A100 80GB PCIe"), ("gpu1", 3, "NVIDIA A40")
+    ]  # fmt: skip
+    uuid = mixed_models().gpus[3].uuid
+    found, _ = discovered(monkeypatch, mixed_models(), {"CUDA_VISIBLE_DEVICES": uuid})
+    assert [d.model for d in found.devices] == ["NVIDIA A40"]
+    # one model: the orders agree (CUDA breaks ties by PCI bus id), so indices are read as they are
+    found, _ = discovered(monkeypatch, nv.nvswitch_box(), {"CUDA_VISIBLE_DEVICES": "1,0"})
+    assert [d.nvml_index for d in found.devices] == [1, 0]

@@ -342,18 +342,23 @@ def _or_na(value: int | None) -> str:
 
 
 def _visible_filter(
-    gpus: list[Device], visible: str | None, find_mig_parent: Callable[[str], Device | None] = lambda entry: None
+    gpus: list[Device],
+    visible: str | None,
+    find_mig_parent: Callable[[str], Device | None] = lambda entry: None,
+    device_order: str | None = None,
 ) -> list[Device]:
     """Keep and renumber the GPUs CUDA_VISIBLE_DEVICES selects; raise DeviceSelectionError for a bad entry.
 
     ``gpus`` are numbered as NVML numbers them; the chosen ones keep that number as ``nvml_index``.
-    ``find_mig_parent`` names the GPU a ``MIG-`` entry belongs to, for the message.
+    ``find_mig_parent`` names the GPU a ``MIG-`` entry belongs to, for the message.  ``device_order``:
+    CUDA_DEVICE_ORDER, which decides what CUDA means by an index.
     """
     if visible is None:
         return gpus
     entries = [entry.strip() for entry in visible.split(",")]
     if entries == [""] or entries[0] == "-1":
         return []
+    _refuse_fastest_first_indices(visible, entries, gpus, device_order)
     chosen: dict[int, str] = {}  # NVML index -> the entry that chose it
     for entry in entries:
         gpu = _resolve_entry(entry, gpus, visible, find_mig_parent)
@@ -365,6 +370,28 @@ def _visible_filter(
         replace(gpu, name=f"gpu{i}", index=i, nvml_index=gpu.index if gpu.nvml_index is None else gpu.nvml_index)
         for i, gpu in enumerate(by_index[index] for index in chosen)
     ]
+
+
+def _refuse_fastest_first_indices(
+    visible: str, entries: Sequence[str], gpus: Sequence[Device], device_order: str | None
+) -> None:
+    """Refuse indices CUDA would read otherwise than NVML: its default order is FASTEST_FIRST.
+
+    CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA Programming Guide,
+    "CUDA Environment Variables"); NVML numbers them by PCI bus.  The orders agree on a box of one
+    model (CUDA breaks ties by PCI bus id), not on a box of mixed models.
+    """
+    models = sorted({gpu.model or "?" for gpu in gpus})
+    indices = [entry for entry in entries if entry.isascii() and entry.isdigit()]
+    if not indices or len(models) < 2 or (device_order or "").strip() == "PCI_BUS_ID":
+        return
+    raise DeviceSelectionError(
+        f"CUDA_VISIBLE_DEVICES={visible!r} selects GPUs by index on a machine of mixed models ({', '.join(models)}): "
+        f"CUDA numbers them fastest first (CUDA_DEVICE_ORDER={device_order or 'unset'}, default FASTEST_FIRST), "
+        "NVML and nvidia-smi by PCI bus, so index "
+        f"{indices[0]} may be another GPU for the ranks than for this suite; set CUDA_DEVICE_ORDER=PCI_BUS_ID "
+        f"or list GPU- UUIDs; this machine has {_machine_text(gpus)}"
+    )
 
 
 def _resolve_entry(
@@ -665,13 +692,13 @@ class NvmlView:
     listed: tuple[str, ...] | None  # every GPU NVML lists, CUDA_VISIBLE_DEVICES or not; None: NVML failed
 
 
-def _read_nvml(nvml: Any, visible: str | None) -> NvmlView:
+def _read_nvml(nvml: Any, visible: str | None, device_order: str | None = None) -> NvmlView:
     reader = _NvmlReader(nvml)
     listed = reader.list_gpus()
     bus_ids = tuple(sysfs_bus_id(gpu.pci_bus_id or "") for gpu in listed)
     if not listed:
         return NvmlView(None, NVML_NO_GPU, bus_ids)
-    chosen = _visible_filter(listed, visible, lambda entry: reader.mig_parent(listed, entry))
+    chosen = _visible_filter(listed, visible, lambda entry: reader.mig_parent(listed, entry), device_order)
     if not chosen:
         return NvmlView(None, HIDE_EVERY_GPU, bus_ids)
     devices = tuple(reader.describe(gpu) for gpu in chosen)
@@ -695,7 +722,7 @@ def nvml_view(environ: Mapping[str, str]) -> NvmlView:
     if nvml is None:
         return NvmlView(None, reason, None)
     try:
-        return _read_nvml(nvml, environ.get("CUDA_VISIBLE_DEVICES"))
+        return _read_nvml(nvml, environ.get("CUDA_VISIBLE_DEVICES"), environ.get("CUDA_DEVICE_ORDER"))
     finally:
         try:
             nvml.nvmlShutdown()
