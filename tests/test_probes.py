@@ -221,3 +221,30 @@ def test_a_rank_uses_one_cpu_thread_unless_omp_num_threads_says(
     run_suite("--virtual-devices=2").assert_outcomes(passed=1)
     (record,) = read_records(reports_dir)
     assert record["metrics"]["cpu_threads"] == expected
+
+
+@pytest.mark.parametrize(
+    ("found", "expected", "problem"),
+    [
+        ("5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70", "GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70", None),
+        (
+            "00000000-0b7d-4c3e-9a1f-2b3c4d5e6f70", "GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70",
+            "cuda:1 is 00000000-0b7d-4c3e-9a1f-2b3c4d5e6f70, not GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70 "
+            "(CUDA_VISIBLE_DEVICES='GPU-a,GPU-b')",
+        ),
+        # a UUID form the check cannot read fails loudly instead of passing unchecked
+        (
+            "GPU-5f1c9a2e", "GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70",
+            "torch's UUID for cuda:1 is 'GPU-5f1c9a2e', not 32 hex digits: the rank cannot check that it runs on "
+            "the GPU chosen",
+        ),
+        ("", "GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70", "torch's UUID for cuda:1 is '', not 32 hex digits: *"),
+    ],
+)  # fmt: skip
+def test_the_rank_identity_check_compares_or_fails(found: str, expected: str, problem: str | None) -> None:
+    from fnmatch import fnmatchcase
+
+    from conformance.rank.context import identity_problem
+
+    got = identity_problem(1, found, expected, "GPU-a,GPU-b")
+    assert got == problem if problem is None or "*" not in problem else fnmatchcase(got or "", problem), got

@@ -53,6 +53,19 @@ def uuid_digits(uuid: str) -> str:
     return re.sub(r"[^0-9a-f]", "", uuid.lower().removeprefix("gpu-"))
 
 
+def identity_problem(ordinal: int | None, found: str, expected: str, visible: str | None) -> str | None:
+    """Why the GPU at ``cuda:<ordinal>`` (torch's UUID ``found``) is not NVML's ``expected``; None when it is.
+
+    A UUID that is not 32 hex digits cannot be compared: that fails too, rather than passing unchecked.
+    """
+    for whose, uuid in ((f"torch's UUID for cuda:{ordinal}", found), ("the suite's UUID", expected)):
+        if len(uuid_digits(uuid)) != 32:
+            return f"{whose} is {uuid!r}, not 32 hex digits: the rank cannot check that it runs on the GPU chosen"
+    if uuid_digits(found) != uuid_digits(expected):
+        return f"cuda:{ordinal} is {found}, not {expected} (CUDA_VISIBLE_DEVICES={visible!r})"
+    return None
+
+
 class RankContext:
     def __init__(self, case: CaseFile, rank: int, rank_path: Path) -> None:
         self.case = case
@@ -105,11 +118,12 @@ class RankContext:
         properties = torch.cuda.get_device_properties(self.torch_device)
         found = str(getattr(properties, "uuid", "") or "")
         self.metrics["cuda_device"] = {"ordinal": self.torch_device.index, "uuid": found or None}
-        if len(uuid_digits(found)) == 32 and uuid_digits(found) != uuid_digits(self.device.uuid):
-            raise RuntimeError(
-                f"cuda:{self.torch_device.index} is {found}, not {self.device.uuid} "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
-            )
+        problem = identity_problem(
+            self.torch_device.index, found, self.device.uuid, os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        if problem:
+            raise RuntimeError(problem)
+        self.metrics["cuda_device"]["compared"] = True  # the smoke run checks that the check compared
 
     def phase(self, name: str, step: str = "", facts: Mapping[str, Any] | None = None) -> None:
         """Report entering a phase (the parent reads this file) and apply the scenario's faults.
