@@ -1,7 +1,9 @@
 """The files a case shares between the parent and its ranks, and the rank exit-code table.
 
     <case dir>/case.json          the case spec, written by the parent before the ranks start
-    <case dir>/store              the case's own FileStore (rendezvous), removed after the case
+    $TMPDIR/conformance-stores/<digest of the case dir>.store
+                                  the case's own FileStore (rendezvous), local even when the case dir is
+                                  on NFS (FileStore locks its file), removed after the case
     <case dir>/rank<k>/stdout.log, stderr.log   the rank's output (stacks are dumped to stderr.log)
     <case dir>/rank<k>/phase.jsonl              one line per phase the rank entered
     <case dir>/rank<k>/result.json              the rank's structured result (authoritative)
@@ -18,8 +20,10 @@ that died before writing result.json (``STATUS_BY_EXIT``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -29,6 +33,17 @@ from conformance.common.jsonl import JsonlError, read_lines
 
 CASE_SPEC = "case.json"
 STORE = "store"
+# FileStore locks its file; on NFS (a reports dir on a shared file system) locks are slow or broken, so
+# the store lives in a local temporary folder instead, named after the case folder.
+LOCAL_STORES = "conformance-stores"
+
+
+def local_store_path(case_dir: Path) -> Path:
+    """Where the case's FileStore lives: a local temporary folder (``$TMPDIR``), one file per case folder."""
+    digest = hashlib.sha256(str(case_dir.resolve()).encode()).hexdigest()[:24]
+    return Path(tempfile.gettempdir()) / LOCAL_STORES / f"{digest}.store"
+
+
 STDOUT = "stdout.log"
 STDERR = "stderr.log"
 PHASES = "phase.jsonl"
@@ -86,6 +101,7 @@ class CaseFile:
     single_process: bool = False
     set_kind: str = "all"
     links: tuple[str, ...] = ()
+    store_file: str = ""  # the case's FileStore (local_store_path); "" in older case files: <case dir>/store
     p2p_links: tuple[str, ...] = ()  # the link classes NCCL would use P2P over here (plan/transport.py)
     visible: tuple[str, ...] = ()  # the GPUs the ranks see, in order (UUIDs)
     params: Mapping[str, Any] = field(default_factory=dict)  # the probe's own parameters (JSON)

@@ -118,6 +118,14 @@ class CaseResult:
         return min(values) if values else None
 
 
+def local_store(case_dir: Path) -> Path:
+    """The case's FileStore path, its folder made (a local temporary folder: casefiles.local_store_path)."""
+    path = casefiles.local_store_path(case_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a store left by a killed run of the same case folder starts afresh
+    return path
+
+
 def case_dir_name(nodeid: str) -> str:
     name = nodeid.split("/")[-1].replace("::", "--")
     return re.sub(r"[^A-Za-z0-9._\-\[\]]", "_", name)[:180]
@@ -209,6 +217,7 @@ class CaseRunner:
             single_process=spec.single_process,
             set_kind=spec.set_kind,
             links=spec.links,
+            store_file=str(local_store(case_dir)),
             p2p_links=tuple(link for link, used in spec.predicted.items() if P2P in used.split("+")),
             visible=tuple(device_id(d) for d in spec.seen),
             params=dict(spec.params),
@@ -286,7 +295,7 @@ class CaseRunner:
         finally:
             if processes.ended:
                 self.live.pop(processes.pgid, None)
-            (case_dir / casefiles.STORE).unlink(missing_ok=True)
+            casefiles.local_store_path(case_dir).unlink(missing_ok=True)
         return processes.ranks, supervision
 
     def sweep(self) -> list[int]:

@@ -116,7 +116,8 @@ def case_store(ctx: RankContext, case_dir: Path) -> Any:
         ctx.phase("control", f"connect to node 0's store {meeting.host}:{meeting.port}")
         client = dist.TCPStore(meeting.host, meeting.port, wait_for_workers=False, timeout=timeout)  # type: ignore[attr-defined]
         return dist.PrefixStore(meeting.prefix, client)  # type: ignore[attr-defined]
-    store = dist.FileStore(str(case_dir / casefiles.STORE), ctx.world_size)  # type: ignore[attr-defined]
+    path = ctx.case.store_file or str(case_dir / casefiles.STORE)
+    store = dist.FileStore(path, ctx.world_size)  # type: ignore[attr-defined]
     store.set_timeout(timeout)
     return store
 
