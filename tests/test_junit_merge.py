@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,23 @@ def test_a_junit_file_copied_away_from_its_run_is_refused(tmp_path: Path, capsys
     assert load_run(tmp_path / "elsewhere").facts == RunFacts.from_json(
         json.loads((tmp_path / "elsewhere" / "run.json").read_text())
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("compare", "{j}", "{j}"), ("report", "{j}"), ("recommend", "{j}"), ("merge-junit", "-o", "{o}", "{j}")],
+)
+def test_without_junitparser_a_junit_file_ends_in_one_line_naming_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    """Some GPU images lack junitparser: one line naming it, exit status 2, no traceback."""
+    from conformance.cli.main import main
+
+    junit = tmp_path / "run.xml"
+    junit.write_text('<testsuites name="pytest tests"></testsuites>')
+    monkeypatch.setitem(sys.modules, "junitparser", None)  # import junitparser raises ImportError
+    status = main([a.format(j=junit, o=tmp_path / "out.xml") for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert "needs the Python package junitparser (pip install 'junitparser>=3'); it is not installed here" in err[0]
+    assert "Traceback" not in err[0]

@@ -114,3 +114,16 @@ def _one_type_words(hint: Any) -> str:
     if hint in SCALAR_WORDS:
         return SCALAR_WORDS[hint]
     return "a list" if _is_container(hint) and (typing.get_origin(hint) or hint) in (tuple, list) else "an object"
+
+
+# junitparser is absent from some GPU images: a command given a JUnit file says so in one line.
+NO_JUNITPARSER = "reading a JUnit file needs the Python package junitparser (pip install 'junitparser>=3')"
+
+
+def junitparser_missing() -> bool:
+    """Whether junitparser cannot be imported here."""
+    try:
+        import junitparser  # noqa: F401
+    except ImportError:
+        return True
+    return False

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.common.inputs import json_type_name, wrong_field_type
+from conformance.common.inputs import NO_JUNITPARSER, json_type_name, junitparser_missing, wrong_field_type
 from conformance.common.jsonl import JsonlError, read_lines
 from conformance.record.records import SCHEMA, CaseRecord, FactsError, JunitRun, RunFacts
 from conformance.record.results import LATEST, RESULTS_FILE
@@ -172,6 +172,8 @@ def read_junit(path: Path) -> Run:
     its run folder is not enough: RunError naming the results file it looked for, saying to pass
     the run folder; RunError too for a file in which no testsuite names a run (not this suite's).
     """
+    if junitparser_missing():
+        raise RunError(f"{path}: {NO_JUNITPARSER}; it is not installed here (or pass the run folder)")
     from junitparser import JUnitXml, TestSuite
     from junitparser.junitparser import JUnitXmlError
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from conformance.common.inputs import NO_JUNITPARSER, junitparser_missing
 from conformance.record.records import JunitRun
 from conformance.record.results import RESULTS_FILE
 from conformance.record.runs import RUN_FACTS, Run, RunError, read_jsonl, read_run_facts, suite_run
@@ -77,6 +78,8 @@ class Input:
 
 def read_suites(path: Path) -> list[Any]:
     """The ``<testsuite>`` elements of one JUnit file (a bare ``<testsuite>`` root counts as one)."""
+    if junitparser_missing():
+        raise MergeError(f"{path}: {NO_JUNITPARSER}; it is not installed here")
     from junitparser import JUnitXml
     from junitparser.junitparser import JUnitXmlError
 
@@ -218,10 +221,12 @@ def _twice(inputs: Sequence[Input]) -> list[str]:
 
 def merge(out: Path, inputs: Sequence[Path]) -> Merge:
     """Merge ``inputs`` into ``out`` with each suite's run facts; MergeError for bad input, before OUT is touched."""
-    from junitparser import JUnitXml
-
     if not inputs:
         raise MergeError("no input JUnit files given")
+    if junitparser_missing():
+        raise MergeError(f"merging JUnit files: {NO_JUNITPARSER}; it is not installed here")
+    from junitparser import JUnitXml
+
     _check_output(out, inputs)
     _check_inputs_named_once(inputs)
     read = [_read_input(path) for path in inputs]
