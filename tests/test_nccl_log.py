@@ -746,6 +746,7 @@ def test_to_record_is_json_and_exact() -> None:
         "warnings": ["NET/IB : Got async event : port error"],
         "p2p_warnings": [],
         "incomplete_inits": ["0x5632b0001230"],
+        "completed_inits": 1,
     }
 
 

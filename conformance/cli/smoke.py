@@ -10,7 +10,11 @@ checks, each through the suite's own harness:
 * a world of one passes;
 * a real CUDA out-of-memory in a rank is ``error`` with OutOfMemoryError and that rank the root cause;
 * a rank spinning in a CUDA kernel is stopped at the deadline with its stack and reaped (timed:
-  the figure for the GPU stop ladder in ``deadlines.py``);
+  the figure for the GPU stop ladder in ``deadlines.py``), stopped in its kernel (fork -> init ->
+  probe times printed), not while CUDA and NCCL were starting;
+* the NCCL log's version, ``torch.cuda.nccl.version()`` and pip's (a difference shown); NCCL's
+  ``Init COMPLETE`` logged with the rank past init; the rank's CUDA UUID equal to NVML's, compared;
+* NVML's CUDA driver version at least torch's CUDA; the machine-health checks one GPU can run;
 * a device-to-device copy timed by the probes' code is within 10% of CUDA events' timing;
 * a ``MIG-`` or unknown ``GPU-`` entry in CUDA_VISIBLE_DEVICES stops ``pytest`` with exit status 4.
 
@@ -27,26 +31,31 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from conformance.cli.common import fail
+from conformance.cli.smoke_checks import (
+    FAIL,
+    NOT_RUN,
+    PASS,
+    Check,
+    driver_covers_torch,
+    health_snapshot,
+    init_complete_in_init,
+    nccl_versions_agree,
+    spin_placement,
+    uuid_compared,
+)
+from conformance.common.casefiles import rank_dir, read_phases
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines
 from conformance.discover.topology import Topology, TopologyError, discover
-from conformance.discover.versions import SUITE_DISTRIBUTION, package_version
+from conformance.discover.versions import SUITE_DISTRIBUTION, nccl_wheel_version, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
 
-PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 COPY_TIMING_TOLERANCE = 0.10
 SUITE_TIMEOUT = 3600
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str
 
 
 def versions() -> dict[str, str | None]:
@@ -108,14 +117,23 @@ def nvidia_descriptors(pid: int) -> list[str]:
     return sorted(set(found))
 
 
-def world_of_one_and_forkserver(runner: CaseRunner, topology: Topology) -> list[Check]:
+def world_of_one_and_forkserver(runner: CaseRunner, topology: Topology, found: dict[str, str | None]) -> list[Check]:
     result = case(runner, topology, "all_reduce", sizes=[4, 1 << 20])
     one = Check("world of one (NCCL all-reduce, checked)", PASS if result.verdict == "pass" else FAIL,
                 f"{result.verdict} {result.decision.summary}".strip())  # fmt: skip
     server = runner.server.proc
     held = nvidia_descriptors(server.pid) if server is not None else ["no forkserver"]
     fork = Check("forkserver holds no /dev/nvidia* descriptor", FAIL if held else PASS, ", ".join(held) or "none")
-    return [one, fork]
+    nccl = result.nccl or {}
+    metrics = result.reports[0].metrics if result.reports else {}
+    phases = read_phases(rank_dir(result.case_dir, 0))
+    return [
+        one,
+        fork,
+        nccl_versions_agree(found.get("nccl"), nccl.get("version"), nccl_wheel_version()),
+        init_complete_in_init(phases, bool(nccl.get("completed_inits"))),
+        uuid_compared(metrics.get("cuda_device"), topology.devices[0].uuid),
+    ]
 
 
 def out_of_memory(runner: CaseRunner, topology: Topology) -> Check:
@@ -125,8 +143,10 @@ def out_of_memory(runner: CaseRunner, topology: Topology) -> Check:
     return Check("real CUDA OOM -> error, root cause rank 0", PASS if ok else FAIL, result.decision.summary[:160])
 
 
-def spinning_kernel(out: Path, topology: Topology) -> Check:
-    runner = CaseRunner(out / "spin", Deadlines(4, 4, 5, 3, backend="nccl"))
+def spinning_kernel(out: Path, topology: Topology) -> list[Check]:
+    # Room for CUDA and NCCL init before the kernel (seconds on a cold GPU); then 10 s without progress is a hang.
+    spin = Deadlines(init_timeout=60, op_timeout=10, case_timeout=120, grace=3, backend="nccl", step_timeout=10)
+    runner = CaseRunner(out / "spin", spin)
     try:
         result = case(runner, topology, "spin_kernel")
     finally:
@@ -137,7 +157,10 @@ def spinning_kernel(out: Path, topology: Topology) -> Check:
         f"{result.verdict}; stacks {'taken' if stacks else 'missing'}; deadline -> reaped {result.stop_seconds:.2f}s "
         f"(stop ladder allows {GPU_STOP_LADDER.total:g}s; kill wait {GPU_STOP_LADDER.kill_wait:g}s)"
     )
-    return Check("spinning kernel stopped with its stack, reaped", PASS if ok else FAIL, detail)
+    stopped = Check("spinning kernel stopped with its stack, reaped", PASS if ok else FAIL, detail)
+    rank = result.reports[0] if result.reports else None
+    phases = read_phases(rank_dir(result.case_dir, 0))
+    return [stopped, spin_placement(phases, rank.phase if rank else "", rank.step if rank else "")]
 
 
 def copy_timing(runner: CaseRunner, topology: Topology) -> Check:
@@ -168,18 +191,28 @@ def refused_entries(out: Path) -> Check:
 GPU_CHECKS = (
     "world of one (NCCL all-reduce, checked)",
     "forkserver holds no /dev/nvidia* descriptor",
+    "NCCL: log, torch.cuda.nccl.version() and pip",
+    "NCCL Init COMPLETE logged (eager init with device_id)",
+    "rank's CUDA UUID equals NVML's (32 hex digits)",
+    "CUDA driver >= torch's CUDA",
+    "one-GPU health snapshot",
     "real CUDA OOM -> error, root cause rank 0",
     "spinning kernel stopped with its stack, reaped",
+    "spin: the hung rank was in probe (kernel spinning)",
     "copy timing: probe code vs CUDA events",
     "MIG-/unknown CUDA_VISIBLE_DEVICES entry -> exit 4",
 )
 
 
-def gpu_checks(out: Path, topology: Topology) -> list[Check]:
+def gpu_checks(out: Path, topology: Topology, found: dict[str, str | None]) -> list[Check]:
     runner = CaseRunner(out / "checks", Deadlines(30, 30, 60, 3, backend="nccl"))
-    checks: list[Check] = []
+    gpu = topology.devices[0]
+    checks: list[Check] = [
+        driver_covers_torch(topology.cuda_driver, found.get("cuda (torch)")),
+        health_snapshot({gpu.name: topology.health[gpu.name]} if gpu.name in topology.health else {}),
+    ]
     steps: list[Callable[[], list[Check]]] = [
-        lambda: world_of_one_and_forkserver(runner, topology),
+        lambda: world_of_one_and_forkserver(runner, topology, found),
         lambda: [out_of_memory(runner, topology)],
         lambda: [copy_timing(runner, topology)],
     ]
@@ -188,7 +221,7 @@ def gpu_checks(out: Path, topology: Topology) -> list[Check]:
             checks += step()
     finally:
         runner.close()
-    return [*checks, spinning_kernel(out, topology), refused_entries(out)]
+    return [*checks, *spinning_kernel(out, topology), refused_entries(out)]
 
 
 def table(checks: list[Check]) -> str:
@@ -222,7 +255,7 @@ def run(out: Path, skip_suite: bool) -> int:
         print(f"driver {topology.driver}, CUDA driver {topology.cuda_driver}")
     checks = [] if skip_suite else [run_suite(out)]
     if topology is not None:
-        checks += gpu_checks(out, topology)
+        checks += gpu_checks(out, topology, found)
     else:
         checks += [Check(name, NOT_RUN, f"no GPU: {why_not}") for name in GPU_CHECKS]
     print(table(checks))

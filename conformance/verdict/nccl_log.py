@@ -278,6 +278,7 @@ class NcclLog:
             "warnings": list(dict.fromkeys(self.warnings))[:RECORD_WARNINGS],
             "p2p_warnings": list(dict.fromkeys(self.p2p_warnings)),
             "incomplete_inits": self.incomplete_inits,
+            "completed_inits": sum(init.completed for init in self.inits.values()),
         }
 
 

@@ -1,0 +1,110 @@
+"""The smoke run's judgements: what each line of its table claims, decided from what a case left.
+
+Each function takes plain facts (a rank's phase lines, its metrics, versions, NVML's health) and
+returns one line of the table, so every claim is unit-tested here without a GPU and the smoke run
+on a GPU only gathers the facts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conformance.common.casefiles import PhaseLine
+from conformance.discover.health import (
+    GpuHealth,
+    clock_problems,
+    fabric_problems,
+    memory_problems,
+    mode_problems,
+    pcie_problems,
+)
+from conformance.rank.context import uuid_digits
+
+PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+SPIN_STEP = "kernel spinning"  # rank/probes.py spin_kernel's step
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+
+
+def _since(phases: Sequence[PhaseLine], name: str, start: float) -> str:
+    found = next((p.t for p in phases if p.phase == name and p.t is not None), None)
+    return f"{found - start:.1f}s" if found is not None else "-"
+
+
+def spin_placement(phases: Sequence[PhaseLine], stopped_phase: str, stopped_step: str) -> Check:
+    """The spinning rank was stopped in its kernel, not earlier (CUDA and NCCL init may take seconds)."""
+    name = "spin: the hung rank was in probe (kernel spinning)"
+    if not phases or phases[0].t is None:
+        return Check(name, FAIL, "the rank wrote no phase line")
+    start = phases[0].t
+    times = " -> ".join(f"{p} {_since(phases, p, start)}" for p in ("init", "probe"))
+    where = f"stopped in {stopped_phase} ({stopped_step})"
+    ok = stopped_phase == "probe" and stopped_step == SPIN_STEP
+    return Check(name, PASS if ok else FAIL, f"fork 0.0s -> {times}; {where}")
+
+
+def uuid_compared(cuda_device: Mapping[str, Any] | None, nvml_uuid: str | None) -> Check:
+    """The rank's CUDA device UUID equals NVML's, 32 hex digits, and the rank's own check compared them."""
+    name = "rank's CUDA UUID equals NVML's (32 hex digits)"
+    found = str((cuda_device or {}).get("uuid") or "")
+    digits, expected = uuid_digits(found), uuid_digits(nvml_uuid or "")
+    if not (cuda_device or {}).get("compared"):
+        return Check(name, FAIL, f"the rank did not compare (cuda_device {dict(cuda_device or {})})")
+    ok = len(digits) == 32 and digits == expected
+    return Check(name, PASS if ok else FAIL, f"torch {found or '-'}; NVML {nvml_uuid or '-'}")
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    found = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def driver_covers_torch(cuda_driver: str | None, torch_cuda: str | None) -> Check:
+    """NVML's CUDA driver version is at least the CUDA torch was built for."""
+    name = "CUDA driver >= torch's CUDA"
+    driver, built = _version(cuda_driver), _version(torch_cuda)
+    detail = f"driver supports CUDA {cuda_driver or '-'}, torch built for {torch_cuda or '-'}"
+    if driver is None or built is None:
+        return Check(name, FAIL, f"{detail}: a version is missing")
+    return Check(name, PASS if driver >= built else FAIL, detail)
+
+
+def nccl_versions_agree(torch_nccl: str | None, log_nccl: str | None, pip_nccl: str | None) -> Check:
+    """The NCCL log's version is what torch reports loaded; pip's is shown, a difference named."""
+    name = "NCCL: log, torch.cuda.nccl.version() and pip"
+    log = (log_nccl or "").split("+")[0] or None
+    detail = f"log {log_nccl or '-'}, torch {torch_nccl or '-'}, pip {pip_nccl or '-'}"
+    pip = (pip_nccl or "").split(" ")[0] or None
+    if pip and torch_nccl and pip != torch_nccl:
+        detail += f" (pip's differs: the loaded library is {torch_nccl})"
+    ok = log is not None and log == torch_nccl
+    return Check(name, PASS if ok else FAIL, detail)
+
+
+def init_complete_in_init(phases: Sequence[PhaseLine], completed: bool) -> Check:
+    """NCCL's communicator was made eagerly, in the rank's init phase (``device_id``): Init COMPLETE logged."""
+    name = "NCCL Init COMPLETE logged (eager init with device_id)"
+    entered = [p.phase for p in phases]
+    ok = completed and "init" in entered and entered.index("init") < len(entered) - 1
+    return Check(name, PASS if ok else FAIL, f"Init COMPLETE {'seen' if completed else 'not seen'}; phases {entered}")
+
+
+def health_snapshot(health: Mapping[str, GpuHealth]) -> Check:
+    """The machine-health checks one GPU can run: PCIe width, memory (ECC, remapping), fabric, modes, clocks."""
+    name = "one-GPU health snapshot"
+    if not health:
+        return Check(name, FAIL, "NVML gave no health facts")
+    judged = {
+        "pcie": pcie_problems(health), "memory": memory_problems(health), "fabric": fabric_problems(health),
+        "modes": mode_problems(health), "clocks": clock_problems(health),
+    }  # fmt: skip
+    problems = [f"{check}: {gpu}: {text}" for check, found in judged.items() for gpu, text in found.items()]
+    return Check(name, FAIL if problems else PASS, "; ".join(problems) or f"{', '.join(judged)}: no problem")

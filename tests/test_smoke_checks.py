@@ -1,0 +1,85 @@
+"""Each line of the smoke run's table, judged from the facts a case leaves (cli/smoke_checks.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conformance.cli.smoke_checks import (
+    FAIL,
+    PASS,
+    driver_covers_torch,
+    health_snapshot,
+    init_complete_in_init,
+    nccl_versions_agree,
+    spin_placement,
+    uuid_compared,
+)
+from conformance.common.casefiles import PhaseLine
+from conformance.discover.health import GpuHealth
+
+FORK = 1000.0
+SPUN = [
+    PhaseLine("start", t=FORK), PhaseLine("control", "store check-in", t=FORK + 0.4),
+    PhaseLine("init", "init_process_group(nccl)", t=FORK + 0.5), PhaseLine("probe", "kernel spinning", t=FORK + 6.2),
+]  # fmt: skip
+UUID = "GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70"
+
+
+def test_spin_placement_needs_the_rank_stopped_in_its_kernel_and_prints_the_times() -> None:
+    found = spin_placement(SPUN, "probe", "kernel spinning")
+    assert (found.status, found.detail) == (
+        PASS, "fork 0.0s -> init 0.5s -> probe 6.2s; stopped in probe (kernel spinning)"
+    )  # fmt: skip
+    # stopped while CUDA and NCCL were still starting: the deadline came too soon, the claim is not shown
+    early = spin_placement(SPUN[:3], "init", "init_process_group(nccl)")
+    assert (early.status, early.detail) == (
+        FAIL, "fork 0.0s -> init 0.5s -> probe -; stopped in init (init_process_group(nccl))"
+    )  # fmt: skip
+    assert spin_placement([], "", "").status == FAIL
+
+
+@pytest.mark.parametrize(
+    ("cuda_device", "status"),
+    [
+        ({"ordinal": 0, "uuid": UUID.removeprefix("GPU-"), "compared": True}, PASS),
+        ({"ordinal": 0, "uuid": "00000000-0b7d-4c3e-9a1f-2b3c4d5e6f70", "compared": True}, FAIL),
+        ({"ordinal": 0, "uuid": UUID.removeprefix("GPU-")}, FAIL),  # the rank never compared: no claim
+        (None, FAIL),
+    ],
+)
+def test_the_uuid_line_needs_a_comparison_that_happened(cuda_device: dict | None, status: str) -> None:
+    assert uuid_compared(cuda_device, UUID).status == status
+
+
+@pytest.mark.parametrize(
+    ("driver", "torch_cuda", "status"),
+    [("12.8", "12.8", PASS), ("12.9", "12.6", PASS), ("12.4", "12.8", FAIL), ("13.0", "12.9", PASS),
+     (None, "12.8", FAIL), ("12.8", None, FAIL)],
+)  # fmt: skip
+def test_the_driver_must_cover_torchs_cuda(driver: str | None, torch_cuda: str | None, status: str) -> None:
+    assert driver_covers_torch(driver, torch_cuda).status == status
+
+
+def test_nccl_versions_agree_or_the_difference_is_shown() -> None:
+    same = nccl_versions_agree("2.27.5", "2.27.5+cuda12.9", "2.27.5 (nvidia-nccl-cu12)")
+    assert (same.status, same.detail) == (PASS, "log 2.27.5+cuda12.9, torch 2.27.5, pip 2.27.5 (nvidia-nccl-cu12)")
+    over = nccl_versions_agree("2.28.9", "2.28.9+cuda12.9", "2.27.5 (nvidia-nccl-cu12)")
+    assert over.status == PASS and over.detail.endswith("(pip's differs: the loaded library is 2.28.9)")
+    assert nccl_versions_agree("2.27.5", "2.26.2", None).status == FAIL  # the log names another library
+    assert nccl_versions_agree("2.27.5", None, None).status == FAIL  # no NCCL log: nothing was shown
+
+
+def test_init_complete_must_be_logged_with_the_rank_past_init() -> None:
+    assert init_complete_in_init(SPUN, completed=True).status == PASS
+    assert init_complete_in_init(SPUN, completed=False).status == FAIL
+    assert init_complete_in_init(SPUN[:3], completed=True).status == FAIL  # the rank never got past init
+
+
+def test_health_snapshot_runs_the_one_gpu_rules() -> None:
+    healthy = GpuHealth(pcie_width=16, pcie_max_width=16, ecc_uncorrected=0, persistence=True, compute_mode="default")
+    assert health_snapshot({"gpu0": healthy}).status == PASS
+    narrow = health_snapshot({"gpu0": replace(healthy, pcie_width=8)})
+    assert narrow.status == FAIL and narrow.detail.startswith("pcie: gpu0: PCIe link x8, the GPU and slot allow x16")
+    assert health_snapshot({}).status == FAIL
