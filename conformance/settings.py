@@ -148,7 +148,7 @@ BANDWIDTH_FLOOR_HELP = "CLASS=GBPS: a pair of that link class below this many GB
 RUN_REPORT_HELP = "Write the run's self-contained HTML report (report.html in the run folder) at the end."
 SCENARIO_HELP = (
     "TOML file of simulated faults applied inside real ranks (marks the run simulated), or the name of a "
-    "shipped one (pcie-sys-p2p-hang, ...)."
+    "shipped one (driver-p2p-hang, ...)."
 )
 NNODES_HELP = "Nodes in a multi-node run (one pytest per node). Default: SLURM_NNODES, NNODES, else 1."
 NODE_RANK_HELP = "This node's rank, 0 for the node hosting the run's store. Default: SLURM_NODEID, NODE_RANK."
