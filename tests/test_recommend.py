@@ -20,6 +20,7 @@ from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, RunError, load_run, run_facts
 from conformance.summarise.recommend import Recommendation, recommend, write_env_file
 from conftest import REPO, copy_suites
+from test_compare import SYS_P2P_HANG
 
 RunSuite = Callable[..., pytest.RunResult]
 
@@ -578,17 +579,7 @@ def finished(reports_dir: Path, result: pytest.RunResult, simulated: bool) -> tu
 
 
 # An AMD box's cross-socket P2P hangs: NCCL uses P2P over SYS for a pair there (plan/transport.py).
-AMD_SYS_HANG = """[scenario]
-name = "AMD PCIe box whose cross-socket P2P hangs"
-topology = "topologies/pcie-2socket-8gpu.json"
-
-[[rule]]
-effect = "hang"
-phase = "probe"
-probes = ["pair_exchange"]
-links = ["SYS"]
-p2p = true
-"""
+AMD_SYS_HANG = SYS_P2P_HANG.replace("[scenario]\n", '[scenario]\ntopology = "topologies/pcie-2socket-8gpu.json"\n')
 
 
 def on_three_gpus(folder: Path, scenario: str, cpu: str = "") -> Path:
