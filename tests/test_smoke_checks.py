@@ -10,6 +10,7 @@ from conformance.cli.smoke_checks import (
     FAIL,
     PASS,
     driver_covers_torch,
+    flight_recorder_names_stuck,
     health_snapshot,
     init_complete_in_init,
     nccl_versions_agree,
@@ -83,3 +84,17 @@ def test_health_snapshot_runs_the_one_gpu_rules() -> None:
     narrow = health_snapshot({"gpu0": replace(healthy, pcie_width=8)})
     assert narrow.status == FAIL and narrow.detail.startswith("pcie: gpu0: PCIe link x8, the GPU and slot allow x16")
     assert health_snapshot({}).status == FAIL
+
+
+def test_the_flight_recorder_line_needs_the_stuck_all_reduce_not_retired() -> None:
+    stuck = {"op": "nccl:all_reduce", "seq": 2, "state": "scheduled", "retired": False, "sizes": [[1]]}
+    done = {**stuck, "seq": 1, "state": "completed", "retired": True}
+    found = flight_recorder_names_stuck({"last": [done, stuck], "groups": {}})
+    assert found.status == PASS
+    assert found.detail == (
+        "nccl:all_reduce #1 state completed retired True; nccl:all_reduce #2 state scheduled retired False"
+    )
+    assert flight_recorder_names_stuck({"last": [done], "groups": {}}).status == FAIL  # nothing stuck: no claim
+    failed = flight_recorder_names_stuck({"error": "RuntimeError: no recorder", "last": [], "groups": {}})
+    assert (failed.status, failed.detail) == (FAIL, "RuntimeError: no recorder")
+    assert flight_recorder_names_stuck(None).status == FAIL

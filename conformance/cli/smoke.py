@@ -15,6 +15,8 @@ checks, each through the suite's own harness:
 * the NCCL log's version, ``torch.cuda.nccl.version()`` and pip's (a difference shown); NCCL's
   ``Init COMPLETE`` logged with the rank past init; the rank's CUDA UUID equal to NVML's, compared;
 * NVML's CUDA driver version at least torch's CUDA; the machine-health checks one GPU can run;
+* an all-reduce stuck behind a kernel that never ends is named, not retired, by the flight
+  recorder's dump at the deadline;
 * a device-to-device copy timed by the probes' code is within 10% of CUDA events' timing;
 * a ``MIG-`` or unknown ``GPU-`` entry in CUDA_VISIBLE_DEVICES stops ``pytest`` with exit status 4.
 
@@ -42,6 +44,7 @@ from conformance.cli.smoke_checks import (
     PASS,
     Check,
     driver_covers_torch,
+    flight_recorder_names_stuck,
     health_snapshot,
     init_complete_in_init,
     nccl_versions_agree,
@@ -55,6 +58,9 @@ from conformance.discover.versions import SUITE_DISTRIBUTION, nccl_wheel_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
 
 COPY_TIMING_TOLERANCE = 0.10
+# Room for CUDA and NCCL init before a kernel that never ends (seconds on a cold GPU); then 10 s without
+# progress is a hang.
+SPIN_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=120, grace=3, backend="nccl", step_timeout=10)
 SUITE_TIMEOUT = 3600
 
 
@@ -144,9 +150,7 @@ def out_of_memory(runner: CaseRunner, topology: Topology) -> Check:
 
 
 def spinning_kernel(out: Path, topology: Topology) -> list[Check]:
-    # Room for CUDA and NCCL init before the kernel (seconds on a cold GPU); then 10 s without progress is a hang.
-    spin = Deadlines(init_timeout=60, op_timeout=10, case_timeout=120, grace=3, backend="nccl", step_timeout=10)
-    runner = CaseRunner(out / "spin", spin)
+    runner = CaseRunner(out / "spin", SPIN_DEADLINES)
     try:
         result = case(runner, topology, "spin_kernel")
     finally:
@@ -161,6 +165,16 @@ def spinning_kernel(out: Path, topology: Topology) -> list[Check]:
     rank = result.reports[0] if result.reports else None
     phases = read_phases(rank_dir(result.case_dir, 0))
     return [stopped, spin_placement(phases, rank.phase if rank else "", rank.step if rank else "")]
+
+
+def stuck_collective(out: Path, topology: Topology) -> Check:
+    """A world of one whose all-reduce waits behind a kernel that never ends: the deadline's dump names it."""
+    runner = CaseRunner(out / "stuck", SPIN_DEADLINES)
+    try:
+        result = case(runner, topology, "stuck_all_reduce")
+    finally:
+        runner.close()
+    return flight_recorder_names_stuck(result.reports[0].collectives if result.reports else None)
 
 
 def copy_timing(runner: CaseRunner, topology: Topology) -> Check:
@@ -199,6 +213,7 @@ GPU_CHECKS = (
     "real CUDA OOM -> error, root cause rank 0",
     "spinning kernel stopped with its stack, reaped",
     "spin: the hung rank was in probe (kernel spinning)",
+    "flight recorder: the stuck nccl:all_reduce, not retired",
     "copy timing: probe code vs CUDA events",
     "MIG-/unknown CUDA_VISIBLE_DEVICES entry -> exit 4",
 )
@@ -221,7 +236,7 @@ def gpu_checks(out: Path, topology: Topology, found: dict[str, str | None]) -> l
             checks += step()
     finally:
         runner.close()
-    return [*checks, *spinning_kernel(out, topology), refused_entries(out)]
+    return [*checks, *spinning_kernel(out, topology), stuck_collective(out, topology), refused_entries(out)]
 
 
 def table(checks: list[Check]) -> str:

@@ -108,3 +108,16 @@ def health_snapshot(health: Mapping[str, GpuHealth]) -> Check:
     }  # fmt: skip
     problems = [f"{check}: {gpu}: {text}" for check, found in judged.items() for gpu, text in found.items()]
     return Check(name, FAIL if problems else PASS, "; ".join(problems) or f"{', '.join(judged)}: no problem")
+
+
+def flight_recorder_names_stuck(collectives: Mapping[str, Any] | None) -> Check:
+    """The dump at the deadline parses and names the stuck all-reduce, not retired."""
+    name = "flight recorder: the stuck nccl:all_reduce, not retired"
+    if not collectives or collectives.get("error"):
+        return Check(name, FAIL, (collectives or {}).get("error") or "no dump")
+    last = collectives.get("last") or []
+    stuck = [
+        e for e in last if "all_reduce" in str(e.get("op")) and not e.get("retired") and e.get("state") != "completed"
+    ]
+    detail = "; ".join(f"{e.get('op')} #{e.get('seq')} state {e.get('state')} retired {e.get('retired')}" for e in last)
+    return Check(name, PASS if stuck else FAIL, detail or "no collective recorded")

@@ -424,6 +424,21 @@ def spin_kernel(ctx: RankContext) -> None:
     ctx.synchronize()
 
 
+@probe("stuck_all_reduce")
+def stuck_all_reduce(ctx: RankContext) -> None:
+    """An all-reduce queued behind a kernel that never ends: the flight recorder must show it not retired."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.torch_device.type != "cuda":
+        ctx.skip("a kernel that never ends needs a GPU")
+    data = pattern(ctx.rank, 1, ctx.torch_device)
+    torch.cuda._sleep(int(ctx.params.get("cycles", 10**14)))  # type: ignore[no-untyped-call]
+    ctx.phase("probe", "all_reduce behind a sleeping kernel")
+    dist.all_reduce(data, group=ctx.group)  # queued on the stream behind the sleep: it never starts
+    ctx.synchronize()
+
+
 @probe("copy_timing")
 def copy_timing(ctx: RankContext) -> None:
     """A device-to-device copy timed by the probes' own code and by CUDA events alone."""
