@@ -358,13 +358,13 @@ def _visible_filter(
     entries = [entry.strip() for entry in visible.split(",")]
     if entries == [""] or entries[0] == "-1":
         return []
-    _refuse_fastest_first_indices(visible, entries, gpus, device_order)
     chosen: dict[int, str] = {}  # NVML index -> the entry that chose it
     for entry in entries:
         gpu = _resolve_entry(entry, gpus, visible, find_mig_parent)
         if gpu.index in chosen:
             raise _selection_error(visible, entry, f"is GPU {gpu.index}, already listed as {chosen[gpu.index]!r}", gpus)
         chosen[gpu.index] = entry
+    _refuse_fastest_first_indices(visible, entries, gpus, device_order)  # every entry names a GPU: now the order
     by_index = {gpu.index: gpu for gpu in gpus}
     return [
         replace(gpu, name=f"gpu{i}", index=i, nvml_index=gpu.index if gpu.nvml_index is None else gpu.nvml_index)
