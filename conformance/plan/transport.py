@@ -5,7 +5,8 @@ P2P read and write OK (``ncclTopoCheckP2p``, ``src/graph/paths.cc``); else SHM u
 ``NCCL_SHM_DISABLE=1`` (``src/transport/shm.cc``); else the network.  The default level changed:
 
 - NCCL 2.9 to 2.22 (``paths.cc`` v2.9.9-1 .. v2.22.3-1): SYS ("use P2P whenever we can"), lowered
-  to PXB on ARM, on Intel x86 and on Zhaoxin x86 (so AMD and POWER keep SYS).
+  to PXB on ARM, on Intel x86 and on Zhaoxin x86 (so AMD and POWER keep SYS).  Older releases
+  (v2.7.8-1: Intel PHB, PXB on Broadwell) are read with this rule too: torch 2.0 pinned NCCL 2.14.3.
 - NCCL 2.23 on (``paths.cc`` v2.23.4-1 .. v2.30.7-1): PXB ("don't use P2P across CPU host
   bridges"), raised to SYS on AMD x86 when the communicator has at most 2 GPUs on the node.
 
@@ -33,7 +34,6 @@ OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # levelsOldToNew, paths
 NVLINK = re.compile(r"NV(?:\d+|\?)")
 SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
 PXB_DEFAULT_FROM = (2, 23, 0)  # paths.cc v2.23.4-1: default level PXB; v2.22.3-1 and before: SYS
-OLDEST_RULE_KNOWN = (2, 9, 0)  # paths.cc v2.7.8-1 still had Intel PHB (PXB on Broadwell): not modelled
 NEWEST_RULE = "2.23+"
 
 
@@ -171,7 +171,3 @@ def pair_paths(topology: Topology, devices: Sequence[Device]) -> tuple[PairPath,
             ok = None if not status else status.get("read") == "OK" and status.get("write") == "OK"
             paths.append(PairPath(topology.link(a, b), ok))
     return tuple(paths)
-
-
-def host_of(topology: Topology, nccl: str | None) -> NcclHost:
-    return NcclHost(topology.cpu, nccl)
