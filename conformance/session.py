@@ -166,7 +166,7 @@ class ConformanceSession:
         wait = self.deadlines.rung_wait
         # The library torch loads, asked only on NCCL runs (importing torch here costs a second or two).
         self.nccl = NcclVersions(loaded_nccl_version() if self.backend == "nccl" else None, nccl_wheel_version())
-        self.nccl_host = NcclHost(self.topology.cpu, self.nccl.used)
+        self.nccl_host = NcclHost(self.topology.cpu, self.nccl.used, self.topology.cuda_driver)
         self.book = LadderBook(self.run_dir / LADDER_FILE, ladder, self.settings.matrix, wait, self.nccl_host)
 
     @pytest.hookimpl(tryfirst=True)

@@ -886,7 +886,7 @@ RUNG_REACH_CASES = [
     ("p2p_level_nvl", 2, ("NV18",), False), ("p2p_level_nvl", 2, ("PIX",), True), ("p2p_level_nvl", 1, (), False),
     ("p2p_off", 2, ("NV18",), True), ("p2p_off", 1, (), False),
     ("p2p_off", 2, ("PXB",), False),  # SHM, as p2p_level_nvl before it already made it
-    ("shm_off", 1, (), True), ("shm_off", 2, ("NODE",), True),
+    ("shm_off", 1, (), False), ("shm_off", 2, ("NODE",), True),
     ("p2p_shm_off", 1, (), False), ("ib_off", 1, (), False), ("net_socket", 2, ("PXB",), True),
     # a set with both kinds of path: a rung for either kind may change it
     ("cumem_off", 8, ("NODE", "PIX", "SYS", "NV4"), True), ("p2p_level_nvl", 8, ("NV4", "PIX"), True),

@@ -691,21 +691,24 @@ def test_wrong_data_scenario_is_not_fit_for_training(
 
 
 @pytest.mark.usefixtures("isolated_env")
-def test_single_gpu_needs_shm_off(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
-    scenario = SCENARIOS / "single-gpu-nccl-init.toml"
-    suites = copy_suites(pytester, "test_collectives.py")
-    result = run_suite(f"--scenario={scenario}", *TIMEOUTS, *suites)
-    result.assert_outcomes(failed=2, passed=1, skipped=6, deselected=8)  # P2P rungs cannot change one GPU
+def test_a_pair_over_shm_with_a_small_dev_shm_needs_shm_off(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
+) -> None:
+    scenario = SCENARIOS / "container-dev-shm.toml"
+    suites = copy_suites(pytester, "test_pairs.py")
+    result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "-k", "test_pair_exchange", *suites)
+    outcomes = result.parseoutcomes()  # inherited and cumem_off fail, shm_off passes
+    assert (outcomes["failed"], outcomes["passed"]) == (2, 1)
     run, rec, folder = finished(reports_dir, result, simulated=True)
     assert rec.lines() == [
         SIMULATED,
         PER_CLASS,
-        "  single: shm_off: export NCCL_SHM_DISABLE=1; bandwidth cost: not measured (only shm_off passed)",
+        "  PHB: shm_off: export NCCL_SHM_DISABLE=1; bandwidth cost: not measured (only shm_off passed)",
         "one setting serves every class:",
         "  export NCCL_SHM_DISABLE=1",
     ]
     assert (folder / "recommended.env").read_text().splitlines()[3:] == [
-        "# single: shm_off: NCCL_SHM_DISABLE=1",
+        "# PHB: shm_off: NCCL_SHM_DISABLE=1",
         "NCCL_SHM_DISABLE=1",
     ]
 

@@ -32,9 +32,24 @@ FM_DOWN = (
 NVLS_FIXED = "passes with NCCL_NVLS_ENABLE=0 -> export NCCL_NVLS_ENABLE=0"  # not NCCL_CUMEM_ENABLE=0: narrowest first
 NVLS_CAUSE = "NVLink SHARP (NVLS) multicast failed: "
 NVLS_FIX = "-> fix: Fabric Manager or the NVSwitches are misconfigured; `export NCCL_NVLS_ENABLE=0` avoids NVLS"
+SHM_FIXED = "passes with NCCL_SHM_DISABLE=1 -> export NCCL_SHM_DISABLE=1"
+SHM_FULL = "  /dev/shm is full: rank 0 (gpu0) in init of "
+SHM_FIX = "free it or enlarge it: docker `--shm-size` or `--ipc=host`"
 CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HOST_ENABLE=0"
 CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
 ANSWERS = {
+    "container-dev-shm": [  # NCCL's SHM transport joins the two GPUs; a world of one has no SHM and passes
+        f"PHB pairs: ERROR on inherited (pair_exchange 1/1); {SHM_FIXED}",
+        f"{SHM_FULL}pair_exchange: SimulatedError: NCCL Error 2: unhandled system error * -> fix: {SHM_FIX}",
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); {SHM_FIXED}",
+        f"{SHM_FULL}all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, reduce_scatter: * -> fix: "
+        f"{SHM_FIX}",
+        f"reversed sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {SHM_FIXED}",
+        "  /dev/shm is full: rank 0 (gpu1) in init of barrier, barrier_no_device_ids: * -> fix: " + SHM_FIX,
+        "passed as they are: single sets",
+        "for every class together: export NCCL_SHM_DISABLE=1",
+    ],
     "cumem-host-shm": [
         f"NODE pairs: ERROR on inherited (pair_exchange 4/4); {CUMEM_HOST_FIXED}",
         *(f"{CUMEM_HOST_CAUSE}(gpu{gpu}) in probe of pair_exchange: *Cuda failure 217 *" for gpu in (0, 1)),
@@ -168,13 +183,6 @@ ANSWERS = {
         "(copy gpu0->gpu1 8B): *); no NCCL setting changes it -> fix: CUDA's own P2P between these GPUs: *",
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
-    ],
-    "single-gpu-nccl-init": [
-        "single sets: ERROR on inherited (all_reduce 1/1, environment 1/1); passes with NCCL_SHM_DISABLE=1 -> "
-        "export NCCL_SHM_DISABLE=1",
-        "  /dev/shm is full: rank 0 (gpu0) in init of all_reduce, environment: SimulatedError: NCCL Error 2: "
-        "unhandled system error * -> fix: free it or enlarge it: docker `--shm-size` or `--ipc=host`",
-        "for every class together: export NCCL_SHM_DISABLE=1",
     ],
     "wrong-data-p2p": [
         "PIX pairs: FAIL on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL, but wrong data makes the "

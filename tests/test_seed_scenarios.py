@@ -21,7 +21,7 @@ import pytest
 
 from conformance.rank.scenario import load_scenario
 from conformance.verdict.stderr_causes import SHM_FULL
-from conftest import REPO, copy_suites, ladder_lines, read_records
+from conftest import REPO, copy_suites, read_records
 
 RunSuite = Callable[..., pytest.RunResult]
 
@@ -103,54 +103,45 @@ SHM_MESSAGE = (
     "NCCL Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details); Last error: "
     "Error while creating shared memory segment /dev/shm/nccl-Xv1e0G (size 9637888)"
 )
-ONE_DEVICE = "needs at least 2 devices; this machine has 1: gpu0"
 
 
-def test_single_gpu_nccl_init(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
-    """World of one: error at init until shm_off; every pair and multi-device test skips (one GPU)."""
-    scenario, args = scenario_args("single-gpu-nccl-init")
+def test_container_dev_shm(pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path) -> None:
+    """Two GPUs over SHM error at init until shm_off; the world of one has no SHM connection and passes."""
+    scenario, args = scenario_args("container-dev-shm")
     suites = copy_suites(pytester, "test_collectives.py", "test_pairs.py")
-    result = run_suite(*args, *TIMEOUTS, "-rs", *suites)
+    result = run_suite(*args, *TIMEOUTS, "-rs", "-k", "world_of_one or pair_exchange", *suites)
     records = read_records(reports_dir)
     assert_simulated(result, scenario, records)
-    result.stdout.fnmatch_lines(["conformance: run *, backend gloo, 1 devices: gpu0 (NVIDIA GeForce RTX 4090)"])
-    failing = ["inherited", "cumem_off"]  # nvls_off and the P2P rungs cannot change a case on one GPU
+    result.stdout.fnmatch_lines(["conformance: run *, backend gloo, 2 devices: gpu0, gpu1 (NVIDIA GeForce RTX 4090)"])
+    # the PHB pair uses SHM (P2P stops at PXB): nvls_off, cumem_host_off (CUDA driver 12.0), p2p_level_nvl and
+    # p2p_off cannot change it; cumem_off is tried and fails alike; shm_off passes
     assert by_case(records) == {
-        "test_world_of_one[gpu0]": [*((name, "error") for name in failing), ("shm_off", "pass")],
+        "test_world_of_one[gpu0]": [("inherited", "pass")],
+        "test_world_of_one[gpu1]": [("inherited", "pass")],
+        "test_pair_exchange[gpu0-gpu1-PHB]": [("inherited", "error"), ("cumem_off", "error"), ("shm_off", "pass")],
     }
     for r in records:
-        assert r["probe"] == "all_reduce" and r["set_kind"] == "single" and r["devices"] == ["gpu0"]
         if r["verdict"] == "error":
             assert r["root_cause"] == {
                 "rank": 0, "kind": "SimulatedError", "message": f"{SHM_MESSAGE}: {SHM_FULL.text}",
                 "phase": "init", "step": "init_process_group(gloo)",
             }  # fmt: skip
-            assert r["victims"] == []
-            assert [(x["exit"], x["status"], x["phase"]) for x in r["ranks"]] == [(1, "error", "init")]
-    assert [r["env"] for r in records if r["verdict"] == "pass"] == [{"NCCL_SHM_DISABLE": "1"}]
+            assert r["predicted"] == {"PHB": "SHM"}
+    assert [r["env"] for r in records if r["probe"] == "pair_exchange" and r["verdict"] == "pass"] == [
+        {"NCCL_SHM_DISABLE": "1"}
+    ]
     decisions = ladder_decisions(reports_dir)
-    assert decisions[("test_world_of_one[gpu0]", "clean")] == ("skipped", SAME_ENV)
-    for name in ("p2p_shm_off", "ib_off", "net_socket"):
-        assert decisions[("test_world_of_one[gpu0]", name)] == (
-            "skipped",
-            "adaptive matrix: rung shm_off already passed",
-        )
-    # pairs, barriers and collectives over all devices: skipped with the reason, never run
+    key = "test_pair_exchange[gpu0-gpu1-PHB]"
     for name in ("nvls_off", "cumem_host_off", "p2p_level_nvl", "p2p_off"):
-        reason = decisions[("test_world_of_one[gpu0]", name)][1]
-        assert reason.startswith(f"rung {name} cannot change a case on one GPU")
-    assert skip_reasons(result) == {ONE_DEVICE: 8}  # the rungs not needed are no skips: deselected
-    later = Counter(d["reason"] for d in ladder_lines(reports_dir) if d["outcome"] == "skipped")
-    assert {k: v for k, v in later.items() if "cannot change" not in k} == {
-        SAME_ENV: 1,
-        "adaptive matrix: rung shm_off already passed": 3,
-    }
-    assert sum(v for k, v in later.items() if "cannot change" in k) == 4
-    result.assert_outcomes(failed=2, passed=1, skipped=8, deselected=8)
+        assert decisions[(key, name)][1].startswith(f"rung {name} cannot change a case"), decisions[(key, name)]
+    assert decisions[("test_world_of_one[gpu0]", "shm_off")] == (
+        "skipped",
+        "adaptive matrix: rung inherited already passed",
+    )
     result.stdout.fnmatch_lines(
         [
             "[[]simulated[]] error: rank 0 (gpu0) in init (init_process_group(gloo)): SimulatedError: NCCL Error 2: *",
-            "single: first passing rung shm_off: export NCCL_SHM_DISABLE=1",
+            "PHB: first passing rung shm_off: export NCCL_SHM_DISABLE=1",
             "deadlines paid: 0 (step deadline 3s)",
         ]
     )

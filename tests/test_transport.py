@@ -166,3 +166,12 @@ def test_only_a_cuda_build_of_torch_loads_nccl() -> None:
     loaded = loaded_nccl_version()
     assert (loaded is None) == (torch.version.cuda is None), loaded
     assert loaded is None or re.fullmatch(r"\d+\.\d+\.\d+", loaded)
+
+
+@pytest.mark.parametrize(("cuda_driver", "tried"), [("12.4", False), ("12.6", True), ("12.8", True), (None, True)])
+def test_cumem_host_off_is_tried_only_where_nccl_uses_cumem_host_memory(cuda_driver: str | None, tried: bool) -> None:
+    """cudawrap.cc v2.24.3-1: NCCL_CUMEM_HOST_ENABLE defaults on only with cudaDriverGetVersion >= 12060."""
+    host = NcclHost("intel", "2.27.3", cuda_driver)
+    k = [r.name for r in BUILTIN_LADDER].index("cumem_host_off")
+    reason = cannot_change(BUILTIN_LADDER, k, Between(2, (PairPath("SYS", True),)), host, {}, tuple(range(k)))
+    assert (reason is None) == tried, reason

@@ -72,7 +72,8 @@ def test_an_unchangeable_failure_stops_the_climb(
                        "--init-timeout=3", "-rs")  # fmt: skip
     ran = [(r["env_name"], r["verdict"]) for r in read_records(reports_dir)]
     if climbs:
-        assert len(ran) > 2 and all(verdict == "error" for _, verdict in ran), ran
+        # one GPU: cumem_off is the only rung that can change it (no transport between GPUs to change)
+        assert ran == [("inherited", "error"), ("cumem_off", "error")], ran
         return
     assert ran == [("inherited", "error")]
     skipped = [d for d in ladder_lines(reports_dir) if d["outcome"] == "skipped"]

@@ -37,7 +37,9 @@ RUNG_REACH: Mapping[str, Reach] = {
     "cumem_off": Reach(True, True, True, "NCCL_CUMEM_ENABLE changes how every NCCL buffer is allocated"),
     "p2p_level_nvl": Reach(False, False, True, "NCCL_P2P_LEVEL=NVL only stops P2P over PCIe paths"),
     "p2p_off": Reach(False, True, True, "P2P is a transport between GPUs"),
-    "shm_off": Reach(True, True, True, "NCCL makes shared-memory segments even for one GPU"),
+    # shm.cc: the SHM transport connects the ranks of two GPUs; NCCL_SHM_DISABLE touches nothing else (the
+    # proxy's /dev/shm pool, src/proxy.cc, serves connections, and a world of one has none).
+    "shm_off": Reach(False, True, True, "NCCL's SHM transport connects two GPUs"),
     "p2p_shm_off": Reach(False, True, True, "P2P and SHM are transports between GPUs"),
     "ib_off": Reach(False, True, True, "InfiniBand is a transport between GPUs"),
     "net_socket": Reach(False, True, True, "the network transport is between GPUs"),
@@ -53,6 +55,7 @@ NVLS_ON_PAIRS_FROM = (2, 28, 7)
 # to -1 (on with a CUDA driver >= 12.6) from v2.24.3-1, used by SHM only (src/transport/shm.cc).
 CUMEM_DEFAULT_FROM = (2, 19, 0)
 CUMEM_HOST_DEFAULT_FROM = (2, 24, 0)
+CUMEM_HOST_DRIVER_FROM = (12, 6, 0)  # cudawrap.cc v2.24.3-1: default on when cudaDriverGetVersion >= 12060
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ def _by_reach(name: str, reach: Reach, between: Between, kinds: set[str], host: 
 def _cumem_host_futile(first: Rung, between: Between, host: NcclHost, environ: Mapping[str, str]) -> str | None:
     if _older(host.nccl, CUMEM_HOST_DEFAULT_FROM):
         return f"rung cumem_host_off cannot change a case: NCCL {host.nccl} uses no cuMem host memory unless asked"
+    driver = version_tuple(f"{host.cuda_driver}.0") if host.cuda_driver else None
+    if driver is not None and driver < CUMEM_HOST_DRIVER_FROM:
+        why = f"NCCL uses cuMem host memory from CUDA driver 12.6 on, this one is {host.cuda_driver}"
+        return f"rung cumem_host_off cannot change a case: {why}"
     transports = host.transports(between.paths, between.devices, first.effective(environ))
     if transports is not None and SHM not in transports:
         return f"rung cumem_host_off cannot change a case over {', '.join(between.links)}: NCCL uses no SHM there"

@@ -62,6 +62,7 @@ class NcclHost:
 
     cpu: str = ""  # discover/cpu.py's kind ("" unknown: NCCL's rule for an unknown x86 vendor)
     nccl: str | None = None  # the NCCL version (None: unknown, the newest rule is assumed)
+    cuda_driver: str | None = None  # the CUDA version the driver supports ("12.8"; None: unknown)
 
     def default_level(self, gpus: int) -> tuple[str, str]:
         """NCCL's default P2P level for a communicator with ``gpus`` GPUs on this node, and why."""
