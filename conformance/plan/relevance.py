@@ -130,15 +130,15 @@ def _by_reach(name: str, reach: Reach, between: Between, kinds: set[str], host: 
 
 
 def _cumem_host_futile(first: Rung, between: Between, host: NcclHost, environ: Mapping[str, str]) -> str | None:
+    where = f"rung cumem_host_off cannot change a case over {', '.join(between.links)}"
     if _older(host.nccl, CUMEM_HOST_DEFAULT_FROM):
-        return f"rung cumem_host_off cannot change a case: NCCL {host.nccl} uses no cuMem host memory unless asked"
+        return f"{where}: NCCL {host.nccl} uses no cuMem host memory unless asked"
     driver = version_tuple(f"{host.cuda_driver}.0") if host.cuda_driver else None
     if driver is not None and driver < CUMEM_HOST_DRIVER_FROM:
-        why = f"NCCL uses cuMem host memory from CUDA driver 12.6 on, this one is {host.cuda_driver}"
-        return f"rung cumem_host_off cannot change a case: {why}"
+        return f"{where}: NCCL uses cuMem host memory from CUDA driver 12.6 on, this one is {host.cuda_driver}"
     transports = host.transports(between.paths, between.devices, first.effective(environ))
     if transports is not None and SHM not in transports:
-        return f"rung cumem_host_off cannot change a case over {', '.join(between.links)}: NCCL uses no SHM there"
+        return f"{where}: NCCL uses no SHM there"
     return None
 
 
