@@ -7,7 +7,6 @@ on a GPU only gathers the facts.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from conformance.discover.health import (
     mode_problems,
     pcie_problems,
 )
+from conformance.plan.transport import cuda_version
 from conformance.rank.context import uuid_digits
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
@@ -62,15 +62,10 @@ def uuid_compared(cuda_device: Mapping[str, Any] | None, nvml_uuid: str | None) 
     return Check(name, PASS if ok else FAIL, f"torch {found or '-'}; NVML {nvml_uuid or '-'}")
 
 
-def _version(text: str | None) -> tuple[int, ...] | None:
-    found = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(found[1]), int(found[2])) if found else None
-
-
 def driver_covers_torch(cuda_driver: str | None, torch_cuda: str | None) -> Check:
     """NVML's CUDA driver version is at least the CUDA torch was built for."""
     name = "CUDA driver >= torch's CUDA"
-    driver, built = _version(cuda_driver), _version(torch_cuda)
+    driver, built = cuda_version(cuda_driver), cuda_version(torch_cuda)
     detail = f"driver supports CUDA {cuda_driver or '-'}, torch built for {torch_cuda or '-'}"
     if driver is None or built is None:
         return Check(name, FAIL, f"{detail}: a version is missing")

@@ -520,13 +520,13 @@ def _nvlink_count(a: Device, b: Device, scans: Mapping[str, NvLinkScan]) -> int 
 
 
 def _unknown_nvlink_notes(scans: Mapping[str, NvLinkScan]) -> dict[str, str]:
-    """GPU name -> the note for its pairs; GPUs failing alike share one note naming them all."""
+    """GPU name -> the start of the note for its pairs; GPUs failing alike share one naming them all."""
     failing: dict[str, list[str]] = {}
     for name, scan in scans.items():
         if isinstance(scan, _NvLinksUnknown):
             failing.setdefault(scan.error, []).append(name)
     return {
-        name: f"NVLink state of {', '.join(names)} unknown ({error}): PCIe class shown"
+        name: f"NVLink state of {', '.join(names)} unknown ({error})"
         for error, names in failing.items()
         for name in names
     }
@@ -628,12 +628,16 @@ class _NvmlReader:
             key = pair_key(a, b)
             count = _nvlink_count(a, b, scans)
             p2p[key] = {cap: self.p2p_status(a, b, constant, names) for cap, constant in P2P_CAPS}
-            links[key] = f"NV{count}" if count else self.pcie_class(a, b)
+            by_p2p_status = count is None and p2p[key]["nvlink"] == "OK"  # NVML still says NVLink: keep it so
+            if count:
+                links[key] = f"NV{count}"
+            else:
+                links[key] = NVLINK_UNKNOWN_COUNT if by_p2p_status else self.pcie_class(a, b)
             if count is None:
-                notes[key] = unknown_notes.get(a.name) or unknown_notes[b.name]
-                if p2p[key]["nvlink"] == "OK":  # NVML's P2P status still says NVLink: keep it an NVLink pair
-                    links[key] = NVLINK_UNKNOWN_COUNT
-                    notes[key] = notes[key].replace(": PCIe class shown", ": NVML's P2P status says NVLink (NV?)")
+                shown = (
+                    f"NVML's P2P status says NVLink ({NVLINK_UNKNOWN_COUNT})" if by_p2p_status else "PCIe class shown"
+                )
+                notes[key] = f"{unknown_notes.get(a.name) or unknown_notes[b.name]}: {shown}"
         return links, p2p, notes
 
     def nvlinks(self, gpu: Device) -> NvLinkScan:

@@ -16,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from conformance.plan.matrix import Rung
-from conformance.plan.transport import NET, NVLINK, SHM, NcclHost, PairPath, version_tuple
-
-PCIE_PATHS = frozenset({"PIX", "PXB", "PHB", "NODE", "SYS"})
+from conformance.plan.transport import NET, NVLINK, PCIE_PATHS, SHM, NcclHost, PairPath, cuda_version, version_tuple
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ NVLS_ON_PAIRS_FROM = (2, 28, 7)
 # to -1 (on with a CUDA driver >= 12.6) from v2.24.3-1, used by SHM only (src/transport/shm.cc).
 CUMEM_DEFAULT_FROM = (2, 19, 0)
 CUMEM_HOST_DEFAULT_FROM = (2, 24, 0)
-CUMEM_HOST_DRIVER_FROM = (12, 6, 0)  # cudawrap.cc v2.24.3-1: default on when cudaDriverGetVersion >= 12060
+CUMEM_HOST_DRIVER_FROM = (12, 6)  # cudawrap.cc v2.24.3-1: default on when cudaDriverGetVersion >= 12060
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,7 @@ def _cumem_host_futile(first: Rung, between: Between, host: NcclHost, environ: M
     where = f"rung cumem_host_off cannot change a case over {', '.join(between.links)}"
     if _older(host.nccl, CUMEM_HOST_DEFAULT_FROM):
         return f"{where}: NCCL {host.nccl} uses no cuMem host memory unless asked"
-    driver = version_tuple(f"{host.cuda_driver}.0") if host.cuda_driver else None
+    driver = cuda_version(host.cuda_driver)
     if driver is not None and driver < CUMEM_HOST_DRIVER_FROM:
         return f"{where}: NCCL uses cuMem host memory from CUDA driver 12.6 on, this one is {host.cuda_driver}"
     transports = host.transports(between.paths, between.devices, first.effective(environ))

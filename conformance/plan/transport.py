@@ -33,6 +33,7 @@ OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # levelsOldToNew, paths
 # (NVLink queries denied in a container: discover/topology.py).
 NVLINK = re.compile(r"NV(?:\d+|\?)")
 SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
+PCIE_PATHS = frozenset(SMI_TO_NCCL)  # nvidia-smi's PCIe / CPU path classes
 PXB_DEFAULT_FROM = (2, 23, 0)  # paths.cc v2.23.4-1: default level PXB; v2.22.3-1 and before: SYS
 NEWEST_RULE = "2.23+"
 
@@ -40,6 +41,12 @@ NEWEST_RULE = "2.23+"
 def version_tuple(text: str | None) -> tuple[int, int, int] | None:
     found = re.match(r"(\d+)\.(\d+)\.(\d+)", text or "")
     return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def cuda_version(text: str | None) -> tuple[int, int] | None:
+    """A CUDA version's major and minor ("12.8", "12.6.1"): what the driver supports or torch was built for."""
+    found = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(found[1]), int(found[2])) if found else None
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.discover.iommu import IOMMU_FIX, IommuError, IommuFacts, iommu_from_json
 from conformance.discover.watch import WatchFinding
 from conformance.plan.matrix import Rung
-from conformance.plan.relevance import PCIE_PATHS
-from conformance.plan.transport import transport_surprise
+from conformance.plan.transport import PCIE_PATHS, transport_surprise
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
 from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_lines, slow_pairs

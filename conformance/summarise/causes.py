@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from conformance.common.verdicts import Verdict
 from conformance.discover.iommu import IOMMU_FIX, IommuFacts
-from conformance.plan.relevance import PCIE_PATHS
+from conformance.plan.transport import PCIE_PATHS
 from conformance.record.records import CaseRecord, RankRecord
 from conformance.verdict.stderr_causes import cause_parts
 
