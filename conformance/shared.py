@@ -111,6 +111,7 @@ def split(result: CaseResult, parts: Sequence[Part]) -> dict[str, CaseResult | N
             seconds=_seconds(result.reports, part.probe),
             stop_reason=None,
             stop_seconds=0.0,
+            stop_steps=(),
             shared_by=first,
         )
     own = _own_reports(result.reports, carrier.probe if carrier in finished else None)

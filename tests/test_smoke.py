@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from conformance.cli import smoke
+from conformance.cli import smoke, smoke_checks
+from conformance.discover.topology import cpu_topology
+from conformance.rank import flight_recorder
 from conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
@@ -71,3 +76,39 @@ def test_out_of_memory_needs_the_right_root_cause(
     root = SimpleNamespace(rank=rank, error_type=error_type)
     monkeypatch.setattr(smoke, "case", lambda *a, **k: result("error", "rank 0 ...", root=root))
     assert smoke.out_of_memory(None, None).status == status  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_stop_ladder_is_timed_per_signal_on_real_ranks(tmp_path: Path) -> None:
+    """Idle and memory-holding CPU ranks: SIGTERM reaps one, SIGKILL the other that ignores SIGTERM, each timed.
+
+    A spinning kernel needs a GPU: that rank skips before it holds anything, and its line must fail.
+    """
+    deadlines = replace(smoke.HOLD_DEADLINES, backend="gloo", step_timeout=2)
+    checks = smoke.stop_ladder_timings(
+        tmp_path, cpu_topology(1), holds=("idle", "memory", "spinning"), deadlines=deadlines, host_bytes=32 << 20
+    )
+    idle, memory, spinning, figure = checks
+    for line in (idle, memory):  # a KILL figure exists only where SIGTERM left the rank alive
+        assert line.status == "PASS", line
+        found = re.fullmatch(r"TERM -> reap (\S+)s, KILL -> reap (\S+)s", line.detail)
+        assert found is not None, line
+        assert 0 <= float(found[1]) < smoke.TIMED_LADDERS["SIGTERM"].term_wait
+        assert 0 <= float(found[2]) < smoke.TIMED_LADDERS["SIGKILL"].kill_wait
+    assert spinning.status == "FAIL" and "the rank was not spinning when stopped" in spinning.detail, spinning
+    assert figure.status == "PASS" and figure.detail.startswith("longest reap "), figure
+
+
+def test_a_torch_dump_must_be_there_parse_and_name_the_all_reduce(tmp_path: Path) -> None:
+    entry = {"profiling_name": "nccl:all_reduce", "collective_seq_id": 1, "state": "scheduled", "retired": True}
+    (tmp_path / "torch_flight_recorder_0").write_bytes(pickle.dumps({"entries": [entry], "pg_status": {}}))
+    found = flight_recorder.torch_dumps(tmp_path)
+    check = smoke_checks.torch_dump_in_rank_folder(found, "killed by SIGABRT")
+    assert check.status == "PASS" and "nccl:all_reduce #1" in check.detail and "SIGABRT" in check.detail, check
+    assert smoke_checks.torch_dump_in_rank_folder({}, "exit 0").status == "FAIL"
+    (tmp_path / "torch_flight_recorder_0").write_bytes(b"\x80garbage")
+    broken = smoke_checks.torch_dump_in_rank_folder(flight_recorder.torch_dumps(tmp_path), "exit 1")
+    assert broken.status == "FAIL" and broken.detail.startswith("torch_flight_recorder_0: "), broken
+    other = {"entries": [{**entry, "profiling_name": "nccl:broadcast"}]}
+    (tmp_path / "torch_flight_recorder_0").write_bytes(pickle.dumps(other))
+    assert smoke_checks.torch_dump_in_rank_folder(flight_recorder.torch_dumps(tmp_path), "exit 1").status == "FAIL"

@@ -13,12 +13,15 @@ from conformance.cli.smoke_checks import (
     flight_recorder_names_stuck,
     health_snapshot,
     init_complete_in_init,
+    kill_wait_figure,
     nccl_versions_agree,
     spin_placement,
+    stop_ladder_line,
     uuid_compared,
 )
 from conformance.common.casefiles import PhaseLine
 from conformance.discover.health import GpuHealth
+from conformance.launch.processes import StopStep
 
 FORK = 1000.0
 SPUN = [
@@ -98,3 +101,22 @@ def test_the_flight_recorder_line_needs_the_stuck_all_reduce_not_retired() -> No
     failed = flight_recorder_names_stuck({"error": "RuntimeError: no recorder", "last": [], "groups": {}})
     assert (failed.status, failed.detail) == (FAIL, "RuntimeError: no recorder")
     assert flight_recorder_names_stuck(None).status == FAIL
+
+
+def test_a_stop_ladder_line_needs_both_reaps_timed_and_the_rank_holding() -> None:
+    term = [StopStep("SIGTERM", 0.4, reaped=True)]
+    kill = [StopStep("SIGTERM", 0.5, reaped=False), StopStep("SIGKILL", 0.3, reaped=True)]
+    ok = stop_ladder_line("idle", True, term, kill)
+    assert (ok.status, ok.detail) == ("PASS", "TERM -> reap 0.40s, KILL -> reap 0.30s")
+    assert stop_ladder_line("idle", False, term, kill).status == "FAIL"
+    reaped_by_term = stop_ladder_line("idle", True, term, term)  # SIGKILL never sent: nothing timed for it
+    assert reaped_by_term.status == "FAIL" and "KILL -> reap never" in reaped_by_term.detail
+    unkillable = [StopStep("SIGTERM", 0.5, reaped=False), StopStep("SIGKILL", 60.0, reaped=False)]
+    assert stop_ladder_line("memory", True, term, unkillable).status == "FAIL"
+
+
+def test_the_longest_reap_is_the_kill_wait_figure() -> None:
+    assert kill_wait_figure([0.4, 2.5, 0.3], 10.0).status == "PASS"
+    too_long = kill_wait_figure([0.4, 12.25], 10.0)
+    assert too_long.status == "FAIL" and too_long.detail.startswith("longest reap 12.25s"), too_long
+    assert kill_wait_figure([], 10.0).status == "FAIL"

@@ -16,7 +16,11 @@ checks, each through the suite's own harness:
   ``Init COMPLETE`` logged with the rank past init; the rank's CUDA UUID equal to NVML's, compared;
 * NVML's CUDA driver version at least torch's CUDA; the machine-health checks one GPU can run;
 * an all-reduce stuck behind a kernel that never ends is named, not retired, by the flight
-  recorder's dump at the deadline;
+  recorder's dump at the deadline; on a group whose timeout is short, torch's own dump on that
+  timeout lands in the rank's folder and names it;
+* the stop ladder timed: an idle rank, one spinning in a kernel and one holding most of the GPU's
+  memory and 16 GiB of pinned host memory, each reaped once by SIGTERM and once (ignoring SIGTERM)
+  by SIGKILL; the longest reap is the figure for the GPU stop ladder's kill wait;
 * a device-to-device copy timed by the probes' code is within 10% of CUDA events' timing;
 * a ``MIG-`` or unknown ``GPU-`` entry in CUDA_VISIBLE_DEVICES stops ``pytest`` with exit status 4.
 
@@ -32,8 +36,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +51,37 @@ from conformance.cli.smoke_checks import (
     flight_recorder_names_stuck,
     health_snapshot,
     init_complete_in_init,
+    kill_wait_figure,
     nccl_versions_agree,
     spin_placement,
+    stop_ladder_line,
+    torch_dump_in_rank_folder,
     uuid_compared,
 )
 from conformance.common.casefiles import rank_dir, read_phases
-from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines
+from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines, StopLadder
 from conformance.discover.topology import Topology, TopologyError, discover
 from conformance.discover.versions import SUITE_DISTRIBUTION, nccl_wheel_version, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
+from conformance.rank import flight_recorder
+from conformance.rank.probes import holding_step
 
 COPY_TIMING_TOLERANCE = 0.10
 # Room for CUDA and NCCL init before a kernel that never ends (seconds on a cold GPU); then 10 s without
 # progress is a hang.
 SPIN_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=120, grace=3, backend="nccl", step_timeout=10)
 SUITE_TIMEOUT = 3600
+# The stop ladder timed: a rank that holds still (idle, spinning, holding memory) is stopped after 15 s
+# without progress; SIGTERM gets a minute to reap it, and a rank that ignores SIGTERM gets a minute after SIGKILL.
+HOLDS = ("idle", "spinning", "memory")
+HOLD_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=180, grace=3, backend="nccl", step_timeout=15)
+TIMED_LADDERS = {
+    "SIGTERM": StopLadder(dump_wait=GPU_STOP_LADDER.dump_wait, term_wait=60, kill_wait=GPU_STOP_LADDER.kill_wait),
+    "SIGKILL": StopLadder(dump_wait=GPU_STOP_LADDER.dump_wait, term_wait=0.5, kill_wait=60),
+}
+# torch's watchdog times the group out after 5 s; the suite's own step deadline waits a minute.
+TORCH_GROUP_TIMEOUT = 5
+TORCH_FIRST_DEADLINES = replace(SPIN_DEADLINES, step_timeout=60)
 
 
 def versions() -> dict[str, str | None]:
@@ -107,8 +127,18 @@ def run_suite(out: Path) -> Check:
 
 def case(runner: CaseRunner, topology: Topology, probe: str, **params: object) -> CaseResult:
     gpu = topology.devices[0]
-    spec = CaseSpec(f"smoke::{probe}", probe, (gpu,), "nccl", visible=topology.devices, params=params)
+    backend = runner.deadlines.backend
+    spec = CaseSpec(f"smoke::{probe}", probe, (gpu,), backend, visible=topology.devices, params=params)
     return runner.run(spec)
+
+
+def one_case(run_dir: Path, deadlines: Deadlines, topology: Topology, probe: str, **params: object) -> CaseResult:
+    """One case on a runner (and forkserver) of its own, closed after it."""
+    runner = CaseRunner(run_dir, deadlines)
+    try:
+        return case(runner, topology, probe, **params)
+    finally:
+        runner.close()
 
 
 def nvidia_descriptors(pid: int) -> list[str]:
@@ -150,11 +180,7 @@ def out_of_memory(runner: CaseRunner, topology: Topology) -> Check:
 
 
 def spinning_kernel(out: Path, topology: Topology) -> list[Check]:
-    runner = CaseRunner(out / "spin", SPIN_DEADLINES)
-    try:
-        result = case(runner, topology, "spin_kernel")
-    finally:
-        runner.close()
+    result = one_case(out / "spin", SPIN_DEADLINES, topology, "spin_kernel")
     stacks = all(r.stack for r in result.reports)
     ok = result.verdict == "hang" and stacks and not result.unkillable
     detail = (
@@ -169,12 +195,36 @@ def spinning_kernel(out: Path, topology: Topology) -> list[Check]:
 
 def stuck_collective(out: Path, topology: Topology) -> Check:
     """A world of one whose all-reduce waits behind a kernel that never ends: the deadline's dump names it."""
-    runner = CaseRunner(out / "stuck", SPIN_DEADLINES)
-    try:
-        result = case(runner, topology, "stuck_all_reduce")
-    finally:
-        runner.close()
+    result = one_case(out / "stuck", SPIN_DEADLINES, topology, "stuck_all_reduce")
     return flight_recorder_names_stuck(result.reports[0].collectives if result.reports else None)
+
+
+def torch_timeout_dump(out: Path, topology: Topology) -> Check:
+    """The same all-reduce on a group whose timeout is short: torch's watchdog acts first and dumps."""
+    result = one_case(out / "torch-dump", TORCH_FIRST_DEADLINES, topology, "stuck_all_reduce",
+                      group_timeout=TORCH_GROUP_TIMEOUT)  # fmt: skip
+    ended = f"exit {result.reports[0].exit}" if result.reports else "no rank report"
+    return torch_dump_in_rank_folder(flight_recorder.torch_dumps(rank_dir(result.case_dir, 0)), ended)
+
+
+def stop_ladder_timings(
+    out: Path, topology: Topology, holds: Sequence[str] = HOLDS, deadlines: Deadlines = HOLD_DEADLINES, **params: object
+) -> list[Check]:
+    """Each kind of rank stopped by SIGTERM, then another of its kind (ignoring SIGTERM) by SIGKILL; reaps timed.
+
+    ``deadlines``' backend runs the ranks (gloo: CPU ranks, as the project's own tests run this).
+    """
+    checks, reaps = [], []
+    for what in holds:
+        timed = []
+        for sig, ladder in TIMED_LADDERS.items():
+            run_dir, timing = out / f"stop-{what}-{sig}", replace(deadlines, ladder=ladder)
+            result = one_case(run_dir, timing, topology, "hold", what=what, ignore_sigterm=sig == "SIGKILL", **params)
+            timed.append(result)
+            reaps += [step.seconds for step in result.stop_steps if step.reaped]
+        placed = all(r.reports and r.reports[0].step == holding_step(what) for r in timed)
+        checks.append(stop_ladder_line(what, placed, timed[0].stop_steps, timed[1].stop_steps))
+    return [*checks, kill_wait_figure(reaps, GPU_STOP_LADDER.kill_wait)]
 
 
 def copy_timing(runner: CaseRunner, topology: Topology) -> Check:
@@ -214,6 +264,9 @@ GPU_CHECKS = (
     "spinning kernel stopped with its stack, reaped",
     "spin: the hung rank was in probe (kernel spinning)",
     "flight recorder: the stuck nccl:all_reduce, not retired",
+    "torch's own dump on its timeout, in the rank folder",
+    *(f"stop ladder, {what} rank: TERM -> reap, KILL -> reap" for what in HOLDS),
+    "stop ladder: longest reap within the GPU kill wait",
     "copy timing: probe code vs CUDA events",
     "MIG-/unknown CUDA_VISIBLE_DEVICES entry -> exit 4",
 )
@@ -236,7 +289,14 @@ def gpu_checks(out: Path, topology: Topology, found: dict[str, str | None]) -> l
             checks += step()
     finally:
         runner.close()
-    return [*checks, *spinning_kernel(out, topology), stuck_collective(out, topology), refused_entries(out)]
+    return [
+        *checks,
+        *spinning_kernel(out, topology),
+        stuck_collective(out, topology),
+        torch_timeout_dump(out, topology),
+        *stop_ladder_timings(out, topology),
+        refused_entries(out),
+    ]
 
 
 def table(checks: list[Check]) -> str:

@@ -20,6 +20,7 @@ from conformance.discover.health import (
     mode_problems,
     pcie_problems,
 )
+from conformance.launch.processes import StopStep
 from conformance.plan.transport import cuda_version
 from conformance.rank.context import uuid_digits
 
@@ -111,8 +112,59 @@ def flight_recorder_names_stuck(collectives: Mapping[str, Any] | None) -> Check:
     if not collectives or collectives.get("error"):
         return Check(name, FAIL, (collectives or {}).get("error") or "no dump")
     last = collectives.get("last") or []
-    stuck = [
-        e for e in last if "all_reduce" in str(e.get("op")) and not e.get("retired") and e.get("state") != "completed"
-    ]
-    detail = "; ".join(f"{e.get('op')} #{e.get('seq')} state {e.get('state')} retired {e.get('retired')}" for e in last)
-    return Check(name, PASS if stuck else FAIL, detail or "no collective recorded")
+    stuck = [e for e in last if _is_all_reduce(e) and not e.get("retired") and e.get("state") != "completed"]
+    return Check(name, PASS if stuck else FAIL, _entries(last))
+
+
+def _is_all_reduce(entry: Mapping[str, Any]) -> bool:
+    return "all_reduce" in str(entry.get("op"))
+
+
+def _entries(last: Sequence[Mapping[str, Any]]) -> str:
+    shown = (f"{e.get('op')} #{e.get('seq')} state {e.get('state')} retired {e.get('retired')}" for e in last)
+    return "; ".join(shown) or "no collective recorded"
+
+
+def torch_dump_in_rank_folder(dumps: Mapping[str, Mapping[str, Any] | None], exit_label: str) -> Check:
+    """Torch's own watchdog timed the all-reduce out first: its dump is in the rank folder, parses, names it."""
+    name = "torch's own dump on its timeout, in the rank folder"
+    if not dumps:
+        return Check(name, FAIL, f"no torch_flight_recorder_* file; the rank ended: {exit_label}")
+    file, summary = next(iter(dumps.items()))
+    if not summary or summary.get("error"):
+        return Check(name, FAIL, f"{file}: {(summary or {}).get('error') or 'not a flight-recorder dump'}")
+    last = summary.get("last") or []
+    named = any(_is_all_reduce(e) for e in last)
+    return Check(name, PASS if named else FAIL, f"{file} ({exit_label}): {_entries(last)}")
+
+
+def _reaped_after(steps: Sequence[StopStep], signal: str) -> float | None:
+    """Seconds from ``signal`` to the last reap; None when it was not sent or did not reap."""
+    return next((s.seconds for s in steps if s.signal == signal and s.reaped), None)
+
+
+def stop_ladder_line(what: str, placed: bool, by_term: Sequence[StopStep], by_kill: Sequence[StopStep]) -> Check:
+    """One kind of rank stopped twice: once by SIGTERM, once (ignoring SIGTERM) by SIGKILL; each reap timed.
+
+    ``placed``: both ranks were holding what they were asked to when the watchdog stopped them.
+    """
+    name = f"stop ladder, {what} rank: TERM -> reap, KILL -> reap"
+    term, kill = _reaped_after(by_term, "SIGTERM"), _reaped_after(by_kill, "SIGKILL")
+    shown = [f"TERM -> reap {_seconds(term)}", f"KILL -> reap {_seconds(kill)}"]
+    if not placed:
+        shown.append(f"the rank was not {what} when stopped")
+    return Check(name, PASS if placed and term is not None and kill is not None else FAIL, ", ".join(shown))
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}s"
+
+
+def kill_wait_figure(reaps: Sequence[float], kill_wait: float) -> Check:
+    """The longest reap timed is the figure for the GPU stop ladder's kill wait: within it, or the wait is too short."""
+    name = "stop ladder: longest reap within the GPU kill wait"
+    if not reaps:
+        return Check(name, FAIL, "no reap was timed")
+    longest = max(reaps)
+    detail = f"longest reap {longest:.2f}s; deadlines.GPU_STOP_LADDER.kill_wait {kill_wait:g}s"
+    return Check(name, PASS if longest <= kill_wait else FAIL, detail)

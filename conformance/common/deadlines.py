@@ -89,9 +89,12 @@ class Deadlines:
     backend: str = "gloo"
     step_timeout: float = 30.0
     rendezvous_timeout: float = 60.0  # nodes waiting for each other at the start
+    ladder: StopLadder | None = None  # the backend's stop ladder unless given (the smoke run times its steps)
 
     @property
     def stop_ladder(self) -> StopLadder:
+        if self.ladder is not None:
+            return self.ladder
         return GPU_STOP_LADDER if self.backend == "nccl" else CPU_STOP_LADDER
 
     @property

@@ -18,7 +18,7 @@ from conformance.discover.topology import Device
 from conformance.launch.forkserver import ForkServerClient
 from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.measure_gate import GateHold
-from conformance.launch.processes import CaseProcesses, RankProcess
+from conformance.launch.processes import CaseProcesses, RankProcess, StopStep
 from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
 from conformance.plan.transport import P2P
 from conformance.rank import flight_recorder
@@ -98,6 +98,7 @@ class CaseResult:
     root_node: int | None = None  # across nodes: the node the verdict comes from
     node_verdicts: dict[int, str] | None = None  # across nodes: each node's own verdict
     shared_by: str | None = None  # the test whose case ran this one's collective too (conformance.shared)
+    stop_steps: tuple[StopStep, ...] = ()  # the stop ladder's signals and their waits, when it ran
 
     @property
     def verdict(self) -> str:
@@ -269,6 +270,7 @@ class CaseRunner:
             simulated=self.simulated,
             stop_reason=supervision.stop_reason,
             stop_seconds=round(supervision.stop_seconds, 3),
+            stop_steps=tuple(supervision.stop_steps),
             nccl=read_nccl_logs(spec, case_dir),
             lease_wait=round(waited, 3),
         )

@@ -37,6 +37,15 @@ POLL_SECONDS = 0.05
 DUMP_SETTLE = 0.02  # let a dump that has begun finish writing
 
 
+@dataclass(frozen=True)
+class StopStep:
+    """One signal of the stop ladder: seconds from sending it to the last reap, or to giving up."""
+
+    signal: str  # "SIGTERM", "SIGKILL"
+    seconds: float
+    reaped: bool  # every rank it was sent to was reaped within its wait
+
+
 @dataclass
 class RankProcess:
     rank: int
@@ -97,24 +106,29 @@ class CaseProcesses:
             alive = self.alive()
         return alive
 
-    def stop(self, reason: str, ladder: StopLadder) -> float:
-        """Run the stop ladder on the live ranks; seconds from its start to the last reap."""
-        begun = time.monotonic()
+    def stop(self, reason: str, ladder: StopLadder) -> list[StopStep]:
+        """Run the stop ladder on the live ranks: the dump, then SIGTERM, then SIGKILL if any rank outlived it."""
         alive = self.alive()
         for rank in alive:
             rank.stopped_by = reason
         self._dump_stacks(alive, ladder.dump_wait)
-        self._signal(signal.SIGTERM, f"stop ladder ({reason})", self.alive())
-        still = self.wait_for_exits(ladder.term_wait)
-        if still:
-            self._signal(signal.SIGKILL, f"stop ladder ({reason}): {len(still)} rank(s) ignored SIGTERM", still)
-            still = self.wait_for_exits(ladder.kill_wait)
-        for rank in still:
+        steps = [self.signal_and_reap(signal.SIGTERM, f"stop ladder ({reason})", ladder.term_wait)]
+        if not steps[-1].reaped:
+            why = f"stop ladder ({reason}): {len(self.alive())} rank(s) ignored SIGTERM"
+            steps.append(self.signal_and_reap(signal.SIGKILL, why, ladder.kill_wait))
+        for rank in self.alive():
             rank.unkillable = True
             log.warning(
                 "case %s: rank %d (pid %d) survived SIGKILL for %.1fs", self.case, rank.rank, rank.pid, ladder.kill_wait
             )
-        return time.monotonic() - begun
+        return steps
+
+    def signal_and_reap(self, sig: signal.Signals, why: str, wait: float) -> StopStep:
+        """Signal the live ranks' group and wait up to ``wait`` seconds for every one to be reaped."""
+        sent = time.monotonic()
+        self._signal(sig, why, self.alive())
+        still = self.wait_for_exits(wait)
+        return StopStep(sig.name, time.monotonic() - sent, reaped=not still)
 
     def kill(self, why: str) -> bool:
         """SIGKILL the whole case at once; False when nothing was left to kill."""

@@ -20,7 +20,7 @@ from typing import Protocol
 from conformance.common import casefiles
 from conformance.common.deadlines import StopLadder
 from conformance.launch.measure_gate import GateHold
-from conformance.launch.processes import CaseProcesses, RankProcess
+from conformance.launch.processes import CaseProcesses, RankProcess, StopStep
 
 log = logging.getLogger("conformance.launch")
 EVENT_WAIT = 0.05  # longest sleep between looks at the ranks, the measurement turn and the other nodes
@@ -37,6 +37,7 @@ class Supervision:
     ended: float
     stop_reason: str | None = None  # why the watchdog stepped in, if it did
     stop_seconds: float = 0.0  # from the decision to stop to the last rank reaped
+    stop_steps: list[StopStep] = field(default_factory=list)  # each signal's wait for the reap
     grace_started: float | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -136,6 +137,13 @@ def _ranks(alive: list[RankProcess]) -> str:
     return ", ".join(f"{r.rank} (pid {r.pid})" for r in alive)
 
 
+def _stop(processes: CaseProcesses, supervision: Supervision, reason: str, ladder: StopLadder) -> None:
+    begun = time.monotonic()
+    supervision.stop_reason = reason
+    supervision.stop_steps = processes.stop(reason, ladder)
+    supervision.stop_seconds = time.monotonic() - begun
+
+
 def supervise(
     processes: CaseProcesses,
     limits: Limits,
@@ -169,8 +177,7 @@ def supervise(
         if confirm is not None and grace_deadline is None and confirm.stuck(alive):
             stuck = f"every live rank stuck at {confirm.where} for {confirm.seconds:g}s"
             log.info("case %s: %s (confirm); stopping ranks %s", processes.case, stuck, _ranks(alive))
-            supervision.stop_reason = "confirm"
-            supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
+            _stop(processes, supervision, "confirm", ladder)
             break
         now = time.monotonic()
         if turn is not None:
@@ -185,9 +192,8 @@ def supervise(
             on_wait(alive, limit - now)
         if now >= limit:
             reasons = {grace_deadline: "grace", stalled: "stalled", deadline: "deadline"}
-            supervision.stop_reason = reasons[limit]
             log.info("case %s: %s; stopping ranks %s", processes.case, _why[reasons[limit]](limits), _ranks(alive))
-            supervision.stop_seconds = processes.stop(supervision.stop_reason, ladder)
+            _stop(processes, supervision, reasons[limit], ladder)
             break
         look = TURN_LOOK if turn is not None and turn.in_play and peers is None else EVENT_WAIT
         processes.wait(min(limit - now, look))

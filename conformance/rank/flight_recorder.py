@@ -17,6 +17,7 @@ folder as well, for the case where torch's watchdog acts despite the deadline or
 from __future__ import annotations
 
 import json
+import pickle
 import signal
 import threading
 from collections.abc import Mapping
@@ -28,13 +29,14 @@ from conformance.common import casefiles
 DUMP_SIGNAL = signal.SIGUSR2
 BUFFER_ENTRIES = "2000"  # the buffer size torch's flight-recorder tutorial recommends
 LAST_ENTRIES = 4  # collectives per rank kept in the record
+TORCH_DUMP_PREFIX = "torch_flight_recorder_"  # torch's own dump on timeout: this, then the rank
 
 
 def environment(backend: str, rank_path: Path) -> dict[str, str]:
     """Variables that switch the recorder on for a rank (set in the rank, before torch reads them)."""
     env = {"TORCH_FR_BUFFER_SIZE": BUFFER_ENTRIES}
     if backend == "nccl":
-        prefix = str(rank_path / "torch_flight_recorder_")
+        prefix = str(rank_path / TORCH_DUMP_PREFIX)
         env.update(
             TORCH_NCCL_TRACE_BUFFER_SIZE=BUFFER_ENTRIES,
             TORCH_NCCL_DUMP_ON_TIMEOUT="1",
@@ -93,7 +95,31 @@ def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 def last_collectives(rank_path: Path) -> dict[str, Any] | None:
     """The rank's last few recorded collectives and its groups' progress; None without a dump."""
-    data = casefiles.read_json(rank_path / casefiles.FLIGHT_RECORDER)
+    return _summary(casefiles.read_json(rank_path / casefiles.FLIGHT_RECORDER))
+
+
+def torch_dumps(rank_path: Path) -> dict[str, dict[str, Any] | None]:
+    """The dumps torch writes on its own timeout in the rank folder, by file name, summarised (None: unreadable).
+
+    torch writes them to its dump prefix followed by the rank (DebugInfoWriter: TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+    in torch/csrc/distributed/c10d/TraceUtils.h; TORCH_FR_DUMP_TEMP_FILE first in later FlightRecorder
+    sources: ``environment`` sets both), pickled: torch 2.13's own reader,
+    torch/distributed/flight_recorder/components/loader.py, unpickles it the same way.  The file is
+    the rank's own, in the rank's own folder.
+    """
+    found: dict[str, dict[str, Any] | None] = {}
+    for path in sorted(rank_path.glob(TORCH_DUMP_PREFIX + "*")):
+        try:
+            raw = path.read_bytes()
+            data = json.loads(raw) if raw.lstrip()[:1] == b"{" else pickle.loads(raw)  # noqa: S301 - see above
+        except (OSError, ValueError, pickle.UnpicklingError, EOFError) as exc:
+            found[path.name] = {"error": f"{type(exc).__name__}: {exc}", "last": [], "groups": {}}
+            continue
+        found[path.name] = _summary(data)
+    return found
+
+
+def _summary(data: Any) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         return None
     if "error" in data:

@@ -23,8 +23,10 @@ message; a peer copy ``bytes / time`` per copy, each direction.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -433,10 +435,52 @@ def stuck_all_reduce(ctx: RankContext) -> None:
     if ctx.torch_device.type != "cuda":
         ctx.skip("a kernel that never ends needs a GPU")
     data = pattern(ctx.rank, 1, ctx.torch_device)
+    group = ctx.group
+    if "group_timeout" in ctx.params:  # torch's own watchdog acts first, after this many seconds
+        timeout = timedelta(seconds=float(ctx.params["group_timeout"]))
+        group = dist.new_group(list(range(ctx.world_size)), timeout=timeout)
     torch.cuda._sleep(int(ctx.params.get("cycles", 10**14)))  # type: ignore[no-untyped-call]
     ctx.phase("probe", "all_reduce behind a sleeping kernel")
-    dist.all_reduce(data, group=ctx.group)  # queued on the stream behind the sleep: it never starts
+    dist.all_reduce(data, group=group)  # queued on the stream behind the sleep: it never starts
     ctx.synchronize()
+
+
+def holding_step(what: str) -> str:
+    """The step a ``hold`` rank reports once it holds what it was asked to."""
+    return f"holding: {what}"
+
+
+@probe("hold")
+def hold(ctx: RankContext) -> None:
+    """Stay until stopped: idle, spinning in a kernel, or holding memory (the smoke run times their reaping).
+
+    ``memory``: most of the GPU's free memory and ``pinned_bytes`` of pinned host memory; on a CPU
+    rank, ``host_bytes`` of ordinary memory, written so that it is really held.
+    """
+    import torch
+
+    what = str(ctx.params.get("what", "idle"))
+    if ctx.params.get("ignore_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL reaps it
+    held = []
+    if what == "memory" and ctx.torch_device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(ctx.torch_device)
+        share = float(ctx.params.get("gpu_share", 0.9))
+        held.append(torch.empty(int(free * share), dtype=torch.uint8, device=ctx.torch_device))
+        held.append(torch.empty(int(ctx.params.get("pinned_bytes", 16 << 30)), dtype=torch.uint8, pin_memory=True))
+    elif what == "memory":
+        held.append(torch.ones(int(ctx.params.get("host_bytes", 64 << 20)), dtype=torch.uint8))
+    elif what == "spinning":
+        if ctx.torch_device.type != "cuda":
+            ctx.skip("a spinning CUDA kernel needs a GPU")
+        ctx.phase("probe", holding_step(what))
+        torch.cuda._sleep(10**14)  # type: ignore[no-untyped-call]
+        ctx.synchronize()
+    elif what != "idle":
+        raise ValueError(f"hold: what={what!r}: expected idle, spinning or memory")
+    ctx.phase("probe", holding_step(what))
+    while True:
+        time.sleep(3600)
 
 
 @probe("copy_timing")
