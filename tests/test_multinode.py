@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -428,3 +429,80 @@ def test_runs_by_hand_with_a_run_token_turn_away_a_node_of_another(pytester: pyt
         assert code == pytest.ExitCode.OK, node.output
     assert "conformance: run identity run token 'run-a'; node pairs all" in a0.output
     assert "turned away a node of another run (run token 'run-b', node 1, host " in a0.output
+
+
+# -- launchers the suite recognises: no silent one-node run --------------------------------------------------
+
+
+def start_pod(folder: Path, rank: int, pods: int, port: int, *args: str) -> Node:
+    """A Kubeflow PyTorchJob pod: a plain ``pytest`` whose layout is only the operator's variables."""
+    reports, log = folder / f"reports-pod{rank}", folder / f"pod{rank}.log"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(pods),
+           "RANK": str(rank)}  # fmt: skip
+    command = [sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+               "-p", "no:warnings", f"--reports-dir={reports}", *args]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return Node(process, log, reports, time.monotonic())
+
+
+def test_two_kubeflow_pods_with_plain_pytest_run_as_two_nodes(pytester: pytest.Pytester) -> None:
+    """WORLD_SIZE=2 and RANK in each pod: the two pytests meet and test across nodes, not each its own node."""
+    files = copy_suites(pytester, "test_multinode.py")
+    port = free_port()
+    pods = [start_pod(pytester.path, rank, 2, port, *files, *FAST, "--virtual-devices=1") for rank in (0, 1)]
+    for rank, pod in enumerate(pods):
+        code, _ = pod.wait()
+        assert code == 0, pod.output
+        assert f"conformance: node {rank} of 2 (layout from WORLD_SIZE/RANK (Kubeflow PyTorchJob" in pod.output
+    crossing = across(gathered(pods[0].reports))
+    assert {r["node_rank"] for r in crossing} == {0, 1} and all(r["verdict"] == "pass" for r in crossing), crossing
+
+
+def test_a_kubeflow_pod_without_its_peer_does_not_pass_alone(pytester: pytest.Pytester) -> None:
+    """Pod 0 of 2 whose pod 1 never comes: the rendezvous names it and the run fails, never a one-node pass."""
+    files = copy_suites(pytester, "test_multinode.py")
+    pod = start_pod(pytester.path, 0, 2, free_port(), *files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=2")
+    code, _ = pod.wait()
+    assert code != 0, pod.output
+    assert "node 1 never arrived within 2s (rendezvous deadline)" in pod.output
+
+
+MPIRUN = shutil.which("mpirun")
+needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed (Debian: openmpi-bin)")
+
+
+def mpirun(folder: Path, processes: int, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Open MPI's mpirun starting ``processes`` pytests on this machine (as root where the tests run as root)."""
+    root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
+    command = [MPIRUN or "mpirun", *root, "--oversubscribe", "-np", str(processes), *wrap, sys.executable, "-m",
+               "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider", "-p", "no:warnings",
+               f"--reports-dir={folder / 'reports'}", *args]  # fmt: skip
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, check=False)
+
+
+@needs_mpirun
+def test_mpirun_with_two_processes_on_one_machine_runs_one_pytest(pytester: pytest.Pytester) -> None:
+    """`mpirun -np 2 pytest suites/`: both processes are on this node, so it is one node; the second steps aside."""
+    files = copy_suites(pytester, "test_multinode.py")
+    done = mpirun(pytester.path, 2, *files, *FAST, "--virtual-devices=1")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Open MPI's mpirun started 2 processes on this node; the suite is one pytest per node, so this one " \
+           "(OMPI_COMM_WORLD_LOCAL_RANK=1) leaves the node" in output  # fmt: skip
+    assert output.count("conformance: run ") == 1, output  # one session header: one pytest ran the node
+
+
+@needs_mpirun
+def test_mpirun_claiming_several_nodes_without_node_0s_address_stops_in_one_line(pytester: pytest.Pytester) -> None:
+    """Open MPI says 2 processes, 1 on this node (as on two machines): no MASTER_ADDR is a usage error, not a pass.
+
+    One machine cannot host two Open MPI nodes, so ``env`` sets the per-node count each process would
+    see on a machine of its own; the size and ranks are mpirun's.
+    """
+    files = copy_suites(pytester, "test_multinode.py")
+    one_per_node = ("env", "OMPI_COMM_WORLD_LOCAL_SIZE=1", "OMPI_COMM_WORLD_LOCAL_RANK=0")
+    done = mpirun(pytester.path, 2, *files, *FAST, "--virtual-devices=1", wrap=one_per_node)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "ERROR: conformance: 2 nodes (Open MPI's mpirun (OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_SIZE=1)) " \
+           "need the first node's address" in done.stderr  # fmt: skip

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
+from typing import Any
 
 import psutil
 import pytest
@@ -78,6 +80,58 @@ def test_a_second_torchrun_process_on_a_node_leaves_it_to_the_first() -> None:
     assert why.endswith("(LOCAL_RANK=1) leaves the node to LOCAL_RANK 0: use torchrun --nproc-per-node 1")
 
 
+# What Open MPI's mpirun gives each process (docs.open-mpi.org, "Environment variables set for MPI applications").
+def open_mpi(size: int, rank: int, local_size: int, local_rank: int) -> dict[str, str]:
+    return {
+        "OMPI_COMM_WORLD_SIZE": str(size), "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size), "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+    }  # fmt: skip
+
+
+def hydra(size: int, rank: int, local_size: int, local_rank: int) -> dict[str, str]:
+    return {"PMI_SIZE": str(size), "PMI_RANK": str(rank), "MPI_LOCALNRANKS": str(local_size),
+            "MPI_LOCALRANKID": str(local_rank)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("launcher", "name"), [(open_mpi, "Open MPI's mpirun"), (hydra, "MPICH's mpiexec (Hydra)")])
+def test_an_mpi_launcher_gives_the_layout_one_process_per_node(launcher: Any, name: str) -> None:
+    setup = node_setup(NONE, {**launcher(4, 2, 1, 0), "MASTER_ADDR": "gpu01", "MASTER_PORT": "29400"})
+    assert (setup.nnodes, setup.node_rank, setup.master_addr, setup.master_port) == (4, 2, "gpu01", 29400)
+    assert setup.source.startswith(name)
+    # every process on this node: one node, and every process but local rank 0 steps aside
+    assert node_setup(NONE, launcher(2, 0, 2, 0)).nnodes == 1
+    assert extra_local_process(launcher(2, 0, 2, 0)) is None
+    why = extra_local_process(launcher(2, 1, 2, 1))
+    assert why is not None and why.startswith(f"{name} started 2 processes on this node; the suite is one pytest")
+    # several nodes, without node 0's address: refused, saying how to give it
+    with pytest.raises(NodeError, match=r"^4 nodes \(" + re.escape(name) + r".*mpirun -x MASTER_ADDR="):
+        node_setup(NONE, launcher(4, 2, 1, 0))
+
+
+@pytest.mark.parametrize("launcher", [open_mpi, hydra])
+def test_several_mpi_processes_per_node_on_several_nodes_are_refused(launcher: Any) -> None:
+    """The node count cannot be told from 8 processes, 2 per node, without the mapping: one per node is asked."""
+    with pytest.raises(layout.LauncherError, match=r"started 2 processes on this node and 8 in all .*one pytest per"):
+        node_setup(NONE, {**launcher(8, 0, 2, 0), "MASTER_ADDR": "h"})
+
+
+def test_kubeflow_pods_give_the_layout() -> None:
+    """A PyTorchJob's pod: WORLD_SIZE and RANK, or its torchrun variables PET_NNODES and PET_NODE_RANK first."""
+    pod = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}
+    assert node_setup(NONE, pod) == NodeSetup(
+        3, 2, "job-master-0", 23456, "WORLD_SIZE/RANK (Kubeflow PyTorchJob: one pytest per pod)"
+    )
+    pet = {**pod, "WORLD_SIZE": "16", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8"}
+    assert node_setup(NONE, pet) == NodeSetup(
+        2, 1, "job-master-0", 23456, "Kubeflow PyTorchJob (PET_NNODES, PET_NODE_RANK)"
+    )
+    assert node_setup(NONE, {**pet, "PET_NNODES": "2:2"}).nnodes == 2
+    with pytest.raises(layout.LauncherError, match=r"PET_NNODES='1:4' is an elastic range"):
+        node_setup(NONE, {**pet, "PET_NNODES": "1:4"})
+    # torchrun inside the pod wins: it sets the same WORLD_SIZE/RANK per process
+    assert node_setup(NONE, {**pod, **TORCHRUN}).source == "torchrun"
+
+
 def test_explicit_settings_win_over_slurm() -> None:
     env = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[10-13]"}
     setup = node_setup({**NONE, "master_addr": "10.1.1.1", "master_port": 30000}, env)
@@ -88,7 +142,7 @@ def test_explicit_settings_win_over_slurm() -> None:
     ("explicit", "env", "message"),
     [
         ({**NONE, "nnodes": 2, "node_rank": 2}, {}, "node rank 2 is not below the node count 2 (settings)"),
-        ({**NONE, "nnodes": 2}, {}, "2 nodes need the first node's address (--master-addr or MASTER_ADDR)"),
+        ({**NONE, "nnodes": 2}, {}, "2 nodes (settings) need the first node's address: --master-addr, or MASTER_ADDR"),
         (NONE, {"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES: 'two' is not a whole number"),
         (NONE, {"NNODES": "0"}, "NNODES: '0' must be a positive whole number"),
         ({**NONE, "nnodes": 2, "master_addr": "h", "master_port": 70000}, {}, "master port 70000 is not a TCP port"),

@@ -4,7 +4,10 @@ The node layout comes, from high to low priority, from the suite's own settings 
 ``--node-rank``, ``--master-addr``, ``--master-port`` and their ini / CONFORMANCE_* twins), from
 SLURM (``SLURM_NNODES``, ``SLURM_NODEID``, the first host of ``SLURM_JOB_NODELIST``), from
 torchrun (``GROUP_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: what torch's elastic
-agent gives its workers), or from hand-set ``NNODES``/``NODE_RANK``.  One node is the default.
+agent gives its workers), from an MPI launcher (Open MPI's ``OMPI_COMM_WORLD_*``, Hydra's ``PMI_*``:
+one process per node, or all on this one), from Kubeflow's PyTorchJob (``PET_NNODES``/``PET_NODE_RANK``,
+else ``WORLD_SIZE``/``RANK``), or from hand-set ``NNODES``/``NODE_RANK``.  One node is the default.
+A launcher that started several processes on a node keeps one (local rank 0); the others step aside.
 
 Under torchrun the run's store is torchrun's own (``TORCHELASTIC_USE_AGENT_STORE``: its agent
 hosts it, every node is a client) or the one torchrun reserved for its workers, always under the
@@ -167,15 +170,111 @@ def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
     )
 
 
+@dataclass(frozen=True)
+class ProcessLauncher:
+    """A launcher that starts processes, several per node if asked, and says so in each one's environment."""
+
+    name: str
+    present: str  # the variable that says this launcher started the process
+    size: str  # processes in all
+    rank: str  # this process among them
+    local_size: str  # processes on this node
+    local_rank: str  # this process among them
+    one_per_node: str  # how to start one process per node
+
+
+TORCHRUN = ProcessLauncher(
+    "torchrun", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK",
+    "torchrun --nproc-per-node 1",
+)  # fmt: skip
+# docs.open-mpi.org, "Environment variables set for MPI applications" (v5.0.x; the same names in 4.1).
+OPEN_MPI = ProcessLauncher(
+    "Open MPI's mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun --map-by ppr:1:node",
+)  # fmt: skip
+# MPICH's and Intel MPI's Hydra (mpiexec.hydra): PMI_SIZE and PMI_RANK, and per node MPI_LOCALNRANKS and
+# MPI_LOCALRANKID (MPICH src/pm/hydra, the proxy's environment for each process).
+HYDRA = ProcessLauncher(
+    "MPICH's mpiexec (Hydra)", "PMI_SIZE", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID",
+    "mpiexec -ppn 1",
+)  # fmt: skip
+PROCESS_LAUNCHERS = (TORCHRUN, OPEN_MPI, HYDRA)
+
+
 def extra_local_process(environ: Mapping[str, str]) -> str | None:
-    """Why this process leaves its node to another (torchrun --nproc-per-node above 1), or None."""
-    if "TORCHELASTIC_RUN_ID" not in environ or environ.get("LOCAL_RANK", "0") == "0":
+    """Why this process leaves its node to another (a launcher started several per node), or None."""
+    for launcher in PROCESS_LAUNCHERS:
+        local = environ.get(launcher.local_rank, "0")
+        if launcher.present in environ and local != "0":
+            return (
+                f"{launcher.name} started {environ.get(launcher.local_size, '?')} processes on this node; the suite "
+                f"is one pytest per node, so this one ({launcher.local_rank}={local}) leaves the node to "
+                f"{launcher.local_rank} 0: use {launcher.one_per_node}"
+            )
+    return None
+
+
+def _from_mpi(environ: Mapping[str, str]) -> NodeSetup | None:
+    """The layout an MPI launcher gives: one node when every process is on this one, else one process per node."""
+    launcher = next((m for m in (OPEN_MPI, HYDRA) if m.present in environ and m.rank in environ), None)
+    if launcher is None:
         return None
-    return (
-        f"torchrun started {environ.get('LOCAL_WORLD_SIZE', '?')} processes on this node; the suite is one pytest "
-        f"per node, so this one (LOCAL_RANK={environ['LOCAL_RANK']}) leaves the node to LOCAL_RANK 0: "
-        "use torchrun --nproc-per-node 1"
+    size = _int(environ[launcher.size], launcher.size, 1)
+    rank = _int(environ[launcher.rank], launcher.rank, 0)
+    if launcher.local_size not in environ:
+        raise LauncherError(f"{launcher.name} set {launcher.size}={size} but not {launcher.local_size}: "
+                            "cannot tell how many of its processes share this node")  # fmt: skip
+    local = _int(environ[launcher.local_size], launcher.local_size, 1)
+    seen = f"{launcher.size}={size}, {launcher.local_size}={local}"
+    if local == size:  # every process on this node: one node (the others step aside)
+        return NodeSetup(source=f"{launcher.name} ({seen}: one node)")
+    if local > 1:
+        raise LauncherError(
+            f"{launcher.name} started {local} processes on this node and {size} in all ({seen}); the suite is one "
+            f"pytest per node: {launcher.one_per_node}"
+        )
+    return NodeSetup(
+        nnodes=size,
+        node_rank=rank,
+        master_addr=environ.get("MASTER_ADDR"),
+        master_port=_master_port(environ),
+        source=f"{launcher.name} ({seen})",
     )
+
+
+def _from_kubeflow(environ: Mapping[str, str]) -> NodeSetup | None:
+    """Kubeflow's PyTorchJob, one pod per node: its torchrun variables (PET_*) first, else WORLD_SIZE and RANK.
+
+    The training operator gives each pod MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK, and with
+    ``nprocPerNode`` the PET_NNODES / PET_NODE_RANK that torchrun reads as its defaults.
+    """
+    if "PET_NNODES" in environ:
+        return NodeSetup(
+            nnodes=_fixed_nnodes(environ["PET_NNODES"]),
+            node_rank=_int(environ.get("PET_NODE_RANK", "0"), "PET_NODE_RANK", 0),
+            master_addr=environ.get("PET_MASTER_ADDR") or environ.get("MASTER_ADDR"),
+            master_port=_int(environ["PET_MASTER_PORT"], "PET_MASTER_PORT", 1)
+            if "PET_MASTER_PORT" in environ
+            else _master_port(environ),
+            source="Kubeflow PyTorchJob (PET_NNODES, PET_NODE_RANK)",
+        )
+    if "WORLD_SIZE" in environ and "RANK" in environ:
+        return NodeSetup(
+            nnodes=_int(environ["WORLD_SIZE"], "WORLD_SIZE", 1),
+            node_rank=_int(environ["RANK"], "RANK", 0),
+            master_addr=environ.get("MASTER_ADDR"),
+            master_port=_master_port(environ),
+            source="WORLD_SIZE/RANK (Kubeflow PyTorchJob: one pytest per pod)",
+        )
+    return None
+
+
+def _fixed_nnodes(value: str) -> int:
+    """PET_NNODES: ``N`` or ``N:N``; an elastic range cannot say how many nodes this run has."""
+    low, _, high = value.partition(":")
+    if high and high != low:
+        raise LauncherError(f"PET_NNODES={value!r} is an elastic range; the suite needs a fixed node count")
+    return _int(low, "PET_NNODES", 1)
 
 
 def _from_node_variables(environ: Mapping[str, str]) -> NodeSetup | None:
@@ -198,7 +297,14 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
     outside = not_a_step(environ) if explicit.get("nnodes") is None else None
     if outside:
         raise LauncherError(outside)
-    found = _from_slurm(environ) or _from_torchrun(environ) or _from_node_variables(environ) or NodeSetup()
+    found = (
+        _from_slurm(environ)
+        or _from_torchrun(environ)
+        or _from_mpi(environ)
+        or _from_kubeflow(environ)
+        or _from_node_variables(environ)
+        or NodeSetup()
+    )
     values = {**asdict(found), **{k: v for k, v in explicit.items() if v is not None}}
     if any(v is not None for v in explicit.values()):
         values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
@@ -209,7 +315,10 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
         raise NodeError(f"node rank {setup.node_rank} is not below the node count {setup.nnodes} ({setup.source})")
     if setup.multi_node:
         if not setup.master_addr:
-            raise NodeError(f"{setup.nnodes} nodes need the first node's address (--master-addr or MASTER_ADDR)")
+            raise NodeError(
+                f"{setup.nnodes} nodes ({setup.source}) need the first node's address: --master-addr, or MASTER_ADDR "
+                "in every node's environment (mpirun -x MASTER_ADDR=<node 0's host>)"
+            )
         if setup.master_port is None:
             setup = NodeSetup(**{**asdict(setup), "master_port": DEFAULT_MASTER_PORT})
         if not 0 < (setup.master_port or 0) < 65536:
