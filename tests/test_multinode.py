@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -506,3 +507,26 @@ def test_mpirun_claiming_several_nodes_without_node_0s_address_stops_in_one_line
     assert done.returncode != 0, done.stdout + done.stderr
     assert "ERROR: conformance: 2 nodes (Open MPI's mpirun (OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_SIZE=1)) " \
            "need the first node's address" in done.stderr  # fmt: skip
+
+
+def test_two_pytests_given_the_same_node_rank_the_second_is_refused_naming_both(pytester: pytest.Pytester) -> None:
+    """Node 1 started twice (a copied command line): one holds the rank and runs; the other stops at once."""
+    files = copy_suites(pytester, "test_multinode.py")
+    port = free_port()
+    args = (*files, *FAST, "--virtual-devices=1")
+    node0 = start_node(pytester.path, 0, 2, port, *args)
+    first = start_node(pytester.path, 1, 2, port, *args)
+    twin_folder = pytester.path / "twin"  # its own log and reports, the same node rank
+    twin_folder.mkdir()
+    shutil.copytree(pytester.path / "suites", twin_folder / "suites")
+    twin = start_node(twin_folder, 1, 2, port, *args)
+    outcomes = {name: node.wait() for name, node in (("node0", node0), ("first", first), ("twin", twin))}
+    refused = [n for n in (first, twin) if n.process.returncode == pytest.ExitCode.USAGE_ERROR]
+    assert len(refused) == 1, {k: v[0] for k, v in outcomes.items()}
+    kept = first if refused[0] is twin else twin
+    assert kept.process.returncode == 0 and node0.process.returncode == 0, kept.output + node0.output
+    text = refused[0].output
+    host = socket.gethostname()
+    assert f"node rank 1 is already taken by host {host} (pid {kept.process.pid}); this pytest (host {host} " \
+           f"(pid {refused[0].process.pid})) was given the same node rank (settings)" in text, text  # fmt: skip
+    assert outcomes["twin" if refused[0] is twin else "first"][1] < 30  # at once, not after a deadline

@@ -2,6 +2,7 @@
 
 Keys of the run's store:
 
+    identity, rank_holder/<k>                          which run the store serves; which pytest is node k
     run_id, fingerprint/<k>, check, check_read/<k>   the start: node 0 judges every node's fingerprint
     collection/<k>, collection_check, collection_read/<k>   the same tests in the same order everywhere
     heartbeat/<k>, at/<k>                              each node's monitor thread: alive, and in which test
@@ -22,6 +23,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -34,6 +36,7 @@ from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, c
 log = logging.getLogger("conformance.nodes")
 HEARTBEAT_SECONDS = 0.5
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
+RANK_HOLDER_KEY = "rank_holder"  # rank_holder/<k>: the host and pid of the pytest that is node k
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
 BY_HAND = "a run started by hand without --run-token"
 SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone
@@ -162,15 +165,30 @@ class NodeGroup:
         mine = self.setup.identity or BY_HAND
         if self.me == 0:
             self.store.set(IDENTITY_KEY, mine)
-            return ""
+            return self._claim_rank()
         theirs = self.store.get(IDENTITY_KEY).decode()
         if theirs == mine:
-            return ""
+            return self._claim_rank()
         number = self.store.add(STRANGER_COUNT_KEY, 1)
         self.store.set(f"{STRANGER_COUNT_KEY}/{number}", f"{mine}, node {self.me}, host {socket.gethostname()}")
         return (
             f"node 0's store at {where} serves another run ({theirs}), not this one ({mine}): this node does not "
             "join it; give each job its own --master-port"
+        )
+
+    def _claim_rank(self) -> str:
+        """Take this node's rank in the run, or say who has it ("": taken).
+
+        ``compare_set`` with an expected "" sets the key only where nobody has (torch's TCPStore), so
+        of two pytests given one node rank exactly one holds it.
+        """
+        mine = f"host {socket.gethostname()} (pid {os.getpid()})"
+        holder = self.store.compare_set(f"{RANK_HOLDER_KEY}/{self.me}", "", mine).decode()
+        if holder == mine:
+            return ""
+        return (
+            f"node rank {self.me} is already taken by {holder}; this pytest ({mine}) was given the same node rank "
+            f"({self.setup.source}): give each node its own"
         )
 
     def strangers(self) -> list[str]:
