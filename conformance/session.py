@@ -67,7 +67,7 @@ from conformance.record.records import (
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
 from conformance.shared import Part, declared, part_of, shared_spec
-from conformance.summarise.answer import Tone
+from conformance.summarise.answer import FAILED_ELSEWHERE, Tone
 from conformance.summarise.collectives import collective_lines
 from conformance.summarise.conclude import Conclusion, conclude
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
@@ -131,6 +131,7 @@ class ConformanceSession:
         self.nodes: NodeGroup | None = None  # multi-node runs, once met
         self.start: StartCheck | None = None
         self.node_notes: list[str] = []
+        self.failed_nodes: tuple[str, ...] = ()  # other nodes that failed: the run failed here too
         self.conclusion = Conclusion()
         self.config = config
         self.settings = settings
@@ -301,7 +302,7 @@ class ConformanceSession:
             return
         records = self._own_records()
         end = self.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
-        self.end = replace(end, harness_errors=self.failed_tests.unexplained(records))
+        self.end = replace(end, harness_errors=self.failed_tests.unexplained(records), failed_nodes=self.failed_nodes)
         watched = self._stop_watch(records)
         facts = replace(self.run_facts(), end=self.end, watch=watched.to_json() if watched else None)
         casefiles.write_json_atomic(run_json, facts.to_json())
@@ -752,7 +753,7 @@ class ConformanceSession:
         elif self._forkserver is not None:  # launched, but no case ran
             self._forkserver.close()
         if self.nodes is not None:
-            self._exchange_records()
+            self._exchange_records(session)
             self.nodes.close()
         if self.is_worker:
             self.config.workeroutput[NOT_NEEDED_KEY] = self.not_needed  # type: ignore[attr-defined]
@@ -780,31 +781,51 @@ class ConformanceSession:
         read = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
         return [r for r in read if r.run_id == self.run_id]
 
-    def _exchange_records(self) -> None:
-        """Node 0 gathers every node's records into its results.jsonl; the others send theirs."""
+    def _exchange_records(self, session: pytest.Session) -> None:
+        """Node 0 gathers every node's records and exit status; every node learns which nodes failed.
+
+        A failed node fails the run on every node: a node whose own tests passed while another's
+        failed (or was lost) ends with a failed exit status too, and says which.
+        """
         group = self.nodes
         if group is None:
             return
         group.now_at("the end of its run")
+        status = int(session.exitstatus)
         if group.me != 0:  # records go over the wire as JSON text, one per line
             records = [CaseRecord.from_json(r) for r in read_lines(self.results_path).objects]
             mine = [json.dumps(r.to_json(), sort_keys=True) for r in records]
-            self.node_notes.append(f"node {group.me}: {group.publish_results(mine)}")
-            return
+            self.node_notes.append(f"node {group.me}: {group.publish_results(mine, status)}")
+            failed = group.run_outcome()
+        else:
+            failed = self._gather(group, status)
+        self.failed_nodes = tuple(line for line in failed if not line.startswith(f"node {group.me}: "))
+        if self.failed_nodes:
+            self.node_notes.append(f"{FAILED_ELSEWHERE} {'; '.join(self.failed_nodes)}: so it fails here too")
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _gather(self, group: NodeGroup, status: int) -> list[str]:
+        """Node 0: every node's records into results.jsonl; the nodes that failed, told to every node."""
 
         def waiting(node: int) -> None:
             self.node_notes.append(f"node 0 waited for node {node}'s records (it was at {group.where(node)})")
 
-        gathered, gone = group.gather_results(waiting)
+        gathered = group.gather_results(waiting)
         self.ensure_run_dir()
-        for node, lines in sorted(gathered.items()):
+        for node, lines in sorted(gathered.records.items()):
             for line in lines:
                 results.append_case(self.results_path, CaseRecord.from_json(json.loads(line)))
             self.node_notes.append(f"node {node}: {len(lines)} records gathered into {self.results_path}")
-        for node, reason in sorted(gone.items()):
+        for node, reason in sorted(gathered.gone.items()):
             self.node_notes.append(f"node {node}: records missing: {reason}")
         for stranger in group.strangers():
             self.node_notes.append(f"turned away a node of another run ({stranger}); none of its records entered")
+        statuses = {0: status, **gathered.statuses}
+        failed = [f"node {n}: exit {code}" for n, code in sorted(statuses.items()) if code != pytest.ExitCode.OK]
+        failed += [f"node {n}: {reason}" for n, reason in sorted(gathered.gone.items())]
+        group.publish_outcome(failed, readers=gathered.statuses)
+        return failed
 
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if self.is_worker:

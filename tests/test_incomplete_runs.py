@@ -90,6 +90,7 @@ def test_an_interrupted_run_says_incomplete_everywhere(
         "ran": 3,
         "stopped_by": None,
         "harness_errors": [],
+        "failed_nodes": [],
     }
 
     scenario = pytester.makefile(".toml", scen=BARRIER_HANGS)
@@ -133,6 +134,7 @@ def test_a_run_stopped_by_maxfail_is_incomplete(pytester: pytest.Pytester, run_s
         "ran": 1,
         "stopped_by": end["stopped_by"],
         "harness_errors": [],
+        "failed_nodes": [],
     }, end
     assert end["stopped_by"].startswith("stopped early ("), end
     result.stdout.fnmatch_lines(["conformance: INCOMPLETE RUN (stopped early (*): 1 of 3 tests ran)*"])
@@ -149,6 +151,7 @@ def test_a_deselected_test_is_not_missing(pytester: pytest.Pytester, run_suite, 
         "ran": 2,
         "stopped_by": None,
         "harness_errors": [],
+        "failed_nodes": [],
     }
     assert "INCOMPLETE" not in result.stdout.str()
 

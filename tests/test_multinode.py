@@ -212,7 +212,7 @@ def test_one_node_skips_cross_node_cases_with_the_reason(pytester: pytest.Pytest
     ("args", "message"),
     [
         (("--nnodes=2", "--node-rank=2", "--master-addr=127.0.0.1"), "node rank 2 is not below the node count 2"),
-        (("--nnodes=2", "--node-rank=1"), "2 nodes need the first node's address"),
+        (("--nnodes=2", "--node-rank=1"), "2 nodes (settings) need the first node's address"),
         (("--master-port=70000",), "command-line option --master-port: '70000' is not a TCP port"),
         (("--node-rank=-1",), "command-line option --node-rank: '-1' must be 0 or more"),
         (("--nnodes=2", "--master-addr=127.0.0.1", "-n", "2"), "a multi-node run is one pytest process per node"),
@@ -396,10 +396,12 @@ def test_the_quick_pass_names_the_bad_node_of_four(pytester: pytest.Pytester) ->
         start_node(pytester.path, rank, 4, port, *args, *(("--scenario=bad.toml",) if rank == 2 else ()))
         for rank in range(4)
     ]
-    for node in nodes:  # node 2 failed every pair; another node fails only where it paired with node 2
+    for rank, node in enumerate(nodes):  # a bad node fails the run on every node, paired with it or not
         code, _ = node.wait()
-        assert code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), node.output
-    assert nodes[2].process.returncode == pytest.ExitCode.TESTS_FAILED
+        assert code == pytest.ExitCode.TESTS_FAILED, node.output
+        if rank != 2:  # the nodes that paired with node 2 failed too, and are named beside it
+            line = next(t for t in node.output.splitlines() if t.startswith("conformance: RUN FAILED on another node:"))
+            assert "node 2: exit 1" in line, line
     records = [
         r for r in gathered(nodes[0].reports) if r["set_kind"] == "node_pair" and r["node_rank"] == min(r["nodes"])
     ]
@@ -530,3 +532,27 @@ def test_two_pytests_given_the_same_node_rank_the_second_is_refused_naming_both(
     assert f"node rank 1 is already taken by host {host} (pid {kept.process.pid}); this pytest (host {host} " \
            f"(pid {refused[0].process.pid})) was given the same node rank (settings)" in text, text  # fmt: skip
     assert outcomes["twin" if refused[0] is twin else "first"][1] < 30  # at once, not after a deadline
+
+
+def test_a_failed_node_fails_the_run_on_every_node_in_answer_run_json_junit_and_exit(pytester: pytest.Pytester) -> None:
+    """Node 1's own pair fails (a scenario on node 1 only); node 0, whose tests all pass, fails the run too."""
+    files = copy_suites(pytester, "test_pairs.py")
+    broken = scenario_text('effect = "error"\nphase = "probe"\nsets = ["pair"]\nmessage = "bad PCIe"')
+    pytester.makefile(".toml", broken=broken)
+    port = free_port()
+    args = (*files, *FAST, "--virtual-devices=2", "--matrix=inherited")
+    nodes = [
+        start_node(pytester.path, rank, 2, port, *args, f"--junitxml={pytester.path / f'junit{rank}.xml'}",
+                   *(("--scenario=broken.toml",) if rank == 1 else ()))
+        for rank in (0, 1)
+    ]  # fmt: skip
+    for node in nodes:
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.TESTS_FAILED, node.output
+    node0 = nodes[0].output
+    assert "passed" in node0 and " failed" not in node0.splitlines()[-1], node0  # node 0's own tests passed
+    assert "RUN FAILED on another node: node 1: exit 1: a failed node fails the run on every node" in node0, node0
+    run_json = json.loads(next(nodes[0].reports.glob("*/run.json")).read_text())
+    assert run_json["end"]["failed_nodes"] == ["node 1: exit 1"], run_json["end"]
+    junit = (pytester.path / "junit0.xml").read_text()
+    assert 'name="other nodes of the run"' in junit and "RUN FAILED on another node: node 1: exit 1" in junit

@@ -8,7 +8,8 @@ Keys of the run's store:
     heartbeat/<k>, at/<k>                              each node's monitor thread: alive, and in which test
     case/<id>/arrived/<k>, case/<id>/verdict/<k>       one cross-node case; its ranks use case/<id>/ranks
     first_pass/<ladder key>/<k>                        a first-pass node pair's verdict, for the re-checks
-    results/<k>, finished/<k>                          each node's records, gathered by node 0 at the end
+    results/<k>, status/<k>, finished/<k>              each node's records and exit status, gathered by node 0
+    outcome, outcome_read/<k>                          node 0's list of failed nodes: the run fails on every node
 
 A node that never arrives, stops beating or ends its run early is a :class:`NodeProblem`: the case
 that waited for it becomes a ``hang`` naming it, and later cases know at once.
@@ -42,6 +43,7 @@ BY_HAND = "a run started by hand without --run-token"
 SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone
 POLL_SECONDS = 0.1
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
+OUTCOME_KEY = "outcome"  # node 0's list of the nodes that failed, once every node's status is in
 
 
 class NodeGroupError(RuntimeError):
@@ -62,6 +64,15 @@ class Heard:
     beat: float = field(default_factory=time.monotonic)  # when its heartbeat last moved
     at: str = ""
     moved: float = field(default_factory=time.monotonic)  # when it last changed test
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What node 0 holds of the other nodes at the end."""
+
+    records: dict[int, list[str]]  # node -> its records, one JSON line each
+    statuses: dict[int, int]  # node -> its pytest's exit status
+    gone: dict[int, str]  # node -> why nothing came from it
 
 
 @dataclass(frozen=True)
@@ -435,12 +446,13 @@ class NodeGroup:
         return len(verdicts) == len(pair) and all(v == "pass" for v in verdicts.values())
 
     # -- the end ------------------------------------------------------------------------------
-    def publish_results(self, lines: Sequence[str]) -> str:
-        """A node other than 0 hands its records to node 0; returns what happened, for the summary."""
+    def publish_results(self, lines: Sequence[str], exit_status: int) -> str:
+        """A node other than 0 hands its records and its exit status to node 0; returns what happened."""
         if self.store is None or self.lost:
             return f"records not sent to node 0: {self.lost}"
         try:
             self.store.set(f"results/{self.me}", "\n".join(lines))
+            self.store.set(f"status/{self.me}", str(exit_status))
             self.store.set(f"finished/{self.me}", "1")
         except RuntimeError as exc:
             self.lose(exc)
@@ -448,9 +460,10 @@ class NodeGroup:
         log.info("node %d: sent %d record(s) to node 0", self.me, len(lines))
         return f"{len(lines)} records sent to node 0"
 
-    def gather_results(self, waiting: Callable[[int], None]) -> tuple[dict[int, list[str]], dict[int, str]]:
-        """Node 0 collects each node's records; nodes that are gone are named instead."""
+    def gather_results(self, waiting: Callable[[int], None]) -> Gathered:
+        """Node 0 collects each node's records and exit status; nodes that are gone are named instead."""
         gathered: dict[int, list[str]] = {}
+        statuses: dict[int, int] = {}
         for node in self.others:
             problem = self.absent([node])
             if problem is None and not self.store.check([f"results/{node}"]):
@@ -463,8 +476,27 @@ class NodeGroup:
                 continue
             text = self.store.get(f"results/{node}").decode()
             gathered[node] = [line for line in text.splitlines() if line.strip()]
-            log.info("node 0: gathered %d record(s) from node %d", len(gathered[node]), node)
-        return gathered, dict(self.gone)
+            statuses[node] = int(self.store.get(f"status/{node}").decode())
+            log.info("node 0: gathered %d record(s) from node %d (exit %d)", len(gathered[node]), node, statuses[node])
+        return Gathered(gathered, statuses, dict(self.gone))
+
+    def publish_outcome(self, failed: Sequence[str], readers: Iterable[int]) -> None:
+        """Node 0 tells every node which nodes failed ("node 2: exit 1"), and keeps its store up for ``readers``."""
+        self.store.set(OUTCOME_KEY, json.dumps(list(failed)))
+        self.wait_for({n: f"{OUTCOME_KEY}_read/{n}" for n in readers}, ACK_WAIT, fixed=True)
+
+    def run_outcome(self) -> list[str]:
+        """The nodes that failed, as node 0 found them; node 0 gone before it said is itself a failure."""
+        problem = self._known_problem(0) or self.wait_for({0: OUTCOME_KEY}, self.progress_limit)
+        if problem is not None:
+            return [f"node 0: no outcome of the run from it ({problem.reason})"]
+        try:
+            failed = json.loads(self.store.get(OUTCOME_KEY))
+            self.store.set(f"{OUTCOME_KEY}_read/{self.me}", "1")
+        except RuntimeError as exc:
+            self.lose(exc)
+            return [f"node 0: no outcome of the run from it ({self.lost})"]
+        return [str(line) for line in failed]
 
     def close(self) -> None:
         log.debug("node %d: leaving the run's store", self.me)

@@ -217,6 +217,7 @@ class RunEnd:
     ran: int | None = None  # tests that got an outcome
     stopped_by: str | None = None  # what ended an incomplete run early
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no answer from them
+    failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed ("node 2: exit 1"): it failed here too
 
     @property
     def incomplete(self) -> str | None:
@@ -236,6 +237,10 @@ class RunEnd:
         if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
             raise FactsError(f"run.json: end.harness_errors is not a list of failed tests: {errors!r}")
         values["harness_errors"] = tuple(HarnessError(**_texts(HarnessError, e)) for e in errors)
+        nodes = values.get("failed_nodes") or []
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            raise FactsError(f"run.json: end.failed_nodes is not a list of texts: {nodes!r}")
+        values["failed_nodes"] = tuple(nodes)
         return cls(**values)
 
 
@@ -308,6 +313,11 @@ class RunFacts:
     def harness_errors(self) -> tuple[HarnessError, ...]:
         """The tests that failed without a record to explain them (older runs did not say: none)."""
         return self.end.harness_errors if self.end else ()
+
+    @property
+    def failed_nodes(self) -> tuple[str, ...]:
+        """Other nodes of a multi-node run that failed, each with how (older runs did not say: none)."""
+        return self.end.failed_nodes if self.end else ()
 
 
 def _ladder(entries: Any) -> tuple[RungFacts, ...]:

@@ -84,6 +84,7 @@ class Answer:
     slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them (``bandwidth.py``)
     warnings: tuple[str, ...] = ()  # passing host checks' warnings (another user's processes on a GPU)
     watched: tuple[WatchFinding, ...] = ()  # what NVML saw during the run (``discover/watch.py``)
+    failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed: the run failed here too
 
     @property
     def machine_watched(self) -> tuple[WatchFinding, ...]:
@@ -93,7 +94,12 @@ class Answer:
     def findings(self) -> tuple[tuple[str, str], ...]:
         """Failures no case's verdict holds, as (JUnit test name, message): SLOW pairs, the watch's faults."""
         slow = tuple((p.test_name, p.figure_text()) for p in self.slow)
-        return slow + tuple((f.test_name, f.text) for f in self.machine_watched)
+        nodes = ((OTHER_NODES_TEST, self.failed_nodes_text),) if self.failed_nodes else ()
+        return slow + tuple((f.test_name, f.text) for f in self.machine_watched) + nodes
+
+    @property
+    def failed_nodes_text(self) -> str:
+        return f"{FAILED_ELSEWHERE} {'; '.join(self.failed_nodes)}: a failed node fails the run on every node"
 
     @property
     def all_passed(self) -> bool:
@@ -104,12 +110,13 @@ class Answer:
             and not self.machine_watched
             and self.incomplete is None
             and not self.harness_errors
+            and not self.failed_nodes
         )
 
     @property
     def tone(self) -> Tone:
         """The whole answer's: bad when anything failed, warn when the run is incomplete or tested no GPU."""
-        if self.harness_errors:
+        if self.harness_errors or self.failed_nodes:
             return "bad"
         if self.incomplete is not None:
             return "warn"
@@ -122,6 +129,8 @@ class Answer:
         first: list[tuple[str, Tone]] = []
         if self.harness_errors:
             first.append((harness_error_line(self.harness_errors), "bad"))
+        if self.failed_nodes:
+            first.append((self.failed_nodes_text, "bad"))
         if self.cpu_only is not None and not (self.all_passed and not first):
             first.append((f"{CPU_ONLY} ({self.cpu_only})", "warn"))
         first += [(line, "warn") for line in self.warnings]
@@ -165,6 +174,8 @@ class Answer:
 
 
 CPU_ONLY = "CPU ONLY: no GPU was tested"
+FAILED_ELSEWHERE = "RUN FAILED on another node:"
+OTHER_NODES_TEST = "other nodes of the run"  # the JUnit test case a failed node fails on every node
 NO_NCCL_FIX = (
     "CUDA's own P2P between these GPUs: check the IOMMU (`iommu=pt` or off) and ACS on the PCIe switches above "
     "them (`lspci -vvv | grep ACSCtl`), the driver version, and run `p2pBandwidthLatencyTest` from cuda-samples"
@@ -312,4 +323,5 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
             *_transport_warnings(counted),
         ),
         watched=tuple(run_watch_findings(run)),
+        failed_nodes=run.facts.failed_nodes,
     )
