@@ -556,3 +556,39 @@ def test_a_failed_node_fails_the_run_on_every_node_in_answer_run_json_junit_and_
     assert run_json["end"]["failed_nodes"] == ["node 1: exit 1"], run_json["end"]
     junit = (pytester.path / "junit0.xml").read_text()
     assert 'name="other nodes of the run"' in junit and "RUN FAILED on another node: node 1: exit 1" in junit
+
+
+FIRST_ATTEMPT_FAILS = """
+import os
+
+
+def test_the_first_attempt_fails():
+    assert os.environ["TORCHELASTIC_RESTART_COUNT"] != "0", "attempt 0 fails, so torchrun restarts every node"
+"""
+
+
+def test_a_torchrun_restart_never_reads_the_keys_of_the_attempt_before(pytester: pytest.Pytester) -> None:
+    """c10d rendezvous, --max-restarts 1: attempt 0 fails on both nodes, attempt 1 starts from clean keys.
+
+    Node 0's last run holds one run's records only: each node's cross-node records once, every one
+    of them of that run (a stale key of attempt 0 would bring its run id and its records).
+    """
+    files = copy_suites(pytester, "test_multinode.py")
+    pytester.makepyfile(**{"suites/test_zz_first_attempt": FIRST_ATTEMPT_FAILS})
+    port = free_port()
+    launcher = ("--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restarted")  # fmt: skip
+    args = (*files, "suites/test_zz_first_attempt.py", *FAST, "--virtual-devices=1")
+    nodes = [start_torchrun(pytester.path, f"node{i}", launcher, *args) for i in (0, 1)]
+    outputs = []
+    for node in nodes:
+        code, _ = node.wait(timeout=240)
+        assert code == 0, node.output  # attempt 1 passed
+        outputs.append(node.output)
+    first = next(node for node, text in zip(nodes, outputs, strict=True) if "node 0 of 2" in text)
+    records = gathered(first.reports)
+    assert len({r["run_id"] for r in records}) == 1, sorted({r["run_id"] for r in records})
+    crossing = across(records)
+    by_node = {n: sorted(r["nodeid"] for r in crossing if r["node_rank"] == n) for n in (0, 1)}
+    assert by_node[0] == by_node[1] and len(by_node[0]) == len(set(by_node[0])) > 0, by_node
+    assert all(r["verdict"] == "pass" for r in crossing), crossing

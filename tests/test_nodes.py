@@ -64,8 +64,12 @@ TORCHRUN = {
 def test_torchrun_gives_the_layout_and_its_store_under_a_prefix() -> None:
     setup = node_setup(NONE, TORCHRUN)
     assert (setup.nnodes, setup.node_rank, setup.master_addr, setup.master_port) == (2, 1, "10.0.0.1", 29400)
-    assert (setup.source, setup.store_prefix, setup.launcher_hosts_store) == ("torchrun", "conformance/job7", True)
-    assert setup.store_key("case/ranks") == "conformance/job7/case/ranks"
+    prefix = "conformance/job7/attempt0-nodes2"
+    assert (setup.source, setup.store_prefix, setup.launcher_hosts_store) == ("torchrun", prefix, True)
+    assert setup.store_key("case/ranks") == f"{prefix}/case/ranks"
+    # a restarted attempt (torchrun --max-restarts) never reads the keys of the one before
+    restarted = node_setup(NONE, {**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert restarted.store_prefix == "conformance/job7/attempt1-nodes2"
     # torchrun's variables win over hand-set NNODES/NODE_RANK, which it does not set
     assert node_setup(NONE, {**TORCHRUN, "NNODES": "5", "NODE_RANK": "3"}).nnodes == 2
     # static rendezvous without the agent's store: node 0 hosts the store torchrun reserved the port for

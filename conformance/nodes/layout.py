@@ -11,7 +11,8 @@ A launcher that started several processes on a node keeps one (local rank 0); th
 
 Under torchrun the run's store is torchrun's own (``TORCHELASTIC_USE_AGENT_STORE``: its agent
 hosts it, every node is a client) or the one torchrun reserved for its workers, always under the
-prefix ``conformance/<TORCHELASTIC_RUN_ID>``, so the suite's keys never meet torchrun's.
+prefix ``conformance/<TORCHELASTIC_RUN_ID>/attempt<restart count>-nodes<node count>``, so the suite's
+keys never meet torchrun's, nor a restarted attempt those of the attempt before.
 
 Fingerprints: each node describes what must match across nodes (GPU count, NCCL, torch, the
 suite's version) and what may differ (host, interfaces); :func:`compare_fingerprints` turns them
@@ -158,13 +159,19 @@ def _from_torchrun(environ: Mapping[str, str]) -> NodeSetup | None:
     run_id = environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None:
         return None
+    nnodes = _int(environ.get("GROUP_WORLD_SIZE", "1"), "GROUP_WORLD_SIZE", 1)
+    # Each attempt its own keys: torchrun restarts every worker after a failure with the next
+    # TORCHELASTIC_RESTART_COUNT (torch 2.13, torch/distributed/elastic/agent/server/api.py and
+    # local_elastic_agent.py), and a store that outlives an attempt still holds the last one's keys.
+    # A restart for a change of membership keeps the count: the node count tells those rounds apart.
+    attempt = _int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"), "TORCHELASTIC_RESTART_COUNT", 0)
     return NodeSetup(
-        nnodes=_int(environ.get("GROUP_WORLD_SIZE", "1"), "GROUP_WORLD_SIZE", 1),
+        nnodes=nnodes,
         node_rank=_int(environ.get("GROUP_RANK", "0"), "GROUP_RANK", 0),
         master_addr=environ.get("MASTER_ADDR"),
         master_port=_master_port(environ),
         source="torchrun",
-        store_prefix=f"conformance/{run_id}",
+        store_prefix=f"conformance/{run_id}/attempt{attempt}-nodes{nnodes}",
         identity=f"torchrun run {run_id}",
         launcher_hosts_store=environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
     )
