@@ -34,7 +34,7 @@ from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids
 from conformance.failed_tests import FailedTests
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec, CrossNode
 from conformance.launch.forkserver import ForkServerClient
-from conformance.nodes.group import NodeGroup, NodeGroupError, NodeProblem, StartCheck
+from conformance.nodes.group import GroupLimits, NodeGroup, NodeGroupError, NodeProblem, StartCheck
 from conformance.nodes.layout import NodeSetup, local_fingerprint
 from conformance.plan.ladder import LADDER_FILE, SKIPPED, LadderBook, RungDecision, Step
 from conformance.plan.matrix import (
@@ -210,7 +210,8 @@ class ConformanceSession:
         if setup is None:
             return
         try:
-            group = NodeGroup.connect(setup, self.settings.rendezvous_timeout, self.deadlines.node_progress_limit)
+            limits = GroupLimits(progress=self.deadlines.node_progress_limit, store=self.deadlines.step_deadline)
+            group = NodeGroup.connect(setup, self.settings.rendezvous_timeout, limits)
         except NodeGroupError as exc:
             raise pytest.UsageError(f"conformance: {exc}") from None
         start = group.start(local_fingerprint(setup.node_rank, self.topology), self.run_id)

@@ -264,3 +264,55 @@ def test_an_ipv6_only_interface_is_read_from_the_kernel() -> None:
         ip("netns", "delete", name)
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout) == {"lo": ["127.0.0.1", "::1"], V6_ONLY: ["fd00:cf::1"]}
+
+
+# A node whose link to node 0 is cut ends within its step deadline plus the stop ladder of the cut, with
+# this much more for the rest of its run (its remaining cases start no ranks) and its end on a busy machine.
+CUT_MARGIN = 15.0
+
+
+def wait_for_first_case(node: Node, limit: float) -> None:
+    """Until ``node`` has started the ranks of its first cross-node case."""
+    deadline = time.monotonic() + limit
+    while not list(node.reports.glob("*/cases/*/rank0/phase.jsonl")):
+        assert time.monotonic() < deadline, f"no case started within {limit:g}s\n{node.output[-3000:]}"
+        assert node.process.poll() is None, node.output[-3000:]
+        time.sleep(0.05)
+
+
+def test_a_link_cut_mid_run_ends_in_a_verdict_on_both_nodes(
+    pytester: pytest.Pytester, isolated_env: None, run_tag: str, namespaces: NamespacePair
+) -> None:
+    """Node 1's link goes down in its first cross-node case and stays down: each node ends in a verdict.
+
+    Node 1 names node 0 unreachable and since when, writes its records where it runs, and exits 1
+    within the step deadline plus the stop ladder (plus CUT_MARGIN); node 0 names node 1 and exits 1.
+    """
+    copy_suites(pytester, SUITE)
+    port = free_port()
+    args = ("--virtual-devices=1", "--init-timeout=4", "--op-timeout=4", "--step-timeout=8",
+            "--rendezvous-timeout=30", "--matrix=inherited", f"suites/{SUITE}")  # fmt: skip
+    nodes = [
+        start_node(pytester.path, rank, 2, port, *args, addr=namespaces.addresses[0], prefix=namespaces.prefix(rank))
+        for rank in (0, 1)
+    ]
+    try:
+        wait_for_first_case(nodes[1], 60)
+        assert ip("-n", namespaces.names[1], "link", "set", IFNAME, "down").returncode == 0
+        cut = time.monotonic()
+        bound = 8 + 2.0 + CUT_MARGIN  # step deadline + the CPU stop ladder (deadlines.CPU_STOP_LADDER) + margin
+        codes = [node.process.wait(timeout=bound + 30) for node in nodes]
+        ended = time.monotonic() - cut
+    except subprocess.TimeoutExpired:
+        killed = stop_tagged(run_tag)
+        pytest.fail(f"a node did not end after the cut (killed {killed})\n{describe(nodes)}")
+    assert codes == [1, 1], describe(nodes)
+    assert ended < bound + 30  # node 0 waits for node 1's records up to its own limits
+    (results,) = nodes[1].reports.glob("*-node1/results.jsonl")  # node 1's records, written where it runs
+    own = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    unreachable = [r for r in own if "node 0 unreachable since " in (r.get("summary") or "")]
+    assert unreachable and all(r["verdict"] == "hang" for r in unreachable), describe(nodes)
+    assert (
+        "RUN FAILED on another node: node 0: no outcome of the run from it (node 0 unreachable since" in nodes[1].output
+    ), describe(nodes)
+    assert "node 1: records missing: node 1 stopped answering" in nodes[0].output, describe(nodes)

@@ -67,6 +67,12 @@ class Heard:
 
 
 @dataclass(frozen=True)
+class GroupLimits:
+    progress: float  # how long a node may stay in one test before the others stop waiting for it
+    store: float  # how long node 0's store may leave a call unanswered before it is lost
+
+
+@dataclass(frozen=True)
 class Gathered:
     """What node 0 holds of the other nodes at the end."""
 
@@ -105,6 +111,52 @@ def _store(setup: NodeSetup, host: bool, timeout: float) -> Any:
     return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
 
 
+class StoreUnanswered(RuntimeError):
+    """Node 0's store did not answer a call within its bound: this node has lost it."""
+
+
+class BoundedStore:
+    """The main thread's client of the run's store, every call bounded by ``limit`` seconds.
+
+    torch's TCPStore client waits in its socket until TCP gives up (about 15 minutes with Linux's
+    default tcp_retries2) when the link to node 0 is cut and stays down: its own timeout bounds only
+    the waits for a key.  A call that does not return in time leaves its thread behind (a daemon)
+    and this client for good: every later call fails at once, and the node goes on without node 0.
+    """
+
+    def __init__(self, store: Any, limit: float) -> None:
+        self.raw = store
+        self.limit = limit
+        self.dead = ""
+
+    def call(self, operation: Callable[[], Any], limit: float | None = None) -> Any:
+        """``operation`` on the store, or StoreUnanswered after ``limit`` (default: the bound) seconds."""
+        if self.dead:
+            raise StoreUnanswered(self.dead)
+        bound = self.limit if limit is None else limit
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = operation()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as the store's own error
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, name="conformance-store-call", daemon=True)
+        worker.start()
+        worker.join(bound)
+        if worker.is_alive():
+            self.dead = f"its store did not answer for {bound:g}s"
+            raise StoreUnanswered(self.dead)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.raw, name)
+        return lambda *args, **kwargs: self.call(lambda: method(*args, **kwargs))
+
+
 def _unresolved(name: str) -> str:
     """Why ``name`` does not resolve to an address ("" when it does)."""
     try:
@@ -117,14 +169,19 @@ def _unresolved(name: str) -> str:
 class NodeGroup:
     """A node's part in a multi-node run: the store, the heartbeats, the meeting points."""
 
-    def __init__(self, setup: NodeSetup, timeout: float, progress_limit: float, store: Any, lost: str = "") -> None:
+    def __init__(self, setup: NodeSetup, timeout: float, limits: GroupLimits, store: Any, lost: str = "") -> None:
         self.setup = setup
         self.me = setup.node_rank
         self.others = [n for n in range(setup.nnodes) if n != self.me]
         self.timeout = timeout
-        self.progress_limit = progress_limit  # how long a node may stay in one test before it counts as stuck
-        self.store = store
+        self.progress_limit = limits.progress  # how long a node may stay in one test before it counts as stuck
+        self.store_limit = limits.store  # how long node 0's store may leave a call unanswered
+        self.store: Any = BoundedStore(store, limits.store) if store is not None else None
         self.lost = lost  # why node 0's store cannot be reached, once it cannot
+        self._answered = time.monotonic()  # when the monitor's last round through the store ended
+        self._watched: tuple[str, ...] = ()  # keys the monitor looks for (the running case's failures)
+        self._seen: set[str] = set()
+        self._to_post: list[str] = []  # keys the monitor sets (this node's failure in the running case)
         self.gone: dict[int, str] = {}
         self.heard = {n: Heard() for n in self.others}
         self._lock = threading.Lock()
@@ -134,7 +191,7 @@ class NodeGroup:
         self._case_counts: dict[str, int] = {}
 
     @classmethod
-    def connect(cls, setup: NodeSetup, timeout: float, progress_limit: float) -> NodeGroup:
+    def connect(cls, setup: NodeSetup, timeout: float, limits: GroupLimits) -> NodeGroup:
         """Node 0 starts the store; the others connect to it, waiting up to ``timeout``."""
         host = setup.node_rank == 0
         where = f"{setup.master_addr}:{setup.master_port}"
@@ -152,9 +209,9 @@ class NodeGroup:
                 raise NodeGroupError(f"node 0 cannot host the run's store on {where}: {exc}") from None
             lost = f"node 0's store at {where} never answered within {timeout:g}s (rendezvous deadline)"
             log.info("node %d: %s", me, lost)
-            return cls(setup, timeout, progress_limit, None, lost)
+            return cls(setup, timeout, limits, None, lost)
         log.info("node %d: %s the run's store at %s", me, "started" if hosts else "joined", where)
-        group = cls(setup, timeout, progress_limit, store)
+        group = cls(setup, timeout, limits, store)
         try:
             refusal = group._present_identity(where)
         except RuntimeError as exc:  # the store's own error: node 0 never said which run its store serves
@@ -222,11 +279,34 @@ class NodeGroup:
                 store.set(f"at/{self.me}", self._at)
                 for node in self.others:
                     self._hear(node, store.add(f"heartbeat/{node}", 0), store)
+                self._look_and_post(store)
+                self._answered = time.monotonic()
                 if self._stop.wait(HEARTBEAT_SECONDS):
                     return
         except RuntimeError as exc:
             if not self._stop.is_set():
                 self.lose(exc)
+
+    def _look_and_post(self, store: Any) -> None:
+        """The running case's keys, for the watchdog, which must never wait on the store itself."""
+        with self._lock:
+            watched, posts, self._to_post = self._watched, self._to_post, []
+        for key in posts:
+            store.set(key, "1")
+        found = {key for key in watched if store.check([key])}
+        with self._lock:
+            self._seen |= found
+
+    def watch(self, keys: Sequence[str]) -> bool:
+        """Have the monitor look for ``keys``; whether it has seen one of them."""
+        with self._lock:
+            self._watched = tuple(keys)
+            return any(key in self._seen for key in keys)
+
+    def post(self, key: str) -> None:
+        """Have the monitor set ``key`` at its next round."""
+        with self._lock:
+            self._to_post.append(key)
 
     def _hear(self, node: int, count: int, store: Any) -> None:
         at = store.get(f"at/{node}").decode() if store.check([f"at/{node}"]) else ""
@@ -242,11 +322,21 @@ class NodeGroup:
         if first:
             log.info("node %d: heard node %d (its first heartbeat)", self.me, node)
 
-    def lose(self, exc: BaseException) -> None:
+    def lose(self, exc: BaseException, since: float | None = None) -> None:
+        """Node 0's store is gone for this node: every wait ends at once, naming it and since when."""
         if not self.lost:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self.lost = f"node 0's store stopped answering ({first_line})"
+            when = time.strftime("%H:%M:%S", time.localtime(since if since is not None else time.time()))
+            self.lost = f"node 0 unreachable since {when}: {first_line}"
             log.info("node %d: %s", self.me, self.lost)
+
+    def _store_silent(self) -> None:
+        """Lose node 0's store once the monitor's connection has gone unanswered past the bound."""
+        if self.me == 0 or self._monitor is None or self.lost or self._stop.is_set():
+            return
+        silent = time.monotonic() - self._answered
+        if silent > self.store_limit:
+            self.lose(StoreUnanswered(f"its store did not answer for {silent:.0f}s"), time.time() - silent)
 
     def now_at(self, nodeid: str) -> None:
         """Tell the other nodes which test this node is in."""
@@ -260,6 +350,7 @@ class NodeGroup:
     # -- problems ---------------------------------------------------------------------------
     def _known_problem(self, node: int) -> NodeProblem | None:
         """Node 0's store lost, or ``node`` already found gone."""
+        self._store_silent()
         if self.lost:
             return NodeProblem(0, self.lost)
         if node in self.gone:
@@ -326,7 +417,7 @@ class NodeGroup:
         log.info("node %d: fingerprint sent; waiting up to %gs for node 0's start check", self.me, self.timeout)
         try:
             self.store.set_timeout(datetime.timedelta(seconds=self.timeout + ACK_WAIT))
-            check = json.loads(self.store.get("check"))
+            check = json.loads(self.store.call(lambda: self.store.raw.get("check"), self.timeout + 2 * ACK_WAIT))
             self.store.set(f"check_read/{self.me}", "1")
         except RuntimeError as exc:
             self.lose(exc)
@@ -371,7 +462,8 @@ class NodeGroup:
         self.store.set(f"collection/{self.me}", json.dumps(list(nodeids)))
         if self.me != 0:
             try:
-                found = list(json.loads(self.store.get("collection_check")))
+                waiting = self.store.call(lambda: self.store.raw.get("collection_check"), self.timeout + 2 * ACK_WAIT)
+                found = list(json.loads(waiting))
                 self.store.set(f"collection_read/{self.me}", "1")
                 return found
             except RuntimeError as exc:
@@ -526,20 +618,12 @@ class CasePeers:
     others: list[int]
 
     def failed(self) -> bool:
-        """A rank failed on another node, or another node is gone."""
-        keys = [f"{self.prefix}/failed/{n}" for n in self.others]
-        try:
-            failed_there = any(self.group.store.check([key]) for key in keys)
-        except RuntimeError as exc:
-            self.group.lose(exc)
-            return True
+        """A rank failed on another node, or another node is gone: what the monitor has seen, never a wait."""
+        failed_there = self.group.watch([f"{self.prefix}/failed/{n}" for n in self.others])
         return failed_there or any(self.group.problem(n) is not None for n in self.others)
 
     def report_failure(self) -> None:
-        try:
-            self.group.store.set(f"{self.prefix}/failed/{self.group.me}", "1")
-        except RuntimeError as exc:
-            self.group.lose(exc)
+        self.group.post(f"{self.prefix}/failed/{self.group.me}")
 
 
 def collection_difference(mine: Sequence[str], theirs: Sequence[str], node: int, shown: int = 5) -> list[str]:
