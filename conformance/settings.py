@@ -83,7 +83,8 @@ def _text(raw: str, where: str) -> str:
 def _token(raw: str, where: str) -> str:
     value = raw.strip()
     if not value or not value.isprintable():
-        raise SettingError(f"{where}: run token {raw!r} must be printable text, not empty")
+        shown = f"{len(raw)} character(s), not shown"  # the token is the run's secret, even when mistyped
+        raise SettingError(f"{where}: the run token ({shown}) must be printable text, not empty")
     return value
 
 

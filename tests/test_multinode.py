@@ -18,6 +18,7 @@ import pytest
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
 from conformance.nodes.group import SILENCE_LIMIT
+from conformance.nodes.layout import token_tag
 from conformance.plan.matrix import (
     NET_LINK,
 )
@@ -221,7 +222,12 @@ def test_one_node_skips_cross_node_cases_with_the_reason(pytester: pytest.Pytest
             "node 0's address 'no-such-host.invalid' (settings) does not resolve: ",
         ),
         (("--node-pairs=some",), "command-line option --node-pairs: unknown node pairs mode 'some'; choose one of"),
-        (("--run-token= ",), "command-line option --run-token: run token ' ' must be printable text, not empty"),
+        (
+            ("--run-token= ",),
+            "--run-token: the run token (1 character(s), not shown) must be printable text, not empty",
+        ),
+        (("--nnodes=2", "--master-addr=0.0.0.0"), "master address '0.0.0.0' (settings) means every interface"),
+        (("--nnodes=2", "--master-addr=::"), "master address '::' (settings) means every interface"),
     ],
 )
 def test_bad_node_settings_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
@@ -425,13 +431,18 @@ def test_runs_by_hand_with_a_run_token_turn_away_a_node_of_another(pytester: pyt
     b1 = start_node(pytester.path / "b", 1, 2, port, *args, "--run-token=run-b")
     code, _ = b1.wait()
     assert code == pytest.ExitCode.USAGE_ERROR, b1.output
-    assert "serves another run (run token 'run-a'), not this one (run token 'run-b')" in b1.output
+    a, b = token_tag("run-a"), token_tag("run-b")
+    assert f"serves another run (run token {a}), not this one (run token {b})" in b1.output
     a1 = start_node(pytester.path, 1, 2, port, *args, "--run-token=run-a")
     for node in (a0, a1):
         code, _ = node.wait()
         assert code == pytest.ExitCode.OK, node.output
-    assert "conformance: run identity run token 'run-a'; node pairs all" in a0.output
-    assert "turned away a node of another run (run token 'run-b', node 1, host " in a0.output
+    assert f"conformance: run identity run token {a}; node pairs all" in a0.output
+    assert f"turned away a node of another run (run token {b}, node 1, host " in a0.output
+    # the token is the run's secret: no output and no file of the run shows it
+    written = [p.read_text(errors="replace") for p in pytester.path.rglob("*") if p.is_file() and p.suffix != ".py"]
+    for text in (a0.output, a1.output, b1.output, *written):
+        assert "run-a" not in text and "run-b" not in text
 
 
 # -- launchers the suite recognises: no silent one-node run --------------------------------------------------

@@ -309,3 +309,25 @@ def test_a_slurm_job_names_the_run_and_its_port() -> None:
     assert node_setup(NONE, {**SRUN_STEP, "SLURM_JOB_ID": "12077"}).master_port == SLURM_PORT_BASE + 77
     assert node_setup(NONE, {**SRUN_STEP, "MASTER_PORT": "29500"}).master_port == 29500
     assert node_setup(NONE, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "a"}).identity == ""  # by hand
+
+
+def test_node_0s_store_listens_on_the_runs_address_alone() -> None:
+    """A store server torch starts with a port alone listens everywhere; node 0's listens where the run meets."""
+    from conformance.nodes.group import open_store
+    from conftest import free_port
+
+    port = free_port()
+    store = open_store(NodeSetup(2, 0, "127.0.0.1", port), True, 5)
+    try:
+        listening = [
+            c.laddr
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)], listening
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+    finally:
+        del store
+    with pytest.raises(RuntimeError, match=r"cannot listen on 192\.0\.2\.1:\d+ .*is '192\.0\.2\.1' this node's own"):
+        open_store(NodeSetup(2, 0, "192.0.2.1", free_port()), True, 5)  # TEST-NET-1: no interface here has it

@@ -97,18 +97,45 @@ class StartCheck:
         return f"the nodes differ in what must match ({fields}); stopping before any collective:\n{table}"
 
 
-def _store(setup: NodeSetup, host: bool, timeout: float) -> Any:
+def open_store(setup: NodeSetup, host: bool, timeout: float) -> Any:
     """The run's store: node 0 hosts it unless the launcher does; under the run's prefix when it has one."""
     import torch.distributed as dist
 
+    serves = host and not setup.launcher_hosts_store
     store = dist.TCPStore(  # type: ignore[attr-defined]
         setup.master_addr or "",
         setup.master_port or 0,
-        is_master=host and not setup.launcher_hosts_store,
+        is_master=serves,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
+        master_listen_fd=_listening(setup.master_addr or "", setup.master_port or 0) if serves else None,
     )
     return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
+
+
+def _listening(address: str, port: int) -> int:
+    """A socket listening on node 0's run address only, for the store to take over (its descriptor).
+
+    torch's TCPStore server given only a port listens on every interface (``*:port``), whatever
+    the address the run uses: anyone who can reach any of node 0's networks could write the run's
+    keys.  Bound here to the address the other nodes use, it listens there alone.
+    """
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
+    except (OSError, UnicodeError) as exc:
+        raise RuntimeError(f"cannot listen on {address}:{port}: {exc}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(where)
+        listener.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        listener.close()
+        why = exc.strerror or exc
+        raise RuntimeError(
+            f"cannot listen on {where[0]}:{port} ({why}): is {address!r} this node's own address?"
+        ) from None
+    return listener.detach()  # the store owns the descriptor from here
 
 
 class StoreUnanswered(RuntimeError):
@@ -203,7 +230,7 @@ class NodeGroup:
         hosts = host and not setup.launcher_hosts_store
         log.info("node %d: %s the run's store at %s (%s)", me, "hosting" if hosts else "joining", where, setup.source)
         try:
-            store = _store(setup, host, timeout)
+            store = open_store(setup, host, timeout)
         except RuntimeError as exc:
             if host:
                 raise NodeGroupError(f"node 0 cannot host the run's store on {where}: {exc}") from None
@@ -273,7 +300,7 @@ class NodeGroup:
 
     def _beat(self) -> None:
         try:
-            store = _store(self.setup, False, self.timeout)  # its own connection: the main thread's is busy
+            store = open_store(self.setup, False, self.timeout)  # its own connection: the main thread's is busy
             while True:
                 store.add(f"heartbeat/{self.me}", 1)
                 store.set(f"at/{self.me}", self._at)

@@ -22,6 +22,7 @@ with ``psutil.net_if_addrs()`` (``getifaddrs``): IPv4 and IPv6, names of any len
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -316,11 +317,18 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
     if any(v is not None for v in explicit.values()):
         values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
     if run_token:
-        values["identity"] = ", ".join(filter(None, [found.identity, f"run token {run_token!r}"]))
+        values["identity"] = ", ".join(filter(None, [found.identity, f"run token {token_tag(run_token)}"]))
     setup = NodeSetup(**values)
     if setup.node_rank >= setup.nnodes:
         raise NodeError(f"node rank {setup.node_rank} is not below the node count {setup.nnodes} ({setup.source})")
     if setup.multi_node:
+        unspecified = _ip(setup.master_addr or "")
+        if unspecified is not None and unspecified.is_unspecified:
+            raise NodeError(
+                f"master address {setup.master_addr!r} ({setup.source}) means every interface, not node 0's address: "
+                "the other nodes cannot reach it, and node 0's store would listen on every network; give node 0's "
+                "own host name or address"
+            )
         if not setup.master_addr:
             raise NodeError(
                 f"{setup.nnodes} nodes ({setup.source}) need the first node's address: --master-addr, or MASTER_ADDR "
@@ -331,6 +339,11 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
         if not 0 < (setup.master_port or 0) < 65536:
             raise NodeError(f"master port {setup.master_port} is not a TCP port ({setup.source})")
     return setup
+
+
+def token_tag(token: str) -> str:
+    """How a run token is shown and compared: a digest, never the token itself (it is the run's secret)."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
