@@ -800,6 +800,8 @@ class ConformanceSession:
             failed = group.run_outcome()
         else:
             failed = self._gather(group, status)
+        for forged in group.forged:
+            self.node_notes.append(f"node {group.me}: dropped {forged}")
         self.failed_nodes = tuple(line for line in failed if not line.startswith(f"node {group.me}: "))
         if self.failed_nodes:
             self.node_notes.append(f"{FAILED_ELSEWHERE} {'; '.join(self.failed_nodes)}: so it fails here too")

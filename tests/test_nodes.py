@@ -331,3 +331,46 @@ def test_node_0s_store_listens_on_the_runs_address_alone() -> None:
         del store
     with pytest.raises(RuntimeError, match=r"cannot listen on 192\.0\.2\.1:\d+ .*is '192\.0\.2\.1' this node's own"):
         open_store(NodeSetup(2, 0, "192.0.2.1", free_port()), True, 5)  # TEST-NET-1: no interface here has it
+
+
+def test_values_not_signed_with_the_run_token_are_dropped_and_named() -> None:
+    """A plain TCPStore client forging node 1's records, exit status and verdict: node 0 drops them, naming each.
+
+    Node 0 and node 1 run with a token; node 1's own signed values are taken.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    from conformance.nodes.group import GroupLimits, NodeGroup
+    from conftest import free_port
+
+    port, token = free_port(), "secret-token-of-this-run"
+    limits = GroupLimits(progress=5, store=5)
+    setups = [
+        NodeSetup(2, rank, "127.0.0.1", port, "settings", identity="run token x", run_token=token) for rank in (0, 1)
+    ]
+    node0 = NodeGroup.connect(setups[0], 10, limits)
+    node1 = NodeGroup.connect(setups[1], 10, limits)
+    forger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    try:
+        record = json.dumps({"verdict": "pass"})
+        assert node1.publish_results([record], 0) == "1 records sent to node 0"
+        gathered = node0.gather_results(lambda node: None)
+        assert gathered.records == {1: [record]} and gathered.statuses == {1: 0} and not node0.forged
+        for raw in (forger.get("results/1"), forger.get("identity"), forger.get("nonce")):
+            assert token.encode() not in raw  # the token itself is never in the store
+        node1.meet("case/x#1", "verdict", [0, 1], "fail", 5)  # node 1's own verdict, signed
+        forger.set("case/x#1/verdict/1", "pass")  # overwritten by a client without the token
+        forger.set("results/1", json.dumps({"verdict": "pass", "forged": True}))
+        forger.set("status/1", "0")
+        assert node0.read("case/x#1", "verdict", [1]) == {}  # dropped, not believed
+        gathered = node0.gather_results(lambda node: None)
+        assert (
+            gathered.records == {}
+            and gathered.gone[1] == "its results and status did not verify with the run token: dropped"
+        )
+        assert "case/x#1/verdict/1: its value does not verify with the run token" in node0.forged[0], node0.forged
+    finally:
+        node1.close()
+        node0.close()

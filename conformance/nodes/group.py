@@ -2,7 +2,7 @@
 
 Keys of the run's store:
 
-    identity, rank_holder/<k>                          which run the store serves; which pytest is node k
+    identity, nonce, rank_holder/<k>                   which run the store serves; its nonce; which pytest is node k
     run_id, fingerprint/<k>, check, check_read/<k>   the start: node 0 judges every node's fingerprint
     collection/<k>, collection_check, collection_read/<k>   the same tests in the same order everywhere
     heartbeat/<k>, at/<k>                              each node's monitor thread: alive, and in which test
@@ -22,9 +22,12 @@ gathered.  The waits of each cross-node case are at DEBUG.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -37,6 +40,7 @@ from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, c
 log = logging.getLogger("conformance.nodes")
 HEARTBEAT_SECONDS = 0.5
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
+NONCE_KEY = "nonce"  # node 0's random number for this run: the run token's signing key is derived with it
 RANK_HOLDER_KEY = "rank_holder"  # rank_holder/<k>: the host and pid of the pytest that is node k
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
 BY_HAND = "a run started by hand without --run-token"
@@ -138,6 +142,63 @@ def _listening(address: str, port: int) -> int:
     return listener.detach()  # the store owns the descriptor from here
 
 
+class ForgedValue(ValueError):
+    """A value of the run's store that does not verify with the run token: not written by a node of this run."""
+
+
+SIGNATURE = b"\n#hmac-sha256:"
+
+
+class SignedStore:
+    """The run's store with every value signed, where the run has a token (``--run-token``).
+
+    A value is stored as itself, then ``SIGNATURE`` and the hex HMAC-SHA256 of its key and itself
+    under a key derived from the run token and node 0's nonce for the run (a fresh random one per
+    run, so a value of one run never verifies in another).  The token itself is never stored.
+    Without a token, values are stored as they are.  Counters (``add``), key checks and the public
+    keys (which run the store serves, the strangers turned away) are not signed.
+    """
+
+    def __init__(self, store: Any, token: str | None) -> None:
+        self.raw = store
+        self.token = token
+        self._key: bytes | None = None
+
+    def use_nonce(self, nonce: str) -> None:
+        if self.token is not None:
+            self._key = hmac.new(self.token.encode(), f"conformance run {nonce}".encode(), hashlib.sha256).digest()
+
+    def _signature(self, key: str, value: bytes) -> bytes:
+        assert self._key is not None  # set before any signed value is written or read
+        return hmac.new(self._key, key.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
+
+    def _signed(self, key: str, value: str | bytes) -> bytes:
+        data = value.encode() if isinstance(value, str) else value
+        return data + SIGNATURE + self._signature(key, data) if self.token is not None else data
+
+    def _verified(self, key: str, stored: bytes) -> bytes:
+        if self.token is None:
+            return stored
+        data, mark, signature = stored.rpartition(SIGNATURE)
+        if not mark or not hmac.compare_digest(signature, self._signature(key, data)):
+            raise ForgedValue(
+                f"{key}: its value does not verify with the run token (not written by a node of this run)"
+            )
+        return data
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.raw.set(key, self._signed(key, value))
+
+    def get(self, key: str) -> bytes:
+        return self._verified(key, self.raw.get(key))
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self._verified(key, self.raw.compare_set(key, expected, self._signed(key, desired)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
 class StoreUnanswered(RuntimeError):
     """Node 0's store did not answer a call within its bound: this node has lost it."""
 
@@ -203,7 +264,9 @@ class NodeGroup:
         self.timeout = timeout
         self.progress_limit = limits.progress  # how long a node may stay in one test before it counts as stuck
         self.store_limit = limits.store  # how long node 0's store may leave a call unanswered
-        self.store: Any = BoundedStore(store, limits.store) if store is not None else None
+        self.signed = SignedStore(store, setup.run_token)
+        self.store: Any = BoundedStore(self.signed, limits.store) if store is not None else None
+        self.forged: list[str] = []  # values dropped because they do not verify with the run token
         self.lost = lost  # why node 0's store cannot be reached, once it cannot
         self._answered = time.monotonic()  # when the monitor's last round through the store ended
         self._watched: tuple[str, ...] = ()  # keys the monitor looks for (the running case's failures)
@@ -258,14 +321,19 @@ class NodeGroup:
         The store's errors (RuntimeError) are the caller's.
         """
         mine = self.setup.identity or BY_HAND
+        plain = self.signed.raw  # which run this is, and who was turned away: public, not signed
         if self.me == 0:
-            self.store.set(IDENTITY_KEY, mine)
+            self.store.call(lambda: plain.set(NONCE_KEY, secrets.token_hex(16)))
+            self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
+            self.store.call(lambda: plain.set(IDENTITY_KEY, mine))
             return self._claim_rank()
-        theirs = self.store.get(IDENTITY_KEY).decode()
+        theirs = self.store.call(lambda: plain.get(IDENTITY_KEY)).decode()
         if theirs == mine:
+            self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
             return self._claim_rank()
         number = self.store.add(STRANGER_COUNT_KEY, 1)
-        self.store.set(f"{STRANGER_COUNT_KEY}/{number}", f"{mine}, node {self.me}, host {socket.gethostname()}")
+        stranger = f"{mine}, node {self.me}, host {socket.gethostname()}"
+        self.store.call(lambda: plain.set(f"{STRANGER_COUNT_KEY}/{number}", stranger))
         return (
             f"node 0's store at {where} serves another run ({theirs}), not this one ({mine}): this node does not "
             "join it; give each job its own --master-port"
@@ -278,7 +346,10 @@ class NodeGroup:
         of two pytests given one node rank exactly one holds it.
         """
         mine = f"host {socket.gethostname()} (pid {os.getpid()})"
-        holder = self.store.compare_set(f"{RANK_HOLDER_KEY}/{self.me}", "", mine).decode()
+        try:
+            holder = self.store.compare_set(f"{RANK_HOLDER_KEY}/{self.me}", "", mine).decode()
+        except ForgedValue as exc:
+            return f"node rank {self.me} cannot be taken: {exc}"
         if holder == mine:
             return ""
         return (
@@ -291,7 +362,21 @@ class NodeGroup:
         if self.store is None or self.lost:
             return []
         count = self.store.add(STRANGER_COUNT_KEY, 0)
-        return [self.store.get(f"{STRANGER_COUNT_KEY}/{n}").decode() for n in range(1, count + 1)]
+        plain = self.signed.raw
+        return [
+            self.store.call(lambda n=n: plain.get(f"{STRANGER_COUNT_KEY}/{n}")).decode() for n in range(1, count + 1)
+        ]
+
+    def _verified(self, key: str) -> str | None:
+        """The value under ``key``, or None where it does not verify with the run token (dropped, and named)."""
+        try:
+            text: str = self.store.get(key).decode()
+        except ForgedValue as exc:
+            if str(exc) not in self.forged:
+                self.forged.append(str(exc))
+                log.warning("node %d: dropped %s", self.me, exc)
+            return None
+        return text
 
     # -- the heartbeat monitor ----------------------------------------------------------------
     def _start_monitor(self) -> None:
@@ -444,9 +529,9 @@ class NodeGroup:
         log.info("node %d: fingerprint sent; waiting up to %gs for node 0's start check", self.me, self.timeout)
         try:
             self.store.set_timeout(datetime.timedelta(seconds=self.timeout + ACK_WAIT))
-            check = json.loads(self.store.call(lambda: self.store.raw.get("check"), self.timeout + 2 * ACK_WAIT))
+            check = json.loads(self.store.call(lambda: self.signed.get("check"), self.timeout + 2 * ACK_WAIT))
             self.store.set(f"check_read/{self.me}", "1")
-        except RuntimeError as exc:
+        except (RuntimeError, ForgedValue) as exc:
             self.lose(exc)
             return StartCheck(run_id, None, {0: self.lost}, ())
         missing = {int(n): reason for n, reason in check["missing"].items()}
@@ -466,8 +551,10 @@ class NodeGroup:
             if problem is not None:  # one deadline for all: name it, not what was left of it
                 self.gone[node] = f"node {node} never arrived within {self.timeout:g}s (rendezvous deadline)"
                 log.info("node 0: %s", self.gone[node])
-        arrived = [n for n in self.others if n not in self.gone]
-        prints = [mine, *(Fingerprint.from_json(self.store.get(f"fingerprint/{n}").decode()) for n in arrived)]
+        texts = {n: self._verified(f"fingerprint/{n}") for n in self.others if n not in self.gone}
+        self.gone.update({n: f"node {n}: dropped: {self.forged[-1]}" for n, text in texts.items() if text is None})
+        arrived = [n for n, text in texts.items() if text is not None]
+        prints = [mine, *(Fingerprint.from_json(texts[n] or "") for n in arrived)]
         interfaces = tuple(shared_interfaces(prints))
         check = {
             "run_id": run_id,
@@ -489,11 +576,11 @@ class NodeGroup:
         self.store.set(f"collection/{self.me}", json.dumps(list(nodeids)))
         if self.me != 0:
             try:
-                waiting = self.store.call(lambda: self.store.raw.get("collection_check"), self.timeout + 2 * ACK_WAIT)
+                waiting = self.store.call(lambda: self.signed.get("collection_check"), self.timeout + 2 * ACK_WAIT)
                 found = list(json.loads(waiting))
                 self.store.set(f"collection_read/{self.me}", "1")
                 return found
-            except RuntimeError as exc:
+            except (RuntimeError, ForgedValue) as exc:
                 self.lose(exc)
                 return []
         arrived = [n for n in self.others if n not in self.gone]
@@ -503,8 +590,11 @@ class NodeGroup:
                 self.gone[node] = problem.reason
         differences: list[str] = []
         for node in (n for n in arrived if n not in self.gone):
-            theirs = json.loads(self.store.get(f"collection/{node}"))
-            differences.extend(collection_difference(list(nodeids), theirs, node))
+            text = self._verified(f"collection/{node}")
+            if text is None:
+                self.gone[node] = f"node {node}: dropped: {self.forged[-1]}"
+                continue
+            differences.extend(collection_difference(list(nodeids), json.loads(text), node))
         self.store.set("collection_check", json.dumps(differences))
         compared = [n for n in arrived if n not in self.gone]
         log.info("node 0: collections of nodes %s compared: %d line(s) of differences", compared, len(differences))
@@ -542,8 +632,8 @@ class NodeGroup:
         for node in nodes:
             key = f"{prefix}/{stage}/{node}"
             try:
-                if self.store.check([key]):
-                    found[node] = self.store.get(key).decode()
+                if self.store.check([key]) and (text := self._verified(key)) is not None:
+                    found[node] = text
             except RuntimeError as exc:
                 self.lose(exc)
         return found
@@ -593,9 +683,13 @@ class NodeGroup:
                 self.gone.setdefault(node, problem.reason)
                 log.info("node 0: no records from node %d: %s", node, self.gone[node])
                 continue
-            text = self.store.get(f"results/{node}").decode()
+            text, status = self._verified(f"results/{node}"), self._verified(f"status/{node}")
+            if text is None or status is None:
+                dropped = [key for key, value in (("results", text), ("status", status)) if value is None]
+                self.gone[node] = f"its {' and '.join(dropped)} did not verify with the run token: dropped"
+                continue
             gathered[node] = [line for line in text.splitlines() if line.strip()]
-            statuses[node] = int(self.store.get(f"status/{node}").decode())
+            statuses[node] = int(status)
             log.info("node 0: gathered %d record(s) from node %d (exit %d)", len(gathered[node]), node, statuses[node])
         return Gathered(gathered, statuses, dict(self.gone))
 
@@ -612,6 +706,8 @@ class NodeGroup:
         try:
             failed = json.loads(self.store.get(OUTCOME_KEY))
             self.store.set(f"{OUTCOME_KEY}_read/{self.me}", "1")
+        except ForgedValue as exc:
+            return [f"node 0: its outcome of the run was dropped ({exc})"]
         except RuntimeError as exc:
             self.lose(exc)
             return [f"node 0: no outcome of the run from it ({self.lost})"]

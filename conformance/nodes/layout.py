@@ -69,6 +69,7 @@ class NodeSetup:
     store_prefix: str = ""  # every key of the run's store lives under it (a launcher's store is shared)
     identity: str = ""  # the launcher's name for this run, which every node must present ("": run by hand)
     launcher_hosts_store: bool = False  # the launcher serves the store at master_port: node 0 is a client too
+    run_token: str | None = field(default=None, repr=False)  # --run-token: signs the run's values; never shown
 
     @property
     def multi_node(self) -> bool:
@@ -318,6 +319,7 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
         values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
     if run_token:
         values["identity"] = ", ".join(filter(None, [found.identity, f"run token {token_tag(run_token)}"]))
+        values["run_token"] = run_token
     setup = NodeSetup(**values)
     if setup.node_rank >= setup.nnodes:
         raise NodeError(f"node rank {setup.node_rank} is not below the node count {setup.nnodes} ({setup.source})")
