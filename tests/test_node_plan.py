@@ -40,6 +40,13 @@ def test_cross_node_verdict_names_the_node_with_the_real_failure() -> None:
     assert (decision.verdict, node, decision.summary) == ("fail", 1, "node 1: x")
     decision, node = decide_across_nodes(0, local, verdicts, (1, "node 1 stopped answering"))
     assert (decision.verdict, node, decision.summary) == ("hang", 1, "hang across nodes: node 1 stopped answering")
+    stuck = {0: verdicts[0], 1: {"verdict": "hang", "summary": "rank 0 all stuck in probe (all_reduce 4B)"}}
+    for me in (0, 1):  # each node's ranks stuck waiting for the other's: the link, neither node named
+        decision, node = decide_across_nodes(me, local, stuck, None)
+        assert (decision.verdict, node) == ("hang", None)
+        assert decision.summary.startswith("the link between node 0 and node 1 (both stuck): node 0: ranks 0,1")
+    errors = {n: {"verdict": "error", "summary": f"rank 0 in probe: error on node {n}"} for n in (0, 1)}
+    assert decide_across_nodes(1, local, errors, None)[1] == 0  # errors keep naming a node, as before
     passed = {n: {"verdict": "pass", "summary": ""} for n in (0, 1)}
     assert decide_across_nodes(0, Decision("pass", None, [], ""), passed, None) == (
         Decision("pass", None, [], ""),

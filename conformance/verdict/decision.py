@@ -311,6 +311,13 @@ def decide_across_nodes(
     verdict, summary = verdicts[node]["verdict"], verdicts[node]["summary"]
     if verdict == Verdict.PASS:
         return Decision(Verdict.PASS, None, [], ""), None
+    if len(verdicts) == 2 and all(v["verdict"] == Verdict.HANG for v in verdicts.values()):
+        # Both nodes stuck waiting for each other (packet loss, a flapping link): the link between them,
+        # naming neither; an error or wrong data on one node still names it (precedence above), and a node
+        # bad with others too is named from the node pairs (summary.bad_nodes).
+        a, b = sorted(verdicts)
+        text = f"the link between node {a} and node {b} (both stuck): node {node}: {summary}"
+        return Decision(verdict, local.root, local.victims, text), None
     if node == me:
         return Decision(verdict, local.root, local.victims, f"node {node}: {summary}"), node
     return Decision(verdict, None, local_failed, f"node {node}: {summary}"), node
