@@ -17,7 +17,6 @@ import pytest
 
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
-from conformance.nodes.group import SILENCE_LIMIT
 from conformance.nodes.layout import token_tag
 from conformance.plan.matrix import (
     NET_LINK,
@@ -129,14 +128,14 @@ def test_a_node_killed_mid_run_is_a_hang_naming_it(pytester: pytest.Pytester) ->
     code, _ = node0.wait()
     after_kill = time.monotonic() - killed_at
     assert code == pytest.ExitCode.TESTS_FAILED, node0.output
-    assert after_kill < 30  # the case deadline (10 s) plus the heartbeat's silence limit, not a pytest timeout
+    assert after_kill < 30  # its connection to node 0 closed at the kill: at once, not after a silence
     records = {r["probe"]: r for r in gathered(node0.reports)}
     first = records["all_reduce"]
     assert first["verdict"] == "hang" and first["root_node"] == 1
-    assert first["summary"].startswith("hang across nodes: node 1 stopped answering: no heartbeat for")
+    assert first["summary"].startswith("hang across nodes: node 1 ended without its end of the run (killed or crash")
     later = records["pair_exchange"]  # known gone: no ranks started, no deadline paid again
-    assert later["verdict"] == "hang" and later["ranks"] == [] and "node 1 stopped answering" in later["summary"]
-    assert "node 1: records missing: node 1 stopped answering" in node0.output
+    assert later["verdict"] == "hang" and later["ranks"] == [] and "node 1 ended without" in later["summary"]
+    assert "node 1: records missing: node 1 ended without its end of the run" in node0.output
 
 
 def test_an_error_on_one_node_is_the_root_cause_on_every_node_and_ends_the_wait(pytester: pytest.Pytester) -> None:
@@ -175,8 +174,9 @@ def test_a_node_that_never_starts_is_a_hang_after_the_rendezvous_deadline(pytest
     assert "node 1: records missing: node 1 never arrived within 3s" in node0.output
 
 
-# Longer than the silence that makes a node that did beat "gone": a node that never beat yet is not gone.
-LATE_START_SECONDS = SILENCE_LIMIT + 5.0
+# Longer than the step deadline of FAST, the silence that makes a node that did beat "gone": a node that never
+# beat yet is not gone.
+LATE_START_SECONDS = 12.0
 
 
 def test_a_node_that_starts_late_within_the_rendezvous_deadline_takes_part(pytester: pytest.Pytester) -> None:

@@ -281,13 +281,18 @@ def wait_for_first_case(node: Node, limit: float) -> None:
 
 
 def test_a_link_cut_mid_run_ends_in_a_verdict_on_both_nodes(
-    pytester: pytest.Pytester, isolated_env: None, run_tag: str, namespaces: NamespacePair
+    pytester: pytest.Pytester,
+    isolated_env: None,
+    run_tag: str,
+    namespaces: NamespacePair,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Node 1's link goes down in its first cross-node case and stays down: each node ends in a verdict.
 
     Node 1 names node 0 unreachable and since when, writes its records where it runs, and exits 1
     within the step deadline plus the stop ladder (plus CUT_MARGIN); node 0 names node 1 and exits 1.
     """
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", IFNAME)  # the ranks cross the veth (the hostname is loopback here)
     copy_suites(pytester, SUITE)
     port = free_port()
     args = ("--virtual-devices=1", "--init-timeout=4", "--op-timeout=4", "--step-timeout=8",
@@ -316,3 +321,38 @@ def test_a_link_cut_mid_run_ends_in_a_verdict_on_both_nodes(
         "RUN FAILED on another node: node 0: no outcome of the run from it (node 0 unreachable since" in nodes[1].output
     ), describe(nodes)
     assert "node 1: records missing: node 1 stopped answering" in nodes[0].output, describe(nodes)
+
+
+def test_a_link_down_for_30s_that_comes_back_keeps_the_run_going(
+    pytester: pytest.Pytester,
+    isolated_env: None,
+    run_tag: str,
+    namespaces: NamespacePair,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same cut, undone after 30 s, with deadlines longer than the outage and TCP's back-off after it.
+
+    Nothing ended (no connection closed) and nobody was quiet past the step deadline: every case
+    passes on both nodes and both exit 0.
+    """
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", IFNAME)  # the ranks cross the veth (the hostname is loopback here)
+    copy_suites(pytester, SUITE)
+    port = free_port()
+    args = ("--virtual-devices=1", "--init-timeout=10", "--op-timeout=80", "--step-timeout=90",
+            "--rendezvous-timeout=30", "--matrix=inherited", f"suites/{SUITE}")  # fmt: skip
+    nodes = [
+        start_node(pytester.path, rank, 2, port, *args, addr=namespaces.addresses[0], prefix=namespaces.prefix(rank))
+        for rank in (0, 1)
+    ]
+    try:
+        wait_for_first_case(nodes[1], 60)
+        assert ip("-n", namespaces.names[1], "link", "set", IFNAME, "down").returncode == 0
+        time.sleep(30)
+        assert ip("-n", namespaces.names[1], "link", "set", IFNAME, "up").returncode == 0
+        codes = [node.process.wait(timeout=240) for node in nodes]
+    except subprocess.TimeoutExpired:
+        killed = stop_tagged(run_tag)
+        pytest.fail(f"a node did not end after the link came back (killed {killed})\n{describe(nodes)}")
+    assert codes == [0, 0], describe(nodes)
+    records = cross_node_records(nodes)
+    assert records and all(r["verdict"] == "pass" for r in records), describe(nodes)

@@ -41,10 +41,11 @@ log = logging.getLogger("conformance.nodes")
 HEARTBEAT_SECONDS = 0.5
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
 NONCE_KEY = "nonce"  # node 0's random number for this run: the run token's signing key is derived with it
+LIVENESS_KEY = "liveness"  # the port of node 0's liveness listener (class Liveness)
+DIED_KEY = "died"  # died/<k>: node 0 saw node k's connection close without its end
 RANK_HOLDER_KEY = "rank_holder"  # rank_holder/<k>: the host and pid of the pytest that is node k
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
 BY_HAND = "a run started by hand without --run-token"
-SILENCE_LIMIT = 5.0  # a node whose heartbeat stood still this long is gone
 POLL_SECONDS = 0.1
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
 OUTCOME_KEY = "outcome"  # node 0's list of the nodes that failed, once every node's status is in
@@ -254,6 +255,63 @@ def _unresolved(name: str) -> str:
     return ""
 
 
+class Liveness:
+    """Node 0's listener that tells a node that ended from a link that is down.
+
+    Each other node holds one plain TCP connection to it and says ``bye`` before it closes it at its
+    end.  A node whose pytest died (killed, crashed) has its connection closed by its kernel: node 0
+    reads the end of the stream at once.  A cut link closes nothing: the node goes quiet, and only its
+    heartbeat's silence past the store's bound makes it gone, so a link that comes back in time
+    loses nothing.
+    """
+
+    def __init__(self, address: str) -> None:
+        family, kind, proto, _, where = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
+        self.listener = socket.socket(family, kind, proto)
+        self.listener.bind(where)
+        self.listener.listen(socket.SOMAXCONN)
+        self.port: int = self.listener.getsockname()[1]
+        self.ended: dict[int, str] = {}  # node -> "bye" (its end) or "closed" (died)
+        self._lock = threading.Lock()
+        threading.Thread(target=self._serve, name="conformance-liveness", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed at the end of the run
+            threading.Thread(target=self._follow, args=(connection,), daemon=True).start()
+
+    def _follow(self, connection: socket.socket) -> None:
+        with connection, connection.makefile("r") as lines:
+            hello = lines.readline().split()
+            if len(hello) != 2 or hello[0] != "node" or not hello[1].isdigit():
+                return
+            node = int(hello[1])
+            said = lines.readline().strip()  # blocks until the node's end, or its death
+        with self._lock:
+            self.ended[node] = "bye" if said == "bye" else "closed"
+
+    def died(self, node: int) -> bool:
+        with self._lock:
+            return self.ended.get(node) == "closed"
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _hold_liveness(address: str, port: int, me: int) -> socket.socket | None:
+    """A connection to node 0's liveness listener (None where it cannot be made: heartbeats decide)."""
+    try:
+        connection = socket.create_connection((address, port), timeout=10)
+        connection.sendall(f"node {me}\n".encode())
+    except OSError as exc:
+        log.info("node %d: no liveness connection to node 0 (%s): its heartbeat alone tells", me, exc)
+        return None
+    return connection
+
+
 class NodeGroup:
     """A node's part in a multi-node run: the store, the heartbeats, the meeting points."""
 
@@ -267,11 +325,14 @@ class NodeGroup:
         self.signed = SignedStore(store, setup.run_token)
         self.store: Any = BoundedStore(self.signed, limits.store) if store is not None else None
         self.forged: list[str] = []  # values dropped because they do not verify with the run token
+        self.liveness: Liveness | None = None  # node 0: who ended, who died
+        self._held: socket.socket | None = None  # the others: their connection to node 0's liveness
         self.lost = lost  # why node 0's store cannot be reached, once it cannot
         self._answered = time.monotonic()  # when the monitor's last round through the store ended
         self._watched: tuple[str, ...] = ()  # keys the monitor looks for (the running case's failures)
         self._seen: set[str] = set()
         self._to_post: list[str] = []  # keys the monitor sets (this node's failure in the running case)
+        self._died: set[int] = set()  # nodes node 0 saw die (its died/<k> keys, read by the monitor)
         self.gone: dict[int, str] = {}
         self.heard = {n: Heard() for n in self.others}
         self._lock = threading.Lock()
@@ -325,12 +386,18 @@ class NodeGroup:
         if self.me == 0:
             self.store.call(lambda: plain.set(NONCE_KEY, secrets.token_hex(16)))
             self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
+            self.liveness = Liveness(self.setup.master_addr or "")
+            self.store.set(LIVENESS_KEY, str(self.liveness.port))
             self.store.call(lambda: plain.set(IDENTITY_KEY, mine))
             return self._claim_rank()
         theirs = self.store.call(lambda: plain.get(IDENTITY_KEY)).decode()
         if theirs == mine:
             self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
-            return self._claim_rank()
+            refusal = self._claim_rank()
+            port = self._verified(LIVENESS_KEY)
+            if not refusal and port is not None and port.isdigit():  # only the pytest that holds the rank
+                self._held = _hold_liveness(self.setup.master_addr or "", int(port), self.me)
+            return refusal
         number = self.store.add(STRANGER_COUNT_KEY, 1)
         stranger = f"{mine}, node {self.me}, host {socket.gethostname()}"
         self.store.call(lambda: plain.set(f"{STRANGER_COUNT_KEY}/{number}", stranger))
@@ -400,14 +467,18 @@ class NodeGroup:
                 self.lose(exc)
 
     def _look_and_post(self, store: Any) -> None:
-        """The running case's keys, for the watchdog, which must never wait on the store itself."""
+        """The running case's keys, for the watchdog, which must never wait on the store itself; who died."""
         with self._lock:
             watched, posts, self._to_post = self._watched, self._to_post, []
+        if self.liveness is not None:
+            posts += [f"{DIED_KEY}/{n}" for n in self.others if self.liveness.died(n)]
         for key in posts:
             store.set(key, "1")
         found = {key for key in watched if store.check([key])}
+        died = {n for n in self.others if store.check([f"{DIED_KEY}/{n}"])}
         with self._lock:
             self._seen |= found
+            self._died |= died
 
     def watch(self, keys: Sequence[str]) -> bool:
         """Have the monitor look for ``keys``; whether it has seen one of them."""
@@ -477,12 +548,18 @@ class NodeGroup:
         with self._lock:
             heard = self.heard[node]
             silent = time.monotonic() - heard.beat if heard.count > 0 else 0.0  # never beat yet: deadlines decide
-        if silent > SILENCE_LIMIT:
-            last = self.where(node)
-            self.gone[node] = f"node {node} stopped answering: no heartbeat for {silent:.0f}s (last at {last})"
-            log.info("node %d: %s", self.me, self.gone[node])
-            return NodeProblem(node, self.gone[node])
-        return None
+            died = node in self._died
+        if died or (self.liveness is not None and self.liveness.died(node)):
+            where = f"at {self.where(node)}"
+            self.gone[node] = f"node {node} ended without its end of the run (killed or crashed {where})"
+        elif silent > self.store_limit:  # quiet, not ended: a link down this long, or a frozen node
+            self.gone[node] = (
+                f"node {node} stopped answering: no heartbeat for {silent:.0f}s (last at {self.where(node)})"
+            )
+        else:
+            return None
+        log.info("node %d: %s", self.me, self.gone[node])
+        return NodeProblem(node, self.gone[node])
 
     def _overdue(self, node: int, since: float, limit: float, fixed: bool) -> NodeProblem | None:
         """Waited past ``limit``: from ``since`` when ``fixed``, else from the node's last change of test."""
@@ -715,6 +792,14 @@ class NodeGroup:
 
     def close(self) -> None:
         log.debug("node %d: leaving the run's store", self.me)
+        if self._held is not None:  # this node's end, not its death
+            try:
+                self._held.sendall(b"bye\n")
+            except OSError:
+                pass
+            self._held.close()
+        if self.liveness is not None:
+            self.liveness.close()
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=2 * HEARTBEAT_SECONDS + 1.0)
