@@ -87,7 +87,7 @@ def test_the_rendezvous_of_two_nodes_is_logged(pytester: pytest.Pytester) -> Non
         (rf"node 0: started the run's store at {where}", first),
         (r"node 0: waiting for node 1's fingerprint \(rendezvous deadline 20s\)", first),
         (r"node 0: start check: nodes 0 \(\S+\), 1 \(\S+\) arrived; shared interfaces: .*; may go on", first),
-        (r"node 0: gathered 1 record\(s\) from node 1", first),
+        (r"node 0: gathered 1 record\(s\) from node 1 \(exit 0\)", first),
         (rf"node 1: joined the run's store at {where}", second),
         (r"node 1: fingerprint sent; waiting up to 20s for node 0's start check", second),
         (r"node 1: sent 1 record\(s\) to node 0", second),

@@ -280,6 +280,42 @@ def wait_for_first_case(node: Node, limit: float) -> None:
         time.sleep(0.05)
 
 
+def link_down_mid_case(
+    pytester: pytest.Pytester, pair: NamespacePair, tag: str, deadlines: tuple[str, ...], up_after: float | None
+) -> tuple[list[Node], list[int], list[float]]:
+    """Both nodes on the veth; node 1's end goes down in its first cross-node case (up again after ``up_after``).
+
+    Returns the nodes, their exit codes and each one's seconds from the link going down to its exit.
+    GLOO_SOCKET_IFNAME is the veth's: the hostname resolves to loopback here, and the ranks must cross it.
+    """
+    copy_suites(pytester, SUITE)
+    port = free_port()
+    args = ("--virtual-devices=1", *deadlines, "--rendezvous-timeout=30", "--matrix=inherited", f"suites/{SUITE}")
+    nodes = [
+        start_node(pytester.path, rank, 2, port, *args, addr=pair.addresses[0], prefix=pair.prefix(rank))
+        for rank in (0, 1)
+    ]
+    ended: dict[int, float] = {}
+    try:
+        wait_for_first_case(nodes[1], 60)
+        assert ip("-n", pair.names[1], "link", "set", IFNAME, "down").returncode == 0
+        down = time.monotonic()
+        if up_after is not None:
+            time.sleep(up_after)
+            assert ip("-n", pair.names[1], "link", "set", IFNAME, "up").returncode == 0
+        while len(ended) < len(nodes) and time.monotonic() - down < NODE_LIMIT * 2:
+            for rank, node in enumerate(nodes):
+                if rank not in ended and node.process.poll() is not None:
+                    ended[rank] = time.monotonic() - down
+            time.sleep(0.05)
+    finally:
+        if len(ended) < len(nodes):  # whatever stopped the test: nothing of it stays behind
+            killed = stop_tagged(tag)
+            print(f"killed {killed}\n{describe(nodes)}")
+    assert len(ended) == len(nodes), f"a node did not end after the link went down\n{describe(nodes)}"
+    return nodes, [n.process.returncode for n in nodes], [ended[rank] for rank in range(len(nodes))]
+
+
 def test_a_link_cut_mid_run_ends_in_a_verdict_on_both_nodes(
     pytester: pytest.Pytester,
     isolated_env: None,
@@ -292,27 +328,12 @@ def test_a_link_cut_mid_run_ends_in_a_verdict_on_both_nodes(
     Node 1 names node 0 unreachable and since when, writes its records where it runs, and exits 1
     within the step deadline plus the stop ladder (plus CUT_MARGIN); node 0 names node 1 and exits 1.
     """
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", IFNAME)  # the ranks cross the veth (the hostname is loopback here)
-    copy_suites(pytester, SUITE)
-    port = free_port()
-    args = ("--virtual-devices=1", "--init-timeout=4", "--op-timeout=4", "--step-timeout=8",
-            "--rendezvous-timeout=30", "--matrix=inherited", f"suites/{SUITE}")  # fmt: skip
-    nodes = [
-        start_node(pytester.path, rank, 2, port, *args, addr=namespaces.addresses[0], prefix=namespaces.prefix(rank))
-        for rank in (0, 1)
-    ]
-    try:
-        wait_for_first_case(nodes[1], 60)
-        assert ip("-n", namespaces.names[1], "link", "set", IFNAME, "down").returncode == 0
-        cut = time.monotonic()
-        bound = 8 + 2.0 + CUT_MARGIN  # step deadline + the CPU stop ladder (deadlines.CPU_STOP_LADDER) + margin
-        codes = [node.process.wait(timeout=bound + 30) for node in nodes]
-        ended = time.monotonic() - cut
-    except subprocess.TimeoutExpired:
-        killed = stop_tagged(run_tag)
-        pytest.fail(f"a node did not end after the cut (killed {killed})\n{describe(nodes)}")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", IFNAME)
+    deadlines = ("--init-timeout=4", "--op-timeout=4", "--step-timeout=8")
+    nodes, codes, ended = link_down_mid_case(pytester, namespaces, run_tag, deadlines, up_after=None)
     assert codes == [1, 1], describe(nodes)
-    assert ended < bound + 30  # node 0 waits for node 1's records up to its own limits
+    bound = 8 + 2.0 + CUT_MARGIN  # step deadline + the CPU stop ladder (deadlines.CPU_STOP_LADDER) + margin
+    assert max(ended) < bound, f"seconds from the cut to each node's end: {ended} (bound {bound:g})"
     (results,) = nodes[1].reports.glob("*-node1/results.jsonl")  # node 1's records, written where it runs
     own = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     unreachable = [r for r in own if "node 0 unreachable since " in (r.get("summary") or "")]
@@ -335,24 +356,9 @@ def test_a_link_down_for_30s_that_comes_back_keeps_the_run_going(
     Nothing ended (no connection closed) and nobody was quiet past the step deadline: every case
     passes on both nodes and both exit 0.
     """
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", IFNAME)  # the ranks cross the veth (the hostname is loopback here)
-    copy_suites(pytester, SUITE)
-    port = free_port()
-    args = ("--virtual-devices=1", "--init-timeout=10", "--op-timeout=80", "--step-timeout=90",
-            "--rendezvous-timeout=30", "--matrix=inherited", f"suites/{SUITE}")  # fmt: skip
-    nodes = [
-        start_node(pytester.path, rank, 2, port, *args, addr=namespaces.addresses[0], prefix=namespaces.prefix(rank))
-        for rank in (0, 1)
-    ]
-    try:
-        wait_for_first_case(nodes[1], 60)
-        assert ip("-n", namespaces.names[1], "link", "set", IFNAME, "down").returncode == 0
-        time.sleep(30)
-        assert ip("-n", namespaces.names[1], "link", "set", IFNAME, "up").returncode == 0
-        codes = [node.process.wait(timeout=240) for node in nodes]
-    except subprocess.TimeoutExpired:
-        killed = stop_tagged(run_tag)
-        pytest.fail(f"a node did not end after the link came back (killed {killed})\n{describe(nodes)}")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", IFNAME)
+    deadlines = ("--init-timeout=80", "--op-timeout=80", "--step-timeout=90")  # each longer than the outage
+    nodes, codes, _ = link_down_mid_case(pytester, namespaces, run_tag, deadlines, up_after=30)
     assert codes == [0, 0], describe(nodes)
     records = cross_node_records(nodes)
     assert records and all(r["verdict"] == "pass" for r in records), describe(nodes)

@@ -390,7 +390,8 @@ class NodeGroup:
             self.store.set(LIVENESS_KEY, str(self.liveness.port))
             self.store.call(lambda: plain.set(IDENTITY_KEY, mine))
             return self._claim_rank()
-        theirs = self.store.call(lambda: plain.get(IDENTITY_KEY)).decode()
+        # node 0 may come later than this node where the launcher hosts the store: the rendezvous deadline
+        theirs = self.store.call(lambda: plain.get(IDENTITY_KEY), self.timeout + ACK_WAIT).decode()
         if theirs == mine:
             self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
             refusal = self._claim_rank()
