@@ -203,6 +203,27 @@ SETTINGS: tuple[Setting, ...] = (
 NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
 
+def settings_table() -> str:
+    """Every setting as a Markdown table: docs/settings.md holds it (``tools/settings_doc.py`` writes it)."""
+    rows = [
+        "| option | ini key | environment variable | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for setting in SETTINGS:
+        value = "" if setting.is_flag else f"={setting.metavar or _choices(setting)}"
+        ini = f"`{setting.ini_key}`" + (" (lines)" if setting.multiple else " (yes/no)" if setting.is_flag else "")
+        env = f"`{setting.env_var}`" + (" (`;`-separated)" if setting.multiple else "")
+        default = "none" if setting.default is None else f"`{setting.default}`"
+        meaning = " ".join(setting.help.split()).replace("|", "\\|")
+        option = f"`{setting.option}{value}`".replace("|", "\\|")
+        rows.append(f"| {option} | {ini} | {env} | {default} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def _choices(setting: Setting) -> str:
+    return "{" + ",".join(setting.parse.choices) + "}" if isinstance(setting.parse, _Choice) else "VALUE"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting's resolved value; the defaults are the ``SETTINGS`` entries' (written once, there)."""
