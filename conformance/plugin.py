@@ -40,7 +40,7 @@ from conformance.record.runs import Run, RunError, load_run
 from conformance.session import NOT_NEEDED_KEY, ConformanceSession, uses_xdist
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, add_options
 from conformance.settings import resolve as resolve_settings
-from conformance.shared import MARKER_HELP
+from conformance.shared_group import MARKER_HELP
 from conformance.summarise.compare import machine_difference
 
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
@@ -308,7 +308,7 @@ def collective_case(
     """Run the collective the test declares with ``@pytest.mark.collective(probe, **params)``, at the run's sizes.
 
     Declared so, the collectives of several tests over one device set may share one process group
-    (``conformance/shared.py``); each test still gets its own verdict.
+    (``conformance/shared_group.py``); each test still gets its own verdict.
     """
     declared = conformance.collective(request.node)
     if declared is None:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from conformance import junit
-from conformance.ahead import CaseCall, CasesAhead, PartOf, Pending, case_call
 from conformance.common import casefiles
 from conformance.common.deadlines import DeadlineError
 from conformance.common.families import inherited_variables
@@ -66,7 +65,8 @@ from conformance.record.records import (
 )
 from conformance.record.runs import RUN_FACTS, Run
 from conformance.settings import Settings, deadlines
-from conformance.shared import Part, declared, part_of, shared_spec
+from conformance.shared_group import Part, declared, part_of, shared_spec
+from conformance.side_by_side import CaseCall, CasesAhead, PartOf, Pending, case_call
 from conformance.summarise.answer import FAILED_ELSEWHERE, Tone
 from conformance.summarise.collectives import collective_lines
 from conformance.summarise.conclude import Conclusion, conclude
@@ -511,7 +511,7 @@ class ConformanceSession:
     def _together(
         self, item: pytest.Item, device_set: DeviceSet, call: CaseCall
     ) -> list[tuple[pytest.Item, str, dict[str, Any]]]:
-        """Later items whose declared collectives can run in this item's case (``conformance.shared``)."""
+        """Later items whose declared collectives can run in this item's case (``conformance.shared_group``)."""
         mine = self.collective(item)
         if mine is None or case_call(mine[0], None, mine[1]) != call or not self._runs_at_once(item, device_set):
             return []

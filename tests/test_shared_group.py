@@ -14,7 +14,7 @@ import pytest
 from conformance.common.casefiles import SHARED_DONE
 from conformance.common.verdicts import Verdict
 from conformance.launch.case import CaseResult, CaseSpec
-from conformance.shared import Part, shared_spec, split
+from conformance.shared_group import Part, shared_spec, split
 from conformance.verdict.decision import Decision, RankReport
 from conftest import copy_suites, read_records, scenario_text
 

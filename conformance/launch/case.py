@@ -97,7 +97,7 @@ class CaseResult:
     node_rank: int | None = None  # in a multi-node run: the node this result is from
     root_node: int | None = None  # across nodes: the node the verdict comes from
     node_verdicts: dict[int, str] | None = None  # across nodes: each node's own verdict
-    shared_by: str | None = None  # the test whose case ran this one's collective too (conformance.shared)
+    shared_by: str | None = None  # the test whose case ran this one's collective too (conformance.shared_group)
     stop_steps: tuple[StopStep, ...] = ()  # the stop ladder's signals and their waits, when it ran
 
     @property

@@ -245,7 +245,7 @@ def each_device(topology: Topology) -> list[DeviceSet]:
 def in_rounds(pairs: Sequence[tuple[Device, Device]]) -> list[tuple[Device, Device]]:
     """The pairs in rounds of disjoint pairs (n devices: n-1 rounds of n/2), each round from the first pair left.
 
-    Consecutive pairs then share no device, so a round's cases run side by side (``ahead.py``).
+    Consecutive pairs then share no device, so a round's cases run side by side (``side_by_side.py``).
     """
     left, ordered = list(pairs), []
     while left:

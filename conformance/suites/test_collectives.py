@@ -3,7 +3,7 @@
 On GPUs the sizes straddle NCCL's protocol switch points (4 B, 256 KiB, 1 MiB, 64 MiB) and the
 bus bandwidth is reported with nccl-tests' definitions.  The collectives over one device set
 declare themselves (``@pytest.mark.collective``) so that they can share one process group; each
-test still gets its own verdict (``conformance/shared.py``).
+test still gets its own verdict (``conformance/shared_group.py``).
 """
 
 from __future__ import annotations

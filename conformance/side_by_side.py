@@ -81,7 +81,7 @@ class Pending:
 
 @dataclass
 class PartOf:
-    """An item whose result comes out of another item's case (``conformance.shared``).
+    """An item whose result comes out of another item's case (``conformance.shared_group``).
 
     ``wait`` gives None when the case never reached this item's part: the item then runs alone.
     """
