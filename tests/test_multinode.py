@@ -563,6 +563,9 @@ def test_a_failed_node_fails_the_run_on_every_node_in_answer_run_json_junit_and_
     node0 = nodes[0].output
     assert "passed" in node0 and " failed" not in node0.splitlines()[-1], node0  # node 0's own tests passed
     assert "RUN FAILED on another node: node 1: exit 1: a failed node fails the run on every node" in node0, node0
+    lines = node0.splitlines()
+    first = lines[next(i for i, line in enumerate(lines) if "conformance: the answer" in line) + 1]
+    assert first.startswith("RUN FAILED on another node: node 1: exit 1"), first  # the answer's first line
     run_json = json.loads(next(nodes[0].reports.glob("*/run.json")).read_text())
     assert run_json["end"]["failed_nodes"] == ["node 1: exit 1"], run_json["end"]
     junit = (pytester.path / "junit0.xml").read_text()

@@ -107,40 +107,38 @@ def open_store(setup: NodeSetup, host: bool, timeout: float) -> Any:
     import torch.distributed as dist
 
     serves = host and not setup.launcher_hosts_store
+    # torch's TCPStore server given only a port listens on every interface (``*:port``), whatever the
+    # address the run uses; a socket bound here to that address alone is handed over to it instead.
+    listening = listening_socket(setup.master_addr or "", setup.master_port or 0).detach() if serves else None
     store = dist.TCPStore(  # type: ignore[attr-defined]
         setup.master_addr or "",
         setup.master_port or 0,
         is_master=serves,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
-        master_listen_fd=_listening(setup.master_addr or "", setup.master_port or 0) if serves else None,
+        master_listen_fd=listening,
     )
     return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
 
 
-def _listening(address: str, port: int) -> int:
-    """A socket listening on node 0's run address only, for the store to take over (its descriptor).
-
-    torch's TCPStore server given only a port listens on every interface (``*:port``), whatever
-    the address the run uses: anyone who can reach any of node 0's networks could write the run's
-    keys.  Bound here to the address the other nodes use, it listens there alone.
-    """
+def listening_socket(address: str, port: int) -> socket.socket:
+    """A socket listening on ``address`` alone (port 0: one the kernel picks); RuntimeError naming why not."""
     try:
         family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
-        listener = socket.socket(family, kind, proto)
+        bound = socket.socket(family, kind, proto)
     except (OSError, UnicodeError) as exc:
         raise RuntimeError(f"cannot listen on {address}:{port}: {exc}") from None
     try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(where)
-        listener.listen(socket.SOMAXCONN)
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(where)
+        bound.listen(socket.SOMAXCONN)
     except OSError as exc:
-        listener.close()
+        bound.close()
         why = exc.strerror or exc
         raise RuntimeError(
             f"cannot listen on {where[0]}:{port} ({why}): is {address!r} this node's own address?"
         ) from None
-    return listener.detach()  # the store owns the descriptor from here
+    return bound
 
 
 class ForgedValue(ValueError):
@@ -266,12 +264,9 @@ class Liveness:
     """
 
     def __init__(self, address: str) -> None:
-        family, kind, proto, _, where = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
-        self.listener = socket.socket(family, kind, proto)
-        self.listener.bind(where)
-        self.listener.listen(socket.SOMAXCONN)
+        self.listener = listening_socket(address, 0)
         self.port: int = self.listener.getsockname()[1]
-        self.ended: dict[int, str] = {}  # node -> "bye" (its end) or "closed" (died)
+        self._died: set[int] = set()  # nodes whose connection closed without their "bye"
         self._lock = threading.Lock()
         threading.Thread(target=self._serve, name="conformance-liveness", daemon=True).start()
 
@@ -290,12 +285,13 @@ class Liveness:
                 return
             node = int(hello[1])
             said = lines.readline().strip()  # blocks until the node's end, or its death
-        with self._lock:
-            self.ended[node] = "bye" if said == "bye" else "closed"
+        if said != "bye":
+            with self._lock:
+                self._died.add(node)
 
     def died(self, node: int) -> bool:
         with self._lock:
-            return self.ended.get(node) == "closed"
+            return node in self._died
 
     def close(self) -> None:
         self.listener.close()
@@ -384,8 +380,9 @@ class NodeGroup:
         mine = self.setup.identity or BY_HAND
         plain = self.signed.raw  # which run this is, and who was turned away: public, not signed
         if self.me == 0:
-            self.store.call(lambda: plain.set(NONCE_KEY, secrets.token_hex(16)))
-            self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
+            nonce = secrets.token_hex(16)
+            self.store.call(lambda: plain.set(NONCE_KEY, nonce))
+            self.signed.use_nonce(nonce)
             self.liveness = Liveness(self.setup.master_addr or "")
             self.store.set(LIVENESS_KEY, str(self.liveness.port))
             self.store.call(lambda: plain.set(IDENTITY_KEY, mine))

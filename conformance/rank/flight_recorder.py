@@ -99,7 +99,7 @@ def last_collectives(rank_path: Path) -> dict[str, Any] | None:
 
 
 def torch_dumps(rank_path: Path) -> dict[str, dict[str, Any] | None]:
-    """The dumps torch writes on its own timeout in the rank folder, by file name, summarised (None: unreadable).
+    """The dumps torch writes on its own timeout in the rank folder, by file name, summarised (None: not a dump).
 
     torch writes them to its dump prefix followed by the rank (DebugInfoWriter: TORCH_NCCL_DEBUG_INFO_TEMP_FILE
     in torch/csrc/distributed/c10d/TraceUtils.h; TORCH_FR_DUMP_TEMP_FILE first in later FlightRecorder
