@@ -32,9 +32,9 @@ from typing import Any
 from conformance.common import casefiles
 from conformance.common.deadlines import Deadlines
 from conformance.discover.topology import cpu_topology
+from conformance.harness.strategy import MEASUREMENT
 from conformance.launch.case import CaseRunner, CaseSpec
 from conformance.rank.probes import size_label
-from conformance.session import MEASUREMENT
 
 SETTINGS = MEASUREMENT["cpu"]
 

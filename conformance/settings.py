@@ -376,19 +376,18 @@ def deadlines(settings: Settings, backend: str) -> Deadlines:
 def check_deadline_layers(settings: Settings) -> None:
     """In-rank timeouts must fire before the parent's step deadline, or hangs lose their phase.
 
+    The rule is ``Deadlines.in_rank_too_late``'s; here the message names where each value came from.
     The step deadline is --step-timeout, or --case-timeout where that is shorter (no step outlasts
     its case); the message names whichever of the two it is.
     """
     outer = "step_timeout" if settings.step_timeout <= settings.case_timeout else "case_timeout"
     limit = getattr(settings, outer)
-    for inner in ("init_timeout", "op_timeout"):
-        value = getattr(settings, inner)
-        if value >= limit:
-            raise SettingError(
-                f"{settings.source(inner)}: {inner.replace('_', '-')} {value:g}s must be shorter "
-                f"than {outer.replace('_', '-')} {limit:g}s ({settings.source(outer)}), "
-                "so the in-rank timeout fires before the watchdog"
-            )
+    for inner, value in deadlines(settings, "gloo").in_rank_too_late():
+        raise SettingError(
+            f"{settings.source(inner)}: {inner.replace('_', '-')} {value:g}s must be shorter "
+            f"than {outer.replace('_', '-')} {limit:g}s ({settings.source(outer)}), "
+            "so the in-rank timeout fires before the watchdog"
+        )
 
 
 def check_reports_dir(path: Path, where: str) -> None:

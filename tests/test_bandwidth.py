@@ -12,7 +12,7 @@ import pytest
 
 from conformance.discover.health import GpuHealth
 from conformance.discover.link_rate import pair_rate_gbps, pcie_gbps
-from conformance.junit import JunitSummary, complete
+from conformance.harness.junit import JunitSummary, complete
 from conformance.rank.scenario import ScenarioError, parse_rule
 from conformance.record.records import CaseRecord, JunitRun
 from conformance.summarise.bandwidth import slow_lines, slow_pairs

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from conformance.harness.side_by_side import Pending, case_call
 from conformance.record.coverage import Coverage
 from conformance.record.records import RunEnd, RunFacts
 from conformance.record.results import claim_run_folder
-from conformance.side_by_side import Pending, case_call
 from conftest import scenario_text, wait_while_running
 
 SUITE = """

@@ -16,7 +16,7 @@ import pytest
 import xmlschema
 
 from conformance.cli.main import main
-from conformance.junit import JunitSummary, complete
+from conformance.harness.junit import JunitSummary, complete
 from conformance.record.records import JunitRun
 from conformance.record.runs import load_run
 from conftest import WHOLE_SUITE, copy_suites

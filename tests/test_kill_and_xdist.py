@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import psutil
 import pytest
@@ -146,6 +147,47 @@ def test_killed_xdist_controller_leaves_nothing(pytester: pytest.Pytester, repor
             proc.kill()
             proc.wait()
     assert wait_until_gone(run_tag, KILL_AFTERMATH_SECONDS) == [], output.read_text()
+
+
+def test_forkserver_killed_mid_case_is_the_suites_own_verdict(
+    pytester: pytest.Pytester, reports_dir: Path, run_tag: str
+) -> None:
+    """-n 2: a worker's forkserver is SIGKILLed while its case hangs.
+
+    That case ends INCONCLUSIVE saying the forkserver went, within its bounds (never pytest-timeout,
+    never "worker crashed"); the worker's later cases run on a new forkserver; the answer, run.json,
+    JUnit and the exit status all say the run failed.
+    """
+    pytester.makepyfile(test_k=KILL_SUITE.replace("test_4_barrier_hangs", "test_0_barrier_hangs"))
+    junit = pytester.path / "junit.xml"
+    proc, output = start_barrier_hang_run(pytester, reports_dir, "-n", "2", "--dist", "load", f"--junitxml={junit}")
+    try:
+        hang_dir = reports_dir / "latest" / "cases" / "test_k.py--test_0_barrier_hangs"
+
+        def hanging() -> bool:
+            return hang_dir.exists() and len(case_rank_pids(hang_dir.resolve())) == 2
+
+        wait_while_running(proc, output, hanging, "the hanging case never started", 120)
+        (server,) = {parent_of(pid) for pid in case_rank_pids(hang_dir.resolve())}
+        os.kill(server, signal.SIGKILL)
+        code = proc.wait(timeout=300)  # a hang guard only: the case ends as soon as its server is gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = output.read_text()
+    assert code == 1, text
+    assert "crashed" not in text and "node down" not in text and "Timeout" not in text, text
+    verdicts = {r["nodeid"].split("::")[1]: (r["verdict"], r["summary"]) for r in read_records(reports_dir)}
+    verdict, summary = verdicts.pop("test_0_barrier_hangs")
+    assert verdict == "inconclusive" and summary.startswith("not judged: the forkserver exited"), summary
+    assert set(verdicts.values()) == {("pass", "")}, verdicts
+    assert "INCONCLUSIVE" in text.split("conformance: the answer")[1], text
+    run = json.loads((reports_dir / "latest" / "run.json").read_text())
+    assert run["end"]["state"] == "complete", run["end"]
+    failures = [f.get("message", "") for f in ElementTree.parse(junit).iter("failure")]
+    assert any("INCONCLUSIVE" in message and "forkserver" in message for message in failures), failures
+    assert wait_until_gone(run_tag, KILL_AFTERMATH_SECONDS) == [], text
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device, Topology
 from conformance.nodes.group import collection_difference
 from conformance.nodes.layout import node_setup
@@ -22,34 +23,34 @@ from conformance.plan.matrix import (
 from conformance.plan.parametrize import Plan
 from conformance.record.records import CaseRecord
 from conformance.summarise.summary import bad_nodes, one_record_per_case, summary_lines
-from conformance.verdict.decision import Decision, decide_across_nodes
+from conformance.verdict.decision import Decision, NodeVerdict, decide_across_nodes
 
 ONE_CPU = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
 
 
 def test_cross_node_verdict_names_the_node_with_the_real_failure() -> None:
-    local = Decision("hang", None, [], "ranks 0,1 all stuck in probe (all_reduce 4B)")
+    local = Decision(Verdict.HANG, None, [], "ranks 0,1 all stuck in probe (all_reduce 4B)")
     verdicts = {
-        0: {"verdict": "hang", "summary": local.summary},
-        1: {"verdict": "error", "summary": "rank 0 (cpu0) in probe: RuntimeError: boom"},
+        0: NodeVerdict(Verdict.HANG, local.summary),
+        1: NodeVerdict(Verdict.ERROR, "rank 0 (cpu0) in probe: RuntimeError: boom"),
     }
     decision, node = decide_across_nodes(0, local, verdicts, None)
     assert (decision.verdict, node) == ("error", 1)
     assert decision.summary == "node 1: rank 0 (cpu0) in probe: RuntimeError: boom"
-    decision, node = decide_across_nodes(0, local, {**verdicts, 1: {"verdict": "fail", "summary": "x"}}, None)
+    decision, node = decide_across_nodes(0, local, {**verdicts, 1: NodeVerdict(Verdict.FAIL, "x")}, None)
     assert (decision.verdict, node, decision.summary) == ("fail", 1, "node 1: x")
     decision, node = decide_across_nodes(0, local, verdicts, (1, "node 1 stopped answering"))
     assert (decision.verdict, node, decision.summary) == ("hang", 1, "hang across nodes: node 1 stopped answering")
-    stuck = {0: verdicts[0], 1: {"verdict": "hang", "summary": "rank 0 all stuck in probe (all_reduce 4B)"}}
+    stuck = {0: verdicts[0], 1: NodeVerdict(Verdict.HANG, "rank 0 all stuck in probe (all_reduce 4B)")}
     for me in (0, 1):  # each node's ranks stuck waiting for the other's: the link, neither node named
         decision, node = decide_across_nodes(me, local, stuck, None)
         assert (decision.verdict, node) == ("hang", None)
         assert decision.summary.startswith("the link between node 0 and node 1 (both stuck): node 0: ranks 0,1")
-    errors = {n: {"verdict": "error", "summary": f"rank 0 in probe: error on node {n}"} for n in (0, 1)}
+    errors = {n: NodeVerdict(Verdict.ERROR, f"rank 0 in probe: error on node {n}") for n in (0, 1)}
     assert decide_across_nodes(1, local, errors, None)[1] == 0  # errors keep naming a node, as before
-    passed = {n: {"verdict": "pass", "summary": ""} for n in (0, 1)}
-    assert decide_across_nodes(0, Decision("pass", None, [], ""), passed, None) == (
-        Decision("pass", None, [], ""),
+    passed = {n: NodeVerdict(Verdict.PASS, "") for n in (0, 1)}
+    assert decide_across_nodes(0, Decision(Verdict.PASS, None, [], ""), passed, None) == (
+        Decision(Verdict.PASS, None, [], ""),
         None,
     )
 

@@ -180,18 +180,21 @@ def test_mismatch_sets_on_an_eight_gpu_box() -> None:
     assert [s.kind for s in barrier_sets(cpu_topology(1))] == ["all"]
 
 
-def test_ranks_are_told_their_gpus_by_uuid_in_run_order() -> None:
-    from conformance.launch.case import rank_environment
+def test_ranks_are_told_their_gpus_by_uuid_in_run_order(tmp_path: Path) -> None:
+    from conformance.launch.environment import rank_environments
 
     topology = gpu_topology(4)
     visible = tuple(reversed(topology.devices))  # the user's CUDA_VISIBLE_DEVICES order
     spec = CaseSpec("t", "pair_exchange", (visible[1], visible[3]), "nccl", visible=visible)
-    env, _ = rank_environment(spec)
+    env = rank_environments(spec, tmp_path).per_rank[0]
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(d.uuid or "" for d in visible)
     assert "CUDA_DEVICE_ORDER" not in env
     assert [d.index for d in rank_devices(spec)] == [1, 3]
     isolated = CaseSpec("t", "barrier", (visible[1], visible[3]), "nccl", isolate=True, visible=visible)
-    assert rank_environment(isolated)[0]["CUDA_VISIBLE_DEVICES"] == f"{visible[1].uuid},{visible[3].uuid}"
+    assert (
+        rank_environments(isolated, tmp_path).per_rank[1]["CUDA_VISIBLE_DEVICES"]
+        == f"{visible[1].uuid},{visible[3].uuid}"
+    )
     assert [d.index for d in rank_devices(isolated)] == [0, 1]
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from conformance.common.casefiles import SHARED_DONE
 from conformance.common.verdicts import Verdict
+from conformance.harness.shared_group import Part, shared_spec, split
 from conformance.launch.case import CaseResult, CaseSpec
-from conformance.shared_group import Part, shared_spec, split
 from conformance.verdict.decision import Decision, RankReport
 from conftest import copy_suites, read_records, scenario_text
 

@@ -207,9 +207,10 @@ SHORT_OF_DESCRIPTORS = f"""
 import resource
 
 from conformance.plan.matrix import DeviceSet
+from conformance.plugin import SESSION_KEY
 
-def test_case(conformance_case, conformance):
-    server = conformance.forkserver
+def test_case(conformance_case, conformance, request):
+    server = request.config.stash[SESSION_KEY].runners.forkserver
     server.ensure_started()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, ({RANK_FILE_LIMIT}, hard))

@@ -105,8 +105,8 @@ class CaseFile:
     p2p_links: tuple[str, ...] = ()  # the link classes NCCL would use P2P over here (plan/transport.py)
     visible: tuple[str, ...] = ()  # the GPUs the ranks see, in order (UUIDs)
     params: Mapping[str, Any] = field(default_factory=dict)  # the probe's own parameters (JSON)
-    env_set: Mapping[str, str] = field(default_factory=dict)
-    env_unset: tuple[str, ...] = ()
+    rank_env: tuple[Mapping[str, str], ...] = ()  # every variable each local rank sets (launch.environment)
+    env_unset: tuple[str, ...] = ()  # the variables every rank unsets first
     init_timeout: float = 30.0
     process_group_timeout: float = 30.0
     rules: tuple[Mapping[str, Any], ...] = ()  # scenario rules, as rank.scenario.Rule.to_dict writes them
@@ -117,7 +117,7 @@ class CaseFile:
         values["devices"] = tuple(RankDevice(**d) for d in data.get("devices", ()))
         values["peers"] = tuple(RankDevice(**d) for d in data.get("peers", ()))
         values["store"] = StoreAddress(**data["store"]) if data.get("store") else None
-        for name in ("links", "p2p_links", "visible", "env_unset", "rules"):
+        for name in ("links", "p2p_links", "visible", "rank_env", "env_unset", "rules"):
             values[name] = tuple(data.get(name, ()))
         return cls(**values)
 

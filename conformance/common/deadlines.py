@@ -15,7 +15,9 @@ out, each layer must act before the one around it:
            like the root cause
     pytest-timeout's net per item: everything the item may wait for (below) plus OUTER_NET_MARGIN
 
-Besides its own case, a test item may wait for a device lease (another case on the same GPU, at
+Besides its own case, a test item may wait for its process's forkserver (to say it is ready, at
+the first case or after it died, and to fork the ranks), for the measurement gate (to enter it),
+for a device lease (another case on the same GPU, at
 most one case bound later), for the ladder's decision on earlier rungs (items on other xdist
 workers, each at most a lease wait and a case bound, per rung), and across nodes for the other
 nodes to arrive and to send their verdicts.  Each of those waits is bounded here, and the item's
@@ -70,14 +72,15 @@ TORCH_HEARTBEAT_DEFAULT = 480.0
 LEASE_MARGIN = 10.0
 # Beyond the cases a rung decision waits for: recording their outcome.
 DECISION_MARGIN = 5.0
+# The forkserver imports torch before it says it is ready: seconds on an idle machine, a minute
+# on a loaded one; a process waits this long at its first case (and after its server died).
+FORKSERVER_READY_WAIT = 120.0
+# The forkserver forks a case's ranks and replies at once; this long without a reply, it is stuck.
+SPAWN_WAIT = 30.0
 # A case stuck where its class leader hung is confirmed after a quarter of the step deadline,
 # at least 2 s and at most 10 s (a healthy pair passes a step of 4 bytes in milliseconds; NCCL's
 # lazy connection set-up on the first send/recv takes about a second).
 CONFIRM_FLOOR, CONFIRM_CAP = 2.0, 10.0
-
-
-class DeadlineError(ValueError):
-    """The layers are in the wrong order; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class Deadlines:
     step_timeout: float = 30.0
     rendezvous_timeout: float = 60.0  # nodes waiting for each other at the start
     ladder: StopLadder | None = None  # the backend's stop ladder unless given (the smoke run times its steps)
+    forkserver_ready_wait: float = FORKSERVER_READY_WAIT
+    spawn_wait: float = SPAWN_WAIT
 
     @property
     def stop_ladder(self) -> StopLadder:
@@ -164,30 +169,25 @@ class Deadlines:
         """How long a node waits for the others' verdicts once its own part of a case is over."""
         return self.case_bound + self.grace + OUTER_NET_MARGIN
 
+    @property
+    def start_wait(self) -> float:
+        """How long a case may wait before its ranks run: its forkserver ready, the ranks forked, the gate entered."""
+        return self.forkserver_ready_wait + self.spawn_wait + self.turn_wait
+
     def item_waits(self, rung_index: int, across_nodes: bool) -> float:
         """Everything one test item on rung ``rung_index`` may wait for, its own case included."""
         nodes = self.node_progress_limit + self.verdict_wait if across_nodes else 0.0
-        return self.rung_wait(rung_index) + self.lease_wait + self.case_bound + nodes
+        return self.rung_wait(rung_index) + self.lease_wait + self.start_wait + self.case_bound + nodes
 
     def outer_net(self, rung_index: int = 0, across_nodes: bool = False) -> float:
         """pytest-timeout's limit for the item: above every wait it may make."""
         return self.item_waits(rung_index, across_nodes) + OUTER_NET_MARGIN
 
-    def check(self, rungs: int = 1) -> None:
-        """Raise DeadlineError unless each layer acts before the one around it, for items on ``rungs`` rungs."""
-        step = self.step_deadline
-        if self.init_timeout >= step:
-            raise DeadlineError(f"init timeout {self.init_timeout:g}s is not shorter than the step deadline {step:g}s")
-        if self.backend != "nccl" and self.op_timeout >= step:
-            raise DeadlineError(f"op timeout {self.op_timeout:g}s is not shorter than the step deadline {step:g}s")
-        if self.backend == "nccl" and self.process_group_timeout <= self.case_bound:
-            raise DeadlineError(
-                f"torch's NCCL watchdog ({self.process_group_timeout:g}s) would act before the suite's "
-                f"({self.case_bound:g}s)"
-            )
-        for rung in range(max(1, rungs)):
-            for across in (False, True):
-                if self.outer_net(rung, across) <= self.item_waits(rung, across):
-                    raise DeadlineError(f"pytest-timeout ({self.outer_net(rung, across):g}s) would act inside a wait")
-        if self.lease_wait <= self.case_bound:
-            raise DeadlineError("a case would stop waiting for its devices before their holder has ended")
+    def in_rank_too_late(self) -> list[tuple[str, float]]:
+        """The in-rank timeouts (name, seconds) that would not fire before the step deadline.
+
+        The one rule of the layers that settings can break: every other wait is derived from the
+        ones inside it with a margin.  ``settings`` names where each value came from.
+        """
+        timeouts = (("init_timeout", self.init_timeout), ("op_timeout", self.op_timeout))
+        return [(name, value) for name, value in timeouts if value >= self.step_deadline]

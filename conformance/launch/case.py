@@ -15,7 +15,8 @@ from conformance.common.casefiles import CaseFile, RankDevice, StoreAddress
 from conformance.common.deadlines import Deadlines
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device
-from conformance.launch.forkserver import ForkServerClient
+from conformance.launch.environment import device_id, rank_environments
+from conformance.launch.forkserver import ForkServerClient, ForkServerError
 from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess, StopStep
@@ -97,11 +98,11 @@ class CaseResult:
     node_rank: int | None = None  # in a multi-node run: the node this result is from
     root_node: int | None = None  # across nodes: the node the verdict comes from
     node_verdicts: dict[int, str] | None = None  # across nodes: each node's own verdict
-    shared_by: str | None = None  # the test whose case ran this one's collective too (conformance.shared_group)
+    shared_by: str | None = None  # the test whose case ran this one's collective too (conformance.harness.shared_group)
     stop_steps: tuple[StopStep, ...] = ()  # the stop ladder's signals and their waits, when it ran
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         return self.decision.verdict
 
     @property
@@ -130,33 +131,6 @@ def local_store(case_dir: Path) -> Path:
 def case_dir_name(nodeid: str) -> str:
     name = nodeid.split("/")[-1].replace("::", "--")
     return re.sub(r"[^A-Za-z0-9._\-\[\]]", "_", name)[:180]
-
-
-NCCL_DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"
-
-
-def device_id(device: Device) -> str:
-    """How the ranks are told a GPU: its UUID (the NVML index only where no UUID is known)."""
-    return device.uuid or str(device.nvml_index if device.nvml_index is not None else device.index)
-
-
-def rank_environment(spec: CaseSpec, deadlines: Deadlines | None = None) -> tuple[dict[str, str], list[str]]:
-    """Variables the ranks set and unset: the case's rung plus what every rank needs.
-
-    NCCL cases log at INFO to a file per rank (the rank sets NCCL_DEBUG_FILE to its own folder),
-    so the transports can be read back.  The ranks are given their GPUs by UUID in
-    CUDA_VISIBLE_DEVICES, in the run's order, so cuda:<k> is the k-th of them whatever CUDA's
-    device order; an isolated set lists only its own GPUs, as a job given a subset does.
-    """
-    env_set = dict(spec.env_set)
-    if spec.backend == "nccl":
-        env_set["NCCL_DEBUG"] = "INFO"
-        env_set.setdefault("NCCL_DEBUG_SUBSYS", NCCL_DEBUG_SUBSYS)
-        env_set["CUDA_VISIBLE_DEVICES"] = ",".join(device_id(d) for d in spec.seen)
-        heartbeat = deadlines.heartbeat_timeout if deadlines else None
-        if heartbeat is not None:
-            env_set.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(int(heartbeat)))
-    return env_set, list(spec.env_unset)
 
 
 def rank_devices(spec: CaseSpec) -> list[RankDevice]:
@@ -190,7 +164,8 @@ class CaseRunner:
         self.lease_dir = lease_dir
         self.rules = list(rules)
         self.simulated = simulated
-        self.server = server or ForkServerClient(run_dir / "forkserver" / f"{os.getpid()}.log")
+        log = run_dir / "forkserver" / f"{os.getpid()}.log"
+        self.server = server or ForkServerClient(log, deadlines.forkserver_ready_wait, deadlines.spawn_wait)
         self.live: dict[int, CaseProcesses] = {}  # process group -> its case's ranks, for the final sweep
 
     def _fresh_case_dir(self, nodeid: str) -> Path:
@@ -203,7 +178,7 @@ class CaseRunner:
         return path
 
     def _write_spec(self, spec: CaseSpec, case_dir: Path) -> None:
-        env_set, env_unset = rank_environment(spec, self.deadlines)
+        environments = rank_environments(spec, case_dir, self.deadlines)
         devices = rank_devices(spec)
         across = spec.cross_node
         case = CaseFile(
@@ -222,8 +197,8 @@ class CaseRunner:
             p2p_links=tuple(link for link, used in spec.predicted.items() if P2P in used.split("+")),
             visible=tuple(device_id(d) for d in spec.seen),
             params=dict(spec.params),
-            env_set=env_set,
-            env_unset=tuple(env_unset),
+            rank_env=environments.per_rank,
+            env_unset=environments.unset,
             init_timeout=self.deadlines.init_timeout,
             process_group_timeout=self.deadlines.process_group_timeout,
             rules=tuple(self.rules),
@@ -242,9 +217,10 @@ class CaseRunner:
         """Run one case; ``confirm_at``: where its class leader hung on this rung (stop sooner when stuck there)."""
         case_dir = self._fresh_case_dir(spec.nodeid)
         self._write_spec(spec, case_dir)
-        self.server.ensure_started()  # once per process (the caller starts it first); not part of the case's time
         device_ids = [d.uuid or d.name for d in spec.devices]
+        begun = time.monotonic()
         try:
+            self.server.ensure_started()  # once per process (the caller starts it first); not part of the case's time
             with leased(self.lease_dir, device_ids, self.deadlines.lease_wait) as waited:
                 hold = GateHold(self.run_dir / "gate")
                 try:
@@ -260,6 +236,10 @@ class CaseRunner:
             result = CaseResult(spec, decision, [], 0.0, case_dir, self.simulated, None, 0.0)
             result.lease_wait = self.deadlines.lease_wait
             return result
+        except ForkServerError as exc:  # the suite lost the ranks' parent: not a verdict on the machine
+            decision = Decision(Verdict.INCONCLUSIVE, None, [], f"not judged: {exc}")
+            seconds = round(time.monotonic() - begun, 3)
+            return CaseResult(spec, decision, [], seconds, case_dir, self.simulated, None, 0.0)
         reports = [rank_report(r, spec.devices[r.rank].name, supervision.started) for r in ranks]
         return CaseResult(
             spec=spec,

@@ -34,10 +34,10 @@ import warnings
 from pathlib import Path
 from typing import IO, Any
 
+from conformance.common.deadlines import FORKSERVER_READY_WAIT, SPAWN_WAIT
 from conformance.launch.signals import signal_group
 
 log = logging.getLogger("conformance.launch")
-READY_TIMEOUT = 120.0
 REPLY_POLL = 0.05  # how long one look for a reply waits before looking again
 
 
@@ -164,8 +164,13 @@ class ForkServerClient:
     signal follows the thread that started it, not the process.
     """
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(
+        self, log_path: Path, ready_wait: float = FORKSERVER_READY_WAIT, spawn_wait: float = SPAWN_WAIT
+    ) -> None:
+        """``ready_wait`` and ``spawn_wait``: the run's ``Deadlines``, which count them in every item's waits."""
         self.log_path = log_path
+        self.ready_wait = ready_wait
+        self.spawn_wait = spawn_wait
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[int, tuple[int, float]] = {}
         self.info: dict[str, Any] = {}
@@ -243,7 +248,7 @@ class ForkServerClient:
             if self.proc is None:
                 self._launch()
             if not self.info:
-                self.info = self._expect("ready", READY_TIMEOUT)
+                self.info = self._expect("ready", self.ready_wait)
                 log.info("forkserver (pid %s) ready: torch %s imported", self.info.get("pid"), self.info.get("torch"))
 
     def spawn(self, case_dir: Path, world_size: int) -> tuple[list[int], int]:
@@ -253,7 +258,7 @@ class ForkServerClient:
             request = {"op": "spawn", "case_dir": str(case_dir), "world_size": world_size}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
-            reply = self._expect("spawned", 30.0)
+            reply = self._expect("spawned", self.spawn_wait)
         log.debug("forkserver forked pids %s in process group %d for %s", reply["pids"], reply["pgid"], case_dir)
         return reply["pids"], reply["pgid"]
 

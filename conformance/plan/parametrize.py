@@ -9,7 +9,7 @@ come earlier.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -144,11 +144,7 @@ class Plan:
         device_set = device_set_of(item, (*DEVICE_SET_FIXTURES, *NODE_SET_FIXTURES))
         return self.step(item, device_set) if device_set is not None else None
 
-    def _sort_key(self, item: pytest.Item) -> int:
-        step = self.item_step(item)
-        return step.rung_index if step else 0
-
-    def order(self, items: list[pytest.Item]) -> None:
+    def order(self, items: list[pytest.Item], step_of: Callable[[pytest.Item], Step | None] | None = None) -> None:
         """Rung by rung; otherwise collection order (a stable sort).
 
         Pairs are collected class by class, each class's leader first (``matrix.each_pair``), so on
@@ -157,9 +153,9 @@ class Plan:
         Also remembers which rungs will run at all (after -k and other deselection), so that a
         decision never waits for an item that is not in this run.
         """
-        items.sort(key=self._sort_key)
-        steps = (self.item_step(item) for item in items)
-        self.selected = {(s.key, s.rung_index) for s in steps if s is not None}
+        steps = {item.nodeid: (step_of or self.item_step)(item) for item in items}
+        items.sort(key=lambda item: step.rung_index if (step := steps[item.nodeid]) else 0)
+        self.selected = {(s.key, s.rung_index) for s in steps.values() if s is not None}
 
 
 def device_set_of(item: pytest.Item, fixtures: Sequence[str] = tuple(DEVICE_SET_FIXTURES)) -> DeviceSet | None:

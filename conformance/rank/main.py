@@ -41,13 +41,11 @@ def redirect_output(rank_path: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def apply_case_env(case: CaseFile, rank_path: Path) -> None:
+def apply_case_env(case: CaseFile, rank: int) -> None:
+    """The environment ``launch.environment`` built for this rank, applied as it is."""
     for name in case.env_unset:
         os.environ.pop(name, None)
-    os.environ.update(flight_recorder.environment(case.backend, rank_path))
-    os.environ.update(case.env_set)  # a rung that sets a recorder variable keeps its value
-    if case.backend == "nccl":
-        os.environ["NCCL_DEBUG_FILE"] = str(rank_path / casefiles.NCCL_LOG)
+    os.environ.update(case.rank_env[rank])
 
 
 def one_cpu_thread_unless_asked() -> None:
@@ -177,7 +175,7 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     error: BaseException | None = None
     try:
         case = casefiles.read_case(case_dir)
-        apply_case_env(case, rank_path)
+        apply_case_env(case, rank)
         one_cpu_thread_unless_asked()
         flight_recorder.serve_dumps(case.backend, rank_path)
         ctx = RankContext(case, rank, rank_path)

@@ -251,7 +251,7 @@ def reduce_scatter(ctx: RankContext) -> None:
 
 @probe("collectives")
 def collectives(ctx: RankContext) -> None:
-    """The collectives of several tests over one process group, one after another (``conformance.shared_group``).
+    """The collectives of several tests over one process group, in turn (``conformance.harness.shared_group``).
 
     Each keeps its own name, parameters and metrics.  When one is done on this rank, its metrics and
     seconds go into a phase line at once, so the parent knows how far every rank got even when a

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.harness.context import RunContext
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase, RunCollective
-from conformance.session import ConformanceSession
 
 
-def test_world_of_one(conformance_case: RunCase, conformance: ConformanceSession, single_device: DeviceSet) -> None:
+def test_world_of_one(conformance_case: RunCase, conformance: RunContext, single_device: DeviceSet) -> None:
     """Each device alone: a world of one initialises, all-reduces and tears down.
 
     The "single-GPU machine fails with NCCL unhandled system error" case.

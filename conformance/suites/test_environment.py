@@ -16,10 +16,10 @@ import pytest
 
 from conformance.common.families import inherited_variables
 from conformance.discover.inventory import bus_id_list, cuda_count_problem
-from conformance.host_checks import HostMetric
+from conformance.harness.context import RunContext
+from conformance.harness.host_checks import HostMetric
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
-from conformance.session import ConformanceSession
 
 # Every host figure below cites where it comes from.  "NCCL's troubleshooting guide" is
 # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
@@ -64,7 +64,7 @@ NET_DIR = Path("/sys/class/net")
 IB_DIR = Path("/sys/class/infiniband")
 
 
-def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: ConformanceSession) -> None:
+def test_torch_distributed_and_backend(conformance_case: RunCase, conformance: RunContext) -> None:
     """torch.distributed imports in a rank, the backend initialises and all-reduces."""
     result = conformance_case("environment", DeviceSet(conformance.topology.devices[:1], None, kind="single"))
     metrics = result.reports[0].metrics
@@ -129,7 +129,7 @@ def shm_problem(free: int, backend: str, shm_used: bool = True) -> str | None:
 
 
 @pytest.mark.host_check("dev_shm")
-def test_dev_shm_space(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_dev_shm_space(conformance: RunContext, host_metric: HostMetric) -> None:
     """/dev/shm has room for NCCL's SHM transport (GPU runs) or a sanity floor (CPU runs)."""
     try:
         stat = os.statvfs("/dev/shm")
@@ -186,7 +186,7 @@ def open_files_problem(soft: int, hard: int, nnodes: int) -> str | None:
 
 
 @pytest.mark.host_check("open_files")
-def test_open_file_limit(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_open_file_limit(conformance: RunContext, host_metric: HostMetric) -> None:
     """The soft open-file limit suits the run's node count (NCCL raises only rank 0's)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     nnodes = conformance.setup.nnodes if conformance.setup else 1
@@ -213,7 +213,7 @@ def memlock_problem(soft: int, hard: int, ib_devices: list[str]) -> str | None:
 
 
 @pytest.mark.host_check("locked_memory")
-def test_locked_memory_limit(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_locked_memory_limit(conformance: RunContext, host_metric: HostMetric) -> None:
     """InfiniBand registers memory: the locked-memory limit must be unlimited where IB is used (across nodes)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     host_metric("memlock_soft", _limit(soft))
@@ -274,7 +274,7 @@ def test_socket_interface_variables(host_metric: HostMetric) -> None:
 
 
 @pytest.mark.host_check("gpu_inventory")
-def test_gpu_inventory(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_gpu_inventory(conformance: RunContext, host_metric: HostMetric) -> None:
     """NVML lists every NVIDIA GPU on the PCI bus, and the machine has the GPUs --expect-gpus asks for.
 
     The PCI bus lists a GPU whatever its driver's state; one missing from NVML failed to initialise
@@ -306,7 +306,7 @@ def test_gpu_inventory(conformance: ConformanceSession, host_metric: HostMetric)
 
 @pytest.mark.conformance_gpu
 @pytest.mark.host_check("nvml_driver")
-def test_nvml_driver(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_nvml_driver(conformance: RunContext, host_metric: HostMetric) -> None:
     """NVML answers and reports a driver version (GPU only)."""
     if conformance.topology.source != "nvml":
         pytest.skip(f"GPU-only check: {conformance.topology.note or 'no GPU in this run'}")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.harness.context import RunContext
 from conformance.launch.case import CaseResult, failure_text
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
-from conformance.session import ConformanceSession
 
 SLACK = 1.0  # seconds for scheduling noise on a loaded machine
 # The grace these controls give the waiting ranks (or --grace, if shorter): short, so that checking
@@ -20,7 +20,7 @@ SLACK = 1.0  # seconds for scheduling noise on a loaded machine
 CONTROL_GRACE = 0.5
 
 
-def check_released_within_grace(result: CaseResult, conformance: ConformanceSession, failing: int) -> None:
+def check_released_within_grace(result: CaseResult, conformance: RunContext, failing: int) -> None:
     root = result.decision.root
     assert result.verdict == "error", failure_text(result)
     assert root is not None and root.rank == failing, failure_text(result)
@@ -31,7 +31,7 @@ def check_released_within_grace(result: CaseResult, conformance: ConformanceSess
     assert released <= bound, f"others ended {released:.2f}s after the failure; bound {bound:.2f}s"
 
 
-def test_one_rank_raises_while_others_wait(conformance_case: RunCase, conformance: ConformanceSession) -> None:
+def test_one_rank_raises_while_others_wait(conformance_case: RunCase, conformance: RunContext) -> None:
     devices = conformance.topology.devices
     if len(devices) < 2:
         pytest.skip(f"needs at least 2 devices, this run has {len(devices)}")
@@ -44,7 +44,7 @@ def test_one_rank_raises_while_others_wait(conformance_case: RunCase, conformanc
 
 
 @pytest.mark.conformance_gpu
-def test_real_out_of_memory_while_others_wait(conformance_case: RunCase, conformance: ConformanceSession) -> None:
+def test_real_out_of_memory_while_others_wait(conformance_case: RunCase, conformance: RunContext) -> None:
     """The "watchdog timeout that was really an OOM" case, with a real CUDA out-of-memory."""
     devices = conformance.topology.devices
     if conformance.backend != "nccl":

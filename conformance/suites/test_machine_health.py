@@ -18,8 +18,8 @@ import pytest
 from conformance.discover import health as rules
 from conformance.discover.iommu import IOMMU_FIX
 from conformance.discover.watch import kernel_xid_problems
-from conformance.host_checks import WARNING, HostMetric
-from conformance.session import ConformanceSession
+from conformance.harness.context import RunContext
+from conformance.harness.host_checks import WARNING, HostMetric
 
 PCIE = ("pcie_width", "pcie_max_width", "pcie_gen", "pcie_max_gen")
 NVLINK = ("nvlinks",)
@@ -32,7 +32,7 @@ KERNEL_XIDS = ("kernel_xids",)
 
 
 def _facts(
-    conformance: ConformanceSession, fields: Sequence[str], host_metric: HostMetric, unknown: str = ""
+    conformance: RunContext, fields: Sequence[str], host_metric: HostMetric, unknown: str = ""
 ) -> rules.HealthMap:
     """The GPUs' facts for ``fields``, recorded as metrics; skips when there is nothing to judge (``unknown``: why)."""
     topology = conformance.topology
@@ -59,13 +59,13 @@ def _fail_on(problems: rules.Problems) -> None:
 
 
 @pytest.mark.host_check("pcie_link")
-def test_pcie_links_trained_to_their_width(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_pcie_links_trained_to_their_width(conformance: RunContext, host_metric: HostMetric) -> None:
     """Each GPU's PCIe link runs at the width the GPU and its slot allow."""
     _fail_on(rules.pcie_problems(_facts(conformance, PCIE, host_metric)))
 
 
 @pytest.mark.host_check("nvlink")
-def test_nvlinks_up(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_nvlinks_up(conformance: RunContext, host_metric: HostMetric) -> None:
     """No GPU has fewer NVLinks up than its siblings of the same model."""
     health = _facts(conformance, NVLINK, host_metric, "no NVLink: NVML reports none on these GPUs")
     models = {d.name: d.model for d in conformance.topology.devices}
@@ -73,32 +73,32 @@ def test_nvlinks_up(conformance: ConformanceSession, host_metric: HostMetric) ->
 
 
 @pytest.mark.host_check("gpu_memory")
-def test_gpu_memory_errors(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_gpu_memory_errors(conformance: RunContext, host_metric: HostMetric) -> None:
     """No uncorrectable ECC error, no row remapping pending or failed, no page retirement pending."""
     _fail_on(rules.memory_problems(_facts(conformance, MEMORY, host_metric)))
 
 
 @pytest.mark.host_check("fabric_manager")
-def test_fabric_manager_registered_every_gpu(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_fabric_manager_registered_every_gpu(conformance: RunContext, host_metric: HostMetric) -> None:
     """NVSwitch systems: Fabric Manager has registered every GPU (else every CUDA call fails, error 802)."""
     no_fabric = "no NVSwitch fabric: NVML reports no Fabric Manager state for these GPUs"
     _fail_on(rules.fabric_problems(_facts(conformance, FABRIC, host_metric, no_fabric)))
 
 
 @pytest.mark.host_check("gpu_modes")
-def test_gpu_compute_modes(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_gpu_compute_modes(conformance: RunContext, host_metric: HostMetric) -> None:
     """No GPU prohibits compute; persistence and compute mode recorded (exclusive mode explains "busy")."""
     _fail_on(rules.mode_problems(_facts(conformance, MODES, host_metric)))
 
 
 @pytest.mark.host_check("gpu_clocks")
-def test_no_gpu_held_down_by_its_hardware(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_no_gpu_held_down_by_its_hardware(conformance: RunContext, host_metric: HostMetric) -> None:
     """No GPU's clocks are held down by a hardware, thermal or power-brake slowdown when the run starts."""
     _fail_on(rules.clock_problems(_facts(conformance, CLOCKS, host_metric)))
 
 
 @pytest.mark.host_check("gpu_processes")
-def test_other_users_processes_on_the_gpus(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_other_users_processes_on_the_gpus(conformance: RunContext, host_metric: HostMetric) -> None:
     """Processes of other users holding GPU memory at the start: a warning in the answer, not a failure."""
     health = _facts(conformance, PROCESSES, host_metric)
     others = rules.foreign_processes(health, _process_owner, getpass.getuser())
@@ -107,7 +107,7 @@ def test_other_users_processes_on_the_gpus(conformance: ConformanceSession, host
 
 
 @pytest.mark.host_check("xid_log")
-def test_no_gpu_fault_in_the_kernel_log(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_no_gpu_fault_in_the_kernel_log(conformance: RunContext, host_metric: HostMetric) -> None:
     """No Xid of a GPU fault in the kernel log since boot (NVIDIA's Xid catalog); an application's: a warning.
 
     The Xids during the run come from NVML's events instead (``discover/watch.py``), each naming its case.
@@ -127,7 +127,7 @@ def _process_owner(pid: int) -> str | None:
 
 
 @pytest.mark.host_check("p2p_path")
-def test_no_acs_redirect_between_the_gpus(conformance: ConformanceSession, host_metric: HostMetric) -> None:
+def test_no_acs_redirect_between_the_gpus(conformance: RunContext, host_metric: HostMetric) -> None:
     """No bridge above the GPUs redirects P2P to the root complex (ACS); the IOMMU's mode is recorded.
 
     NCCL's troubleshooting guide (ACS): the redirect costs P2P much of its bandwidth, or hangs it.

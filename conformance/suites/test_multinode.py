@@ -8,19 +8,19 @@ instead of hanging here.
 
 from __future__ import annotations
 
+from conformance.harness.context import RunContext
 from conformance.plan.matrix import DeviceSet
 from conformance.plugin import RunCase
-from conformance.session import ConformanceSession
 
 
 def test_all_reduce_across_nodes(
-    conformance_case: RunCase, conformance: ConformanceSession, node_device_set: DeviceSet
+    conformance_case: RunCase, conformance: RunContext, node_device_set: DeviceSet
 ) -> None:
     conformance_case("all_reduce", node_device_set, sizes=conformance.sizes, measure=True)
 
 
 def test_all_gather_across_nodes(
-    conformance_case: RunCase, conformance: ConformanceSession, node_device_set: DeviceSet
+    conformance_case: RunCase, conformance: RunContext, node_device_set: DeviceSet
 ) -> None:
     conformance_case("all_gather", node_device_set, sizes=conformance.sizes, measure=True)
 
@@ -30,6 +30,6 @@ def test_barrier_across_nodes(conformance_case: RunCase, node_device_set: Device
     conformance_case("barrier", node_device_set)
 
 
-def test_node_pair(conformance_case: RunCase, conformance: ConformanceSession, node_pair: DeviceSet) -> None:
+def test_node_pair(conformance_case: RunCase, conformance: RunContext, node_pair: DeviceSet) -> None:
     """One rank on each of two nodes: send/recv both ways and an all-reduce, checked; GB/s after."""
     conformance_case("pair_exchange", node_pair, sizes=conformance.sizes)

@@ -7,9 +7,10 @@ lost its peer, or that the watchdog had to stop while it waited, is a victim of 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -209,7 +210,7 @@ def _ended_report(proc: EndedRank, device: str, started: float) -> RankReport:
 
 @dataclass
 class Decision:
-    verdict: str
+    verdict: Verdict
     root: RankReport | None  # None: no rank stands out (all stuck alike), or nothing failed
     victims: list[RankReport]
     summary: str
@@ -291,13 +292,29 @@ def stuck_place(decision: Decision) -> str:
     return places.pop() if len(places) == 1 else ""
 
 
-def _precedence(verdict: str) -> int:
-    """Where a node's verdict stands in explaining the others (an unknown text counts as an error)."""
-    return ROOT_CAUSE_PRECEDENCE.index(Verdict.of(verdict) or Verdict.ERROR)
+def _precedence(verdict: Verdict) -> int:
+    """Where a node's verdict stands in explaining the others."""
+    return ROOT_CAUSE_PRECEDENCE.index(verdict)
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """One node's own verdict on a cross-node case: the message the nodes exchange to agree on one."""
+
+    verdict: Verdict
+    summary: str
+
+    def to_text(self) -> str:
+        return json.dumps({"verdict": self.verdict.value, "summary": self.summary})
+
+    @classmethod
+    def from_text(cls, text: str) -> NodeVerdict:
+        data = json.loads(text)
+        return cls(Verdict.of(str(data["verdict"])) or Verdict.ERROR, str(data["summary"]))  # unknown: an error
 
 
 def decide_across_nodes(
-    me: int, local: Decision, verdicts: dict[int, dict[str, str]], missing: tuple[int, str] | None
+    me: int, local: Decision, verdicts: Mapping[int, NodeVerdict], missing: tuple[int, str] | None
 ) -> tuple[Decision, int | None]:
     """One verdict for a cross-node case from every node's own: (decision, the node it comes from).
 
@@ -307,11 +324,11 @@ def decide_across_nodes(
     if missing is not None:
         node, reason = missing
         return Decision(Verdict.HANG, None, local_failed, f"hang across nodes: {reason}"), node
-    node = min(verdicts, key=lambda n: (_precedence(verdicts[n]["verdict"]), n))
-    verdict, summary = verdicts[node]["verdict"], verdicts[node]["summary"]
+    node = min(verdicts, key=lambda n: (_precedence(verdicts[n].verdict), n))
+    verdict, summary = verdicts[node].verdict, verdicts[node].summary
     if verdict == Verdict.PASS:
         return Decision(Verdict.PASS, None, [], ""), None
-    if len(verdicts) == 2 and all(v["verdict"] == Verdict.HANG for v in verdicts.values()):
+    if len(verdicts) == 2 and all(v.verdict == Verdict.HANG for v in verdicts.values()):
         # Both nodes stuck waiting for each other (packet loss, a flapping link): the link between them,
         # naming neither; an error or wrong data on one node still names it (precedence above), and a node
         # bad with others too is named from the node pairs (summary.bad_nodes).

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from conformance.harness.pytest_private import xdist_queue
 from conformance.launch.case import CaseResult
 from conformance.launch.watchdog import OnWait
 from conformance.plan.matrix import DeviceSet
@@ -81,7 +82,7 @@ class Pending:
 
 @dataclass
 class PartOf:
-    """An item whose result comes out of another item's case (``conformance.shared_group``).
+    """An item whose result comes out of another item's case (``conformance.harness.shared_group``).
 
     ``wait`` gives None when the case never reached this item's part: the item then runs alone.
     """
@@ -105,24 +106,6 @@ class PartOf:
 
 def same_test(a: pytest.Item, b: pytest.Item) -> bool:
     return getattr(a, "function", None) is getattr(b, "function", object()) and a.parent is b.parent
-
-
-def xdist_queue(config: pytest.Config) -> list[int] | None:
-    """The indices of the items this xdist worker has been given and not yet started (None: not a worker).
-
-    xdist has no public call for it: its worker keeps them in ``WorkerInteractor.torun`` (xdist 3.x),
-    read here under the queue's own lock; anything else found there means no looking ahead.
-    """
-    if not hasattr(config, "workerinput"):
-        return None
-    for plugin in config.pluginmanager.get_plugins():
-        queue, upcoming = getattr(plugin, "torun", None), getattr(plugin, "nextitem_index", None)
-        if queue is None or not hasattr(queue, "lock"):
-            continue
-        with queue.lock() as items:
-            indices = [upcoming, *items]
-        return [i for i in indices if isinstance(i, int)]
-    return []
 
 
 class CasesAhead:

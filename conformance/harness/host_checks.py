@@ -35,10 +35,13 @@ def keep_metric(item: pytest.Item, name: str, value: object) -> None:
 
 
 class RunSide(Protocol):
-    """What a host check's record takes from the run (``ConformanceSession``)."""
+    """What a host check's record takes from the run (``RunContext``)."""
 
-    run_id: str
-    backend: str
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
 
     @property
     def node_rank(self) -> int | None: ...

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conformance.common import casefiles
+from conformance.harness.pytest_private import set_terminal_line, terminal_line
 from conformance.launch.processes import RankProcess
 from conformance.launch.watchdog import OnWait
 
@@ -50,8 +51,9 @@ def status_line(head: str, nodeid: str, where: str, width: int) -> str:
 class CaseProgress:
     """The status line of the case that is running (one at a time per pytest process)."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, worker: bool) -> None:
         self.config = config
+        self.worker = worker
         self.reporter: Any = None
         self.capture: Any = None
         self.on_terminal = False
@@ -61,7 +63,7 @@ class CaseProgress:
         """A callback for the watchdog's loop while ``nodeid`` runs; None where nothing can be shown."""
         plugins = self.config.pluginmanager
         self.reporter, self.capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
-        if self.reporter is None or self.capture is None or hasattr(self.config, "workerinput"):
+        if self.reporter is None or self.capture is None or self.worker:
             return None
         self.on_terminal = bool(self.reporter.isatty())
         begun, shown = time.monotonic(), [0.0]
@@ -82,9 +84,9 @@ class CaseProgress:
             if not self.on_terminal:
                 self.reporter.write_line(f"{head} {nodeid}: {where}")
                 return
-            writer = self.reporter._tw  # pytest's TerminalWriter: the line it is writing is put back later
+            writer, line = terminal_line(self.reporter)
             if self._saved is None:
-                self._saved = getattr(writer, "_current_line", "")
+                self._saved = line  # put back when the case ends
             self.reporter.rewrite(status_line(head, nodeid, where, max(20, writer.fullwidth - 1)), erase=True)
 
     def done(self) -> None:
@@ -92,7 +94,7 @@ class CaseProgress:
         if self._saved is None:
             return
         saved, self._saved = self._saved, None
-        writer = self.reporter._tw
+        writer, _ = terminal_line(self.reporter)
         with self.capture.global_and_fixture_disabled():
             writer.write("\r" + " " * max(0, writer.fullwidth - 1) + "\r" + saved)
-            writer._current_line = saved  # what pytest measures to place its [NN%]
+            set_terminal_line(writer, saved)

@@ -24,14 +24,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from xml.etree import ElementTree
 
 import pytest
 
+from conformance.harness.pytest_private import junit_writer
 from conformance.record.records import JUNIT_PREFIX, JunitRun
 
 HEADLINE = pytest.StashKey[str]()  # a failed case's headline, set before its pytest.fail
@@ -75,17 +76,11 @@ class JunitSummary:
         return "\n".join(lines) + "\n"
 
 
-class RunSide(Protocol):
-    """What the JUnit file says of the run (``ConformanceSession``)."""
-
-    def junit_summary(self) -> JunitSummary: ...
-
-
 class JunitHooks:
     """Completes the JUnit file with the run and its answer; headlines failures; times cases."""
 
-    def __init__(self, run: RunSide) -> None:
-        self.run = run
+    def __init__(self, summary: Callable[[], JunitSummary]) -> None:
+        self.summary = summary  # the run and its answer, once the run has ended
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -93,7 +88,7 @@ class JunitHooks:
         writer = junit_writer(session.config)
         path = Path(writer.logfile) if writer is not None else None
         if path is not None and path.is_file():
-            complete(path, self.run.junit_summary(), session.config.getini("junit_suite_name"))
+            complete(path, self.summary(), session.config.getini("junit_suite_name"))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
@@ -152,13 +147,3 @@ def _set_system_out(suite: ElementTree.Element, text: str) -> None:
     if out is None:
         out = ElementTree.SubElement(suite, "system-out")
     out.text = (out.text or "") + text
-
-
-def junit_writer(config: pytest.Config) -> Any | None:
-    """The JUnit writer of this pytest process: none without --junitxml, none on an xdist worker."""
-    try:
-        from _pytest.junitxml import xml_key
-    except ImportError:  # a pytest that moved it: the file is written without the run's properties
-        return None
-    writer = config.stash.get(xml_key, None)
-    return writer if hasattr(writer, "logfile") else None

@@ -1,0 +1,74 @@
+"""The run's start and end.
+
+At its start its folder is claimed, its nodes met, its GPUs watched; at its end run.json says how
+far it got, then the run is concluded (answer, baseline, exit status).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conformance.discover.topology import watch_run
+from conformance.discover.versions import suite_version
+from conformance.harness.across_nodes import meet_nodes
+from conformance.harness.context import RunContext
+from conformance.harness.junit import JunitSummary
+from conformance.record.records import JunitRun
+from conformance.record.run_folder import RunFolder, stop_watch
+from conformance.summarise.conclude import conclude
+
+
+def start_run(run: RunContext) -> None:
+    """Claim the run folder, meet the other nodes of a multi-node run, say the run has started.
+
+    Before the header, so it names the run id claimed; before xdist starts its workers, who are given it.
+    A plain run or xdist's controller chooses the run id; node 0 for every node of a multi-node run.
+    """
+    first_node = run.node_setup is None or run.node_setup.node_rank == 0
+    if run.role.ends_run and first_node:
+        run.replan(RunFolder.claimed(run.settings.reports_dir, run.run_id).run_id, run.plan.ladder)
+    meet_nodes(run)
+    if not run.role.runs_nothing:
+        run.ensure_run_dir()  # run.json says the run has started
+    if run.role.ends_run:
+        run.gpu_watch = watch_run(run.topology, run.backend)
+
+
+def write_end(run: RunContext, session: pytest.Session) -> None:
+    """run.json says how far the run got (``RunEnd``), before anything reads the run back."""
+    watch, run.gpu_watch = run.gpu_watch, None
+    if run.role.worker or not run.folder.facts_file.exists():
+        if watch is not None:
+            watch.close()
+        return
+    records = run.folder.own_records()
+    end = run.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
+    failed_nodes = run.outcome.failed_nodes
+    run.outcome.end = replace(end, harness_errors=run.failed_tests.unexplained(records), failed_nodes=failed_nodes)
+    watched = stop_watch(watch, records, run.node_rank) if watch is not None else None
+    facts = replace(run.run_facts(), end=run.outcome.end, watch=watched.to_json() if watched else None)
+    run.folder.write_end(facts)
+
+
+def conclude_run(run: RunContext, session: pytest.Session) -> None:
+    """The answer, and the comparison with a baseline: a regression fails a session that passed."""
+    if run.role.worker or not run.results_path.exists():
+        return
+    run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline)
+    if run.outcome.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def junit_summary(run: RunContext) -> JunitSummary:
+    """The run and its answer, for the testsuite of the JUnit file (``harness.junit``)."""
+    answer = run.outcome.conclusion.answer
+    return JunitSummary(
+        run=JunitRun(run.run_id, str(run.results_path.resolve()), suite_version() or "unknown"),
+        node_rank=run.node_rank,
+        answer=tuple(answer.lines()) if answer else (),
+        exports=answer.exports if answer else (),
+        cpu_only=run.cpu_only,
+        findings=answer.findings() if answer else (),
+    )

@@ -1,0 +1,131 @@
+"""What the run writes on the terminal: its header before the tests, the answer and summary after them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from conformance.common.families import inherited_variables
+from conformance.discover.topology import link_matrix_lines, link_note_lines
+from conformance.discover.versions import package_version
+from conformance.harness.context import RunContext
+from conformance.summarise.answer import Tone
+from conformance.summarise.collectives import collective_lines
+from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
+
+if TYPE_CHECKING:
+    from _pytest.terminal import TerminalReporter
+
+PREFIX = "conformance: "
+# pytest's terminal writer drops the markup where pytest has no colour (no tty, --color=no, NO_COLOR).
+TONE_MARKUP: dict[Tone, dict[str, bool]] = {
+    "bad": {"red": True},
+    "good": {"green": True},
+    "warn": {"yellow": True},
+    "plain": {},
+}
+
+
+class TerminalOutput:
+    """A plugin object of its own: the header and the end of the run's terminal output."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        return [PREFIX + line for line in header_lines(self.run)]
+
+    def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
+        if not self.run.role.worker:
+            write_summary(self.run, terminalreporter)
+
+
+def header_lines(run: RunContext) -> list[str]:
+    t = run.topology
+    models = sorted({d.model for d in t.devices if d.model})
+    devices = ", ".join(d.name for d in t.devices) + (f" ({', '.join(models)})" if models else "")
+    lines = [
+        f"run {run.run_id}, backend {run.backend}, {len(t.devices)} devices: {devices}",
+        f"torch {package_version('torch') or 'not installed'}, NCCL {run.nccl.used or 'n/a'}, reports in {run.run_dir}",
+    ]
+    if run.nccl.warning:
+        lines.append(f"WARNING {run.nccl.warning}")
+    if t.note:
+        lines.append(t.note)
+    if t.driver or t.cuda_driver:
+        lines.append(f"driver {t.driver or '?'}, CUDA driver {t.cuda_driver or '?'}")
+    lines += _inventory_lines(run)
+    lines.extend(f"  {line}" for line in link_matrix_lines(t))
+    lines.extend(link_note_lines(t))
+    lines.append(f"matrix {run.plan.mode}, rungs: {', '.join(r.name for r in run.plan.rungs)}")
+    inherited = inherited_variables()
+    if inherited:
+        lines.append("inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
+    if run.scenario:
+        lines.append(f"SIMULATED run, scenario {run.scenario.name!r} ({run.scenario.path})")
+    return lines + _node_lines(run)
+
+
+def _inventory_lines(run: RunContext) -> list[str]:
+    """The machine's GPUs counted on the PCI bus and by NVML, beside those this run tests."""
+    inventory, expected = run.topology.inventory, run.settings.expect_gpus
+    if not (inventory.nvidia_present or inventory.nvml_gpus or expected):
+        return []
+    tested = sum(d.kind == "gpu" for d in run.topology.devices)
+    wanted = f", {expected} expected" if expected else ""
+    return [f"GPUs: {inventory.counts_text()}, {tested} tested{wanted}"]
+
+
+def _node_lines(run: RunContext) -> list[str]:
+    if run.nodes is None or run.start is None:
+        return []
+    setup, start = run.nodes.setup, run.start
+    lines = [
+        f"node {setup.node_rank} of {setup.nnodes} (layout from {setup.source}), "
+        f"run store on {setup.master_addr}:{setup.master_port}; shared interfaces: "
+        f"{', '.join(start.interfaces) or 'none'}"
+    ]
+    identity = setup.identity or "none (by hand: --run-token gives one)"
+    pairing = run.plan.pairing
+    first = "every pair in rounds" if pairing.mode == "all" else "one random round, then re-checks"
+    lines.append(f"run identity {identity}; node pairs {pairing.mode} ({first})")
+    lines += list(start.missing.values())
+    if start.check is not None and start.check.differing:
+        lines.append(f"the nodes differ where they may ({', '.join(start.check.differing)}):")
+        lines += [f"  {row}" for row in start.check.table]
+    return lines
+
+
+def write_summary(run: RunContext, write: TerminalReporter) -> None:
+    """The answer first, then how far the run got, the nodes' notes, the cases and the ladder."""
+    simulated = " (SIMULATED)" if run.simulated else ""
+    outcome = run.outcome
+    _write_answer(run, write, simulated)
+    if outcome.end is not None and outcome.end.incomplete:
+        line = f"{PREFIX}INCOMPLETE RUN ({outcome.end.incomplete}): what follows covers only what ran"
+        write.write_line(line, yellow=True, bold=True)
+    records = one_record_per_case(run.folder.own_records())
+    if records or outcome.node_notes:
+        write.write_sep("=", f"conformance summary{simulated}")
+    for line in outcome.node_notes:
+        write.write_line(PREFIX + line)
+    if records:
+        for text, bad in summary_lines(records):
+            write.write_line(text, red=bad)
+        for line in ladder_summary_lines(records, run.plan.ladder, run.deadlines.step_deadline):
+            write.write_line(line)
+        for line in collective_lines(records):
+            write.write_line(line)
+    for line in outcome.conclusion.lines:
+        write.write_line(line)
+
+
+def _write_answer(run: RunContext, write: TerminalReporter, simulated: str) -> None:
+    """The answer, first: red where something failed, green where all passed."""
+    answer = run.outcome.conclusion.answer
+    if answer is None:
+        return
+    write.write_sep("=", f"conformance: the answer{simulated}", **TONE_MARKUP[answer.tone], bold=True)
+    for text, tone in answer.rows():
+        write.write_line(text, **TONE_MARKUP[tone], bold=tone != "plain")

@@ -1,0 +1,79 @@
+"""One run's folder: claimed once, run.json written when the run starts and again when it ends.
+
+``reports/<run id>/`` holds run.json (the run's facts, ``end`` saying how far it got), results.jsonl
+(a line per case) and the cases' folders; ``reports/latest`` points at the newest run.  On a
+multi-node run the other nodes write ``<run id>-node<k>`` beside it (a shared file system).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.common import casefiles
+from conformance.common.jsonl import read_lines
+from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids, busy_windows
+from conformance.record import results
+from conformance.record.records import HOST_SET_KIND, CaseRecord, RunFacts
+from conformance.record.runs import RUN_FACTS
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    reports_dir: Path
+    run_id: str
+    node_rank: int | None = None
+
+    @classmethod
+    def claimed(cls, reports_dir: Path, run_id: str, node_rank: int | None = None) -> RunFolder:
+        """A folder of its own: the run id gets a suffix where another run of the same second holds it."""
+        return cls(reports_dir, results.claim_run_folder(reports_dir, run_id), node_rank)
+
+    @property
+    def path(self) -> Path:
+        folder = self.run_id if not self.node_rank else f"{self.run_id}-node{self.node_rank}"
+        return self.reports_dir / folder
+
+    @property
+    def results(self) -> Path:
+        return self.path / results.RESULTS_FILE
+
+    @property
+    def facts_file(self) -> Path:
+        return self.path / RUN_FACTS
+
+    def ensure(self, facts: Callable[[], RunFacts]) -> Path:
+        """The folder with its run.json (``end`` still ``started``) and results.jsonl; ``latest`` at it."""
+        if not self.facts_file.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.results.touch()  # a run folder holds both from its start, records or not
+            casefiles.write_json_atomic(self.facts_file, facts().to_json())
+            if not self.node_rank:  # other nodes leave 'latest' to node 0 (a shared file system)
+                results.point_latest(self.reports_dir, self.run_id)
+        return self.path
+
+    def write_end(self, facts: RunFacts) -> None:
+        """run.json says how far the run got, before anything reads the run back."""
+        casefiles.write_json_atomic(self.facts_file, facts.to_json())
+
+    def append(self, record: CaseRecord) -> None:
+        results.append_case(self.results, record)
+
+    def all_records(self) -> list[CaseRecord]:
+        """Every record of results.jsonl (node 0's holds the other nodes' too, once gathered)."""
+        return [CaseRecord.from_json(r) for r in read_lines(self.results).objects]
+
+    def own_records(self) -> list[CaseRecord]:
+        """The records of this run in its results file (none yet: an empty list)."""
+        return [r for r in self.all_records() if r.run_id == self.run_id]
+
+
+def stop_watch(watch: Watch, records: Sequence[CaseRecord], node_rank: int | None) -> RunWatch:
+    """What the GPUs' watch saw, each Xid naming the case that ran on its GPU then."""
+    spans = [
+        CaseSpan(r.nodeid, r.probe, r.verdict, r.devices, r.time - r.seconds, r.time)
+        for r in records
+        if r.set_kind != HOST_SET_KIND and r.node_rank == node_rank and r.time and r.seconds is not None
+    ]
+    return attribute_xids(watch.stop(busy_windows(spans)), spans)
