@@ -17,6 +17,7 @@ from conformance.harness.local import LocalCases, collective
 from conformance.harness.planned import Planner
 from conformance.harness.progress import CaseProgress
 from conformance.harness.runner import RunnerLife
+from conformance.harness.shared_group import ProbeParams
 from conformance.harness.strategy import CaseRequest
 from conformance.harness.terminal import TerminalOutput
 from conformance.harness.workers import hand_back_not_needed
@@ -56,7 +57,7 @@ class ConformanceSession:
     ) -> CaseResult:
         return self.cases.run(CaseRequest(item, probe, device_set, expect, params))
 
-    def collective(self, item: pytest.Item) -> tuple[str, dict[str, Any]] | None:
+    def collective(self, item: pytest.Item) -> tuple[str, ProbeParams] | None:
         return collective(self.run, item)
 
     @pytest.hookimpl(tryfirst=True)

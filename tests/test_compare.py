@@ -19,7 +19,8 @@ import pytest
 from conformance.cli.main import main
 from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, load_run
-from conformance.summarise.compare import CompareError, Comparison, case_key, compare, match_id
+from conformance.summarise.compare import CompareError, case_key, compare, match_id
+from conformance.summarise.comparison import Comparison
 
 RunSuite = Callable[..., pytest.RunResult]
 

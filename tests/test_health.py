@@ -19,7 +19,8 @@ import fake_nvml as nv
 from conformance.discover import health as rules
 from conformance.discover.health import GpuHealth, HealthError, health_from_json
 from conformance.discover.inventory import HostPaths
-from conformance.discover.topology import Topology, discover
+from conformance.discover.topology import Topology
+from conformance.discover.topology_source import discover
 from conftest import copy_suites, read_records
 from fake_nvml import Failure, FakeMachine
 from test_scenario_answers import answer_lines

@@ -26,7 +26,9 @@ from conformance.discover.inventory import (
     inventory_from_json,
     read_inventory,
 )
-from conformance.discover.topology import BrokenGpuMachine, discover, sysfs_bus_id
+from conformance.discover.nvml_topology import sysfs_bus_id
+from conformance.discover.topology import BrokenGpuMachine
+from conformance.discover.topology_source import discover
 from conftest import copy_suites, read_records
 from test_scenario_answers import answer_lines
 

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -48,6 +50,17 @@ def test_3_all_gather(conformance_case, conformance):
 def test_4_barrier_hangs(conformance_case, conformance):
     conformance_case("barrier", _all(conformance))
 """
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever happens in the block, the run is killed and reaped if it is still going at its end."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def children(pid: int) -> set[int]:
@@ -161,7 +174,7 @@ def test_forkserver_killed_mid_case_is_the_suites_own_verdict(
     pytester.makepyfile(test_k=KILL_SUITE.replace("test_4_barrier_hangs", "test_0_barrier_hangs"))
     junit = pytester.path / "junit.xml"
     proc, output = start_barrier_hang_run(pytester, reports_dir, "-n", "2", "--dist", "load", f"--junitxml={junit}")
-    try:
+    with reaped(proc):
         hang_dir = reports_dir / "latest" / "cases" / "test_k.py--test_0_barrier_hangs"
 
         def hanging() -> bool:
@@ -171,10 +184,6 @@ def test_forkserver_killed_mid_case_is_the_suites_own_verdict(
         (server,) = {parent_of(pid) for pid in case_rank_pids(hang_dir.resolve())}
         os.kill(server, signal.SIGKILL)
         code = proc.wait(timeout=300)  # a hang guard only: the case ends as soon as its server is gone
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = output.read_text()
     assert code == 1, text
     assert "crashed" not in text and "node down" not in text and "Timeout" not in text, text

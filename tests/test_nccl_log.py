@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.verdict import nccl_log
-from conformance.verdict.nccl_log import CommInit, Connection, NcclLog, classify, parse, parse_files
+from conformance.verdict.nccl_facts import RECORD_WARNINGS, CommInit, Connection, NcclLog
+from conformance.verdict.nccl_log import parse, parse_files
+from conformance.verdict.nccl_transport import TRANSPORTS, classify
 
 P = "node-a:12345:12399 [0] NCCL INFO "  # the real INFO line prefix: host:pid:tid [cudaDev]
 
@@ -754,7 +755,7 @@ def test_record_warnings_are_distinct_and_capped() -> None:
     text = "".join(f"h:1:1 [0] x.cc:1 NCCL WARN message {n % 80}\n" for n in range(400))
     log = parse(text)
     assert len(log.warnings) == 400
-    assert log.to_record()["warnings"] == [f"message {n}" for n in range(nccl_log.RECORD_WARNINGS)]
+    assert log.to_record()["warnings"] == [f"message {n}" for n in range(RECORD_WARNINGS)]
 
 
 def test_empty_input() -> None:
@@ -822,7 +823,7 @@ def test_garbage_never_raises() -> None:
         line = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randrange(1, 30)))
         log = parse(line)
         json.dumps(log.to_record())
-        assert all(c.transport in nccl_log.TRANSPORTS for c in log.connections)
+        assert all(c.transport in TRANSPORTS for c in log.connections)
 
 
 def test_huge_numbers_do_not_reach_int() -> None:

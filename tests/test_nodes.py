@@ -313,7 +313,7 @@ def test_a_slurm_job_names_the_run_and_its_port() -> None:
 
 def test_node_0s_store_listens_on_the_runs_address_alone() -> None:
     """A store server torch starts with a port alone listens everywhere; node 0's listens where the run meets."""
-    from conformance.nodes.group import open_store
+    from conformance.nodes.store import open_store
     from conftest import free_port
 
     port = free_port()
@@ -342,7 +342,8 @@ def test_values_not_signed_with_the_run_token_are_dropped_and_named() -> None:
 
     import torch.distributed as dist
 
-    from conformance.nodes.group import GroupLimits, NodeGroup
+    from conformance.nodes.group import NodeGroup
+    from conformance.nodes.liveness import GroupLimits
     from conftest import free_port
 
     port, token = free_port(), "secret-token-of-this-run"

@@ -28,7 +28,8 @@ from conformance.summarise.answer import answer
 from conformance.summarise.collectives import collective_lines
 from conformance.summarise.compare import compare, write_comparison
 from conformance.summarise.recommend import recommend
-from conformance.summarise.report import HEAT_HIGH, HOST_COPIES, PAIR_PROBES, REPORT_FILE, render_report, write_report
+from conformance.summarise.report import REPORT_FILE, render_report, write_report
+from conformance.summarise.report_matrices import HEAT_HIGH, HOST_COPIES, PAIR_PROBES
 from conftest import read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]

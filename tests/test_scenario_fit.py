@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from conformance.discover.topology import Device, Topology, cpu_topology, load_topology_file
+from conformance.discover.topology import Device, Topology, cpu_topology
+from conformance.discover.topology_source import load_topology_file
 from conformance.plan.matrix import DEVICE_SET_FIXTURES, NODE_SET_FIXTURES, SET_KINDS, NodePairing
 from conformance.plan.scenario_fit import RunBounds, check_scenario_fits, rule_problem
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario, parse_rule

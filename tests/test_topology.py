@@ -24,22 +24,20 @@ import pytest
 
 import fake_nvml as nv
 from conformance.cli.main import main
-from conformance.discover import inventory, topology
+from conformance.discover import inventory
 from conformance.discover.inventory import HostPaths, Inventory
 from conformance.discover.iommu import IommuFacts
+from conformance.discover.nvml_topology import cuda_version_text, nvml_gpus, nvml_view, p2p_status_names, sysfs_bus_id
 from conformance.discover.topology import (
     Device,
     DeviceSelectionError,
     Topology,
     TopologyError,
     cpu_topology,
-    discover,
     link_matrix_lines,
     link_note_lines,
-    load_topology_file,
-    nvml_gpus,
-    nvml_view,
 )
+from conformance.discover.topology_source import discover, load_topology_file
 from fake_nvml import Failure, FakeMachine, FakeNvmlLibrary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +48,7 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """NUMA fallbacks read an empty stand-in for /sys/bus/pci/devices unless a test fills it."""
     sysfs = tmp_path / "sys-bus-pci-devices"
     sysfs.mkdir()
-    monkeypatch.setattr(topology, "SYSFS_PCI_DEVICES", sysfs)
+    monkeypatch.setattr("conformance.discover.nvml_topology.SYSFS_PCI_DEVICES", sysfs)
     no = tmp_path / "none"
     nvidia = (no / "proc-driver-nvidia-version", no / "dev-nvidia0")
     host = HostPaths(sysfs, *nvidia, (), no / "cmdline", (no,), no / "kmsg")
@@ -352,7 +350,7 @@ def test_machine_json_round_trip(machine: Any) -> None:
 
 
 def test_p2p_status_names_from_nvidia_ml_py() -> None:
-    assert topology.p2p_status_names(pynvml) == {
+    assert p2p_status_names(pynvml) == {
         0: "OK", 1: "CHIPSET_NOT_SUPPORTED", 2: "GPU_NOT_SUPPORTED", 3: "IOH_TOPOLOGY_NOT_SUPPORTED",
         4: "DISABLED_BY_REGKEY", 5: "NOT_SUPPORTED", 6: "UNKNOWN",
     }  # fmt: skip
@@ -361,7 +359,7 @@ def test_p2p_status_names_from_nvidia_ml_py() -> None:
 def test_p2p_status_names_from_older_nvidia_ml_py() -> None:
     """Older releases had only the misspelt name; the status is stored correctly spelt all the same."""
     old = types.SimpleNamespace(NVML_P2P_STATUS_OK=0, NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED=1)
-    assert topology.p2p_status_names(old) == {0: "OK", 1: "CHIPSET_NOT_SUPPORTED"}
+    assert p2p_status_names(old) == {0: "OK", 1: "CHIPSET_NOT_SUPPORTED"}
 
 
 @pytest.mark.parametrize(
@@ -370,11 +368,11 @@ def test_p2p_status_names_from_older_nvidia_ml_py() -> None:
      (" 00000000:DB:00.0 ", "0000:db:00.0"), ("bogus", "bogus")],
 )  # fmt: skip
 def test_sysfs_bus_id(nvml: str, sysfs: str) -> None:
-    assert topology.sysfs_bus_id(nvml) == sysfs
+    assert sysfs_bus_id(nvml) == sysfs
 
 
 def test_cuda_version_text() -> None:
-    assert [topology.cuda_version_text(v) for v in (12080, 12040, 11040, 13000)] == ["12.8", "12.4", "11.4", "13.0"]
+    assert [cuda_version_text(v) for v in (12080, 12040, 11040, 13000)] == ["12.8", "12.4", "11.4", "13.0"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,7 +499,7 @@ def test_visible_hides_every_gpu(monkeypatch: pytest.MonkeyPatch, visible: str) 
     library = nv.install(monkeypatch, nv.pcie_box())
     assert nvml_topology({"CUDA_VISIBLE_DEVICES": visible}) == (None, "CUDA_VISIBLE_DEVICES hides every GPU")
     assert library.initialised == 0
-    listed = tuple(topology.sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
+    listed = tuple(sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
     assert discover("auto", 2, {"CUDA_VISIBLE_DEVICES": visible}) == cpu_topology(
         2, note="no GPU: CUDA_VISIBLE_DEVICES hides every GPU", inventory=Inventory(nvml_gpus=listed)
     )  # hidden on purpose: no NVML error, the machine's GPUs still counted
@@ -787,7 +785,7 @@ def test_discover_uses_nvml_topology(monkeypatch: pytest.MonkeyPatch) -> None:
     library = nv.install(monkeypatch, nv.pcie_box())
     environ = {"CUDA_VISIBLE_DEVICES": "5,7"}
     found = discover("auto", 4, environ=environ)
-    listed = tuple(topology.sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
+    listed = tuple(sysfs_bus_id(gpu.bus_id) for gpu in nv.pcie_box().gpus)
     iommu = IommuFacts(mode="off")  # the stand-in sysfs has no IOMMU group for the GPUs
     assert found.kernel_log.startswith("the kernel log (") and "No such file or directory" in found.kernel_log
     from_nvml = replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed), iommu=iommu)

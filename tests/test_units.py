@@ -19,8 +19,9 @@ import pytest
 
 from conformance.common import jsonl
 from conformance.common.suite import shipped_scenarios
-from conformance.discover import topology
-from conformance.discover.topology import Device, Topology, cpu_topology, discover
+from conformance.discover import nvml_topology
+from conformance.discover.topology import Device, DeviceSelectionError, Topology, cpu_topology
+from conformance.discover.topology_source import discover
 from conformance.plan.matrix import DeviceSet, Rung, all_devices, barrier_sets, build_ladder, each_device, each_pair
 from conformance.plan.parametrize import Plan
 from conformance.rank.scenario import Placement, Rule, ScenarioError, load_scenario, parse_rule
@@ -691,7 +692,7 @@ def renumbered(gpus: list[Device]) -> list[tuple[str, int, str | None]]:
     ],
 )  # fmt: skip
 def test_visible_filter(visible: str | None, expected: list[tuple[str, int, str]]) -> None:
-    chosen = topology._visible_filter(list(FOUR), visible)
+    chosen = nvml_topology._visible_filter(list(FOUR), visible)
     assert renumbered(chosen) == expected
     if chosen:
         assert {g.pci_bus_id for g in chosen} <= {g.pci_bus_id for g in FOUR}
@@ -700,8 +701,8 @@ def test_visible_filter(visible: str | None, expected: list[tuple[str, int, str]
 @pytest.mark.parametrize("visible", ["1,7,0", "GPU-zzzz,0"])
 def test_visible_entry_matching_no_gpu_is_refused(visible: str) -> None:
     """CUDA would quietly stop at the bad entry; the suite refuses it (the run stops with exit 4)."""
-    with pytest.raises(topology.DeviceSelectionError, match="matches no GPU"):
-        topology._visible_filter(list(FOUR), visible)
+    with pytest.raises(DeviceSelectionError, match="matches no GPU"):
+        nvml_topology._visible_filter(list(FOUR), visible)
 
 
 class UntouchableNVML(types.ModuleType):

@@ -17,7 +17,8 @@ from conformance.cli.common import (
 )
 from conformance.common import values
 from conformance.record.runs import RunError
-from conformance.summarise.compare import DEFAULT_TOLERANCE, CompareError, compare, write_comparison
+from conformance.summarise.compare import CompareError, compare, write_comparison
+from conformance.summarise.comparison import DEFAULT_TOLERANCE
 
 COMMAND = "compare"
 

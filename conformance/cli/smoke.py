@@ -60,7 +60,8 @@ from conformance.cli.smoke_checks import (
 )
 from conformance.common.casefiles import rank_dir, read_phases
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines, StopLadder
-from conformance.discover.topology import Topology, TopologyError, discover
+from conformance.discover.topology import Topology, TopologyError
+from conformance.discover.topology_source import discover
 from conformance.discover.versions import SUITE_DISTRIBUTION, nccl_wheel_version, package_version
 from conformance.launch.case import CaseResult, CaseRunner, CaseSpec
 from conformance.rank import flight_recorder

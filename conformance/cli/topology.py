@@ -10,15 +10,8 @@ from typing import Any
 from conformance.cli.common import PROG, USAGE_ERROR, argument_type
 from conformance.common import values
 from conformance.common.tables import align_columns
-from conformance.discover.topology import (
-    Device,
-    Topology,
-    TopologyError,
-    discover,
-    link_matrix_lines,
-    link_note_lines,
-    load_topology_file,
-)
+from conformance.discover.topology import Device, Topology, TopologyError, link_matrix_lines, link_note_lines
+from conformance.discover.topology_source import discover, load_topology_file
 
 DEFAULT_VIRTUAL_DEVICES = 4
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")

@@ -26,6 +26,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,26 @@ EXIT_WRONG_DATA = 2
 EXIT_SKIP = 3
 EXIT_HARNESS = 4  # the rank could not even set itself up
 
+
 # A rank that exited without result.json: what its exit code says it reached.
-STATUS_BY_EXIT = {EXIT_OK: "ok", EXIT_ERROR: "error", EXIT_WRONG_DATA: "fail", EXIT_SKIP: "skip"}
+class RankStatus(str, Enum):
+    """How a rank ended: as it wrote it (ok, fail, error, skip), or as its parent found it (crash, stopped, lost)."""
+
+    OK = "ok"
+    FAIL = "fail"  # wrong data
+    ERROR = "error"
+    SKIP = "skip"
+    CRASH = "crash"  # killed by a signal it did not get from the watchdog
+    STOPPED = "stopped"  # by the watchdog
+    LOST = "lost"  # no exit status, no result
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUS_BY_EXIT = {
+    EXIT_OK: RankStatus.OK, EXIT_ERROR: RankStatus.ERROR, EXIT_WRONG_DATA: RankStatus.FAIL, EXIT_SKIP: RankStatus.SKIP,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -156,7 +175,7 @@ class PhaseLine:
 class RankResult:
     """``result.json``: how a rank ended, written by the rank itself (authoritative)."""
 
-    status: str  # ok | fail | error | skip
+    status: RankStatus  # ok | fail | error | skip
     t: float
     phase: str | None = None
     step: str | None = None
@@ -181,9 +200,10 @@ def write_result(rank_path: Path, result: RankResult) -> None:
 def read_result(rank_path: Path) -> RankResult | None:
     """The rank's result; None when it wrote none (or not a whole one)."""
     data = read_json(rank_path / RESULT)
-    if not isinstance(data, dict) or "status" not in data:
+    if not isinstance(data, dict) or data.get("status") not in set(RankStatus):
         return None
-    return RankResult(**{f.name: data[f.name] for f in fields(RankResult) if f.name in data})
+    values = {f.name: data[f.name] for f in fields(RankResult) if f.name in data}
+    return RankResult(**{**values, "status": RankStatus(data["status"])})
 
 
 def grant_turn(case_dir: Path, alone: bool) -> None:

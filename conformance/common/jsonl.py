@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# A JSON object as read, or about to be written (a file, a pipe, the run store): a boundary, not a contract.
+JsonDict = dict[str, Any]
+
 
 class JsonlError(OSError):
     """The file exists but cannot be read."""
@@ -22,12 +25,12 @@ class JsonlError(OSError):
 
 @dataclass
 class JsonLines:
-    objects: list[dict[str, Any]] = field(default_factory=list)
+    objects: list[JsonDict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "line 3 is not whole JSON (cut off?)", ...
     numbers: list[int] = field(default_factory=list)  # the line number of each object, for messages about it
 
 
-def append_line(path: Path, record: dict[str, Any], durable: bool = True) -> None:
+def append_line(path: Path, record: JsonDict, durable: bool = True) -> None:
     """Append one line whole; ``durable``: fsync it (a line that may be lost in a crash passes False)."""
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -47,7 +50,7 @@ class JsonlFollower:
         self.path = path
         self.offset = 0
 
-    def new_objects(self) -> list[dict[str, Any]]:
+    def new_objects(self) -> list[JsonDict]:
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)

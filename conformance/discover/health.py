@@ -1,6 +1,6 @@
 """What each GPU's NVML says of its health when the run starts, and how the host checks judge it.
 
-Read once in the pytest process with the topology (``topology.py``), kept in ``run.json`` and in a
+Read once in the pytest process with the topology (``nvml_topology.py``), kept in ``run.json`` and in a
 topology file (``"health"``, by GPU name), so a simulated machine carries the same facts.  Every
 query is best effort: NVML answers NotSupported on consumer GPUs and NoPermission in containers,
 and such a fact stays None (unknown), never a pass.  The judging functions return one problem
@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from conformance.common.inputs import dataclass_from_json
+from conformance.common.jsonl import JsonDict
 
 T = TypeVar("T")
 
@@ -55,7 +56,7 @@ class GpuHealth:
     processes: tuple[tuple[int, int], ...] | None = None  # (pid, MiB) of compute processes holding the GPU
     kernel_xids: tuple[int, ...] | None = None  # Xids the kernel log names for this GPU (None: log not read)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return asdict(self)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from conformance.common.inputs import dataclass_from_json
+from conformance.common.jsonl import JsonDict
 from conformance.discover.health import GpuHealth, ask, slowdown_names
 
 TICK = 0.5  # seconds between samples, and the longest an Xid event waits to be read
@@ -118,7 +119,7 @@ class RunWatch:
     seconds: float | None = None  # how long the watch ran (error rates are per this)
     note: str = ""  # what was not watched, and why ("" when everything was)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return asdict(self)
 
 

@@ -14,8 +14,9 @@ from conformance.harness.planned import PlannedCase, Planner
 from conformance.harness.runner import Runner
 from conformance.harness.strategy import CaseRequest, case_spec
 from conformance.launch.case import CaseResult, CaseSpec, CrossNode
-from conformance.nodes.group import GroupLimits, NodeGroup, NodeGroupError, NodeProblem
+from conformance.nodes.group import NodeGroup, NodeGroupError
 from conformance.nodes.layout import local_fingerprint
+from conformance.nodes.liveness import GroupLimits, NodeProblem
 from conformance.plan.matrix import DeviceSet, RungError, as_node_pair, build_ladder, node_rungs, recheck_partners
 from conformance.record.records import CaseRecord
 from conformance.summarise.answer import FAILED_ELSEWHERE

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conformance.common.families import inherited_variables
-from conformance.discover.topology import Topology, choose_backend
+from conformance.discover.topology import Topology
+from conformance.discover.topology_source import choose_backend
 from conformance.discover.versions import NcclVersions, loaded_nccl_version, nccl_wheel_version, package_version
 from conformance.discover.watch import Watch
 from conformance.harness.failed_tests import FailedTests

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import pytest
 
@@ -12,17 +11,17 @@ from conformance.harness.context import RunContext
 from conformance.harness.planned import PlannedCase, Planner
 from conformance.harness.progress import CaseProgress
 from conformance.harness.runner import Runner
-from conformance.harness.shared_group import Part, declared, part_of, shared_spec
+from conformance.harness.shared_group import Part, ProbeParams, declared, part_of, shared_spec
 from conformance.harness.side_by_side import CaseCall, CasesAhead, PartOf, Pending, case_call
 from conformance.harness.strategy import CaseRequest, case_spec
 from conformance.launch.case import CaseResult
 from conformance.plan.matrix import DeviceSet
 from conformance.plan.parametrize import device_set_of
 
-Together = list[tuple[pytest.Item, str, dict[str, Any]]]  # later items, their probe and parameters
+Together = list[tuple[pytest.Item, str, ProbeParams]]  # later items, their probe and parameters
 
 
-def collective(run: RunContext, item: pytest.Item) -> tuple[str, dict[str, Any]] | None:
+def collective(run: RunContext, item: pytest.Item) -> tuple[str, ProbeParams] | None:
     """The collective and parameters the item declares (``shared_group.MARKER``), at the run's sizes."""
     found = declared(item)
     return None if found is None else (found[0], {"sizes": run.sizes, **found[1]})

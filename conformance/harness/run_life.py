@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.discover.topology import watch_run
+from conformance.discover.topology_source import watch_run
 from conformance.discover.versions import suite_version
 from conformance.harness.across_nodes import meet_nodes
 from conformance.harness.context import RunContext

@@ -11,13 +11,8 @@ import os
 import pytest
 
 from conformance.common.suite import baseline_path, shipped_baselines
-from conformance.discover.topology import (
-    Topology,
-    TopologyError,
-    discover,
-    load_topology_file,
-    refuse_broken_gpu_machine,
-)
+from conformance.discover.topology import Topology, TopologyError
+from conformance.discover.topology_source import discover, load_topology_file, refuse_broken_gpu_machine
 from conformance.harness.context import RunContext, RunInputs
 from conformance.harness.workers import RUN_ID, TOPOLOGY, Role, worker_input
 from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, node_setup

@@ -27,11 +27,13 @@ from typing import Any
 import pytest
 
 from conformance.common.casefiles import SEQUENCE, SHARED_DONE
+from conformance.common.jsonl import JsonDict
 from conformance.common.verdicts import Verdict
 from conformance.launch.case import CaseResult, CaseSpec
 from conformance.verdict.decision import Decision, RankReport
 
 MARKER = "collective"
+ProbeParams = dict[str, object]  # a probe's parameters as a test gives them (JSON-able: they go in the case file)
 SHARED_PROBE = "collectives"  # the rank probe that runs a sequence (rank/probes.py)
 # Collectives with no set-up of their own and nothing left behind in the group: running one after
 # another changes nothing for the next one.
@@ -43,7 +45,7 @@ MARKER_HELP = (
 )
 
 
-def declared(item: pytest.Item) -> tuple[str, dict[str, Any]] | None:
+def declared(item: pytest.Item) -> tuple[str, ProbeParams] | None:
     """The collective and parameters an item declares with the marker (None: none, or not shareable)."""
     marker = item.get_closest_marker(MARKER)
     if marker is None or len(marker.args) != 1 or marker.args[0] not in SHAREABLE:
@@ -61,7 +63,7 @@ class Part:
     def probe(self) -> str:
         return self.spec.probe
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {"probe": self.probe, "params": dict(self.spec.params)}
 
 

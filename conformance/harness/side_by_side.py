@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from conformance.plan.parametrize import device_set_of
 CaseCall = tuple[str, str | None, str]  # probe, expected verdict, parameters (JSON): what a test asked for
 
 
-def case_call(probe: str, expect: str | None, params: dict[str, Any]) -> CaseCall:
+def case_call(probe: str, expect: str | None, params: Mapping[str, object]) -> CaseCall:
     return probe, expect, json.dumps(params, sort_keys=True, default=str)
 
 

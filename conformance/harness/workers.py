@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
+from conformance.common.jsonl import JsonDict
 from conformance.common.lifetime import die_with_parent
 
 RUN_ID = "conformance_run_id"
@@ -18,8 +18,8 @@ NOT_NEEDED = "conformance_not_needed"  # a worker's later rungs not run, for the
 NO_CASES_OPTIONS = ("collectonly", "showfixtures", "show_fixtures_per_test")
 
 
-def worker_input(config: pytest.Config) -> dict[str, Any] | None:
-    """What the controller handed this xdist worker; None in any other process."""
+def worker_input(config: pytest.Config) -> JsonDict | None:
+    """What the controller handed this xdist worker (execnet-serialised); None in any other process."""
     return getattr(config, "workerinput", None)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common import casefiles
-from conformance.common.casefiles import CaseFile, RankDevice, StoreAddress
+from conformance.common.casefiles import CaseFile, RankDevice, RankStatus, StoreAddress
 from conformance.common.deadlines import Deadlines
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device
@@ -19,7 +19,7 @@ from conformance.launch.environment import device_id, rank_environments
 from conformance.launch.forkserver import ForkServerClient, ForkServerError
 from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.measure_gate import GateHold
-from conformance.launch.processes import CaseProcesses, RankProcess, StopStep
+from conformance.launch.processes import CaseProcesses, RankProcess, StopReason, StopStep
 from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
 from conformance.plan.transport import P2P
 from conformance.rank import flight_recorder
@@ -91,9 +91,9 @@ class CaseResult:
     seconds: float
     case_dir: Path
     simulated: bool
-    stop_reason: str | None
+    stop_reason: StopReason | None
     stop_seconds: float
-    nccl: dict[str, Any] | None = None  # what the ranks' NCCL_DEBUG logs said (nccl_log.NcclLog.to_record)
+    nccl: dict[str, Any] | None = None  # what the ranks' NCCL_DEBUG logs said (nccl_facts.NcclLog.to_record)
     lease_wait: float = 0.0  # seconds spent waiting for another case to free the devices
     node_rank: int | None = None  # in a multi-node run: the node this result is from
     root_node: int | None = None  # across nodes: the node the verdict comes from
@@ -315,7 +315,7 @@ def headline(result: CaseResult) -> str:
 def _stopped_at(decision: Decision) -> str:
     """Where the case stopped, as a step when the probe was in one (``send/recv 4B``); "" when not one place."""
     if decision.verdict == Verdict.HANG:
-        ranks = [r for r in (decision.root, *decision.victims) if r is not None and r.status == "stopped"]
+        ranks = [r for r in (decision.root, *decision.victims) if r is not None and r.status == RankStatus.STOPPED]
     else:
         ranks = [decision.root] if decision.root is not None else []
     places = {r.step if r.phase == "probe" and r.step else r.where for r in ranks}
@@ -336,9 +336,9 @@ def failure_text(result: CaseResult) -> str:
         lines.append(f"victims: {victims}")
     if result.stop_reason:
         why = {
-            "confirm": ", stuck where the first pair of its link class hung",
-            "stalled": ": no rank reported progress for the step deadline",
-            "deadline": ": the whole-case limit",
+            StopReason.CONFIRM: ", stuck where the first pair of its link class hung",
+            StopReason.STALLED: ": no rank reported progress for the step deadline",
+            StopReason.DEADLINE: ": the whole-case limit",
         }.get(result.stop_reason, "")
         lines.append(
             f"stopped by the watchdog ({result.stop_reason}{why}); last rank reaped {result.stop_seconds:.2f}s later"

@@ -32,16 +32,17 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from conformance.common.deadlines import FORKSERVER_READY_WAIT, SPAWN_WAIT
+from conformance.common.jsonl import JsonDict
 from conformance.launch.signals import signal_group
 
 log = logging.getLogger("conformance.launch")
 REPLY_POLL = 0.05  # how long one look for a reply waits before looking again
 
 
-def _send(message: dict[str, Any]) -> None:
+def _send(message: JsonDict) -> None:
     os.write(1, (json.dumps(message) + "\n").encode())
 
 
@@ -68,7 +69,7 @@ class Server:
         self.groups: set[int] = set()
         self.pending = b""
 
-    def spawn(self, request: dict[str, Any]) -> None:
+    def spawn(self, request: JsonDict) -> None:
         case_dir = Path(request["case_dir"])
         pids: list[int] = []
         pgid = 0
@@ -118,7 +119,7 @@ class Server:
                     self.reap(fd)
 
 
-def _preload() -> dict[str, Any]:
+def _preload() -> JsonDict:
     """Import here, once, what every rank needs: torch (never CUDA) and the rank's own modules.
 
     Imported in each forked rank instead, the rank's modules cost about 40 ms of CPU per rank.
@@ -173,9 +174,9 @@ class ForkServerClient:
         self.spawn_wait = spawn_wait
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[int, tuple[int, float]] = {}
-        self.info: dict[str, Any] = {}
+        self.info: JsonDict = {}
         self._buffer = b""
-        self._replies: dict[str, list[dict[str, Any]]] = {}
+        self._replies: dict[str, list[JsonDict]] = {}
         self._read_lock = threading.Lock()
         self._request_lock = threading.Lock()
 
@@ -230,7 +231,7 @@ class ForkServerClient:
                 else:
                     self._replies.setdefault(str(message.get("event")), []).append(message)
 
-    def _expect(self, event: str, timeout: float) -> dict[str, Any]:
+    def _expect(self, event: str, timeout: float) -> JsonDict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             waiting = self._replies.get(event)

@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from conformance.common import casefiles
@@ -46,6 +47,18 @@ class StopStep:
     reaped: bool  # every rank it was sent to was reaped within its wait
 
 
+class StopReason(str, Enum):
+    """Why the watchdog stopped a case's ranks."""
+
+    STALLED = "stalled"  # no rank reported progress for the step deadline
+    DEADLINE = "deadline"  # the whole-case limit
+    GRACE = "grace"  # the grace after another rank failed is over
+    CONFIRM = "confirm"  # every live rank stuck where its class leader hung
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class RankProcess:
     rank: int
@@ -53,7 +66,7 @@ class RankProcess:
     path: Path
     exit_code: int | None = None
     exit_time: float | None = None
-    stopped_by: str | None = None  # "stalled", "deadline", "grace" or "confirm": why the watchdog stopped it
+    stopped_by: StopReason | None = None  # why the watchdog stopped it
     stack: str = ""
     unkillable: bool = False
 
@@ -106,7 +119,7 @@ class CaseProcesses:
             alive = self.alive()
         return alive
 
-    def stop(self, reason: str, ladder: StopLadder) -> list[StopStep]:
+    def stop(self, reason: StopReason, ladder: StopLadder) -> list[StopStep]:
         """Run the stop ladder on the live ranks: the dump, then SIGTERM, then SIGKILL if any rank outlived it."""
         alive = self.alive()
         for rank in alive:

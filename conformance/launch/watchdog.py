@@ -20,7 +20,7 @@ from typing import Protocol
 from conformance.common import casefiles
 from conformance.common.deadlines import StopLadder
 from conformance.launch.measure_gate import GateHold
-from conformance.launch.processes import CaseProcesses, RankProcess, StopStep
+from conformance.launch.processes import CaseProcesses, RankProcess, StopReason, StopStep
 
 log = logging.getLogger("conformance.launch")
 EVENT_WAIT = 0.05  # longest sleep between looks at the ranks, the measurement turn and the other nodes
@@ -35,7 +35,7 @@ class Supervision:
     ranks: list[RankProcess]
     started: float
     ended: float
-    stop_reason: str | None = None  # why the watchdog stepped in, if it did
+    stop_reason: StopReason | None = None  # why the watchdog stepped in, if it did
     stop_seconds: float = 0.0  # from the decision to stop to the last rank reaped
     stop_steps: list[StopStep] = field(default_factory=list)  # each signal's wait for the reap
     grace_started: float | None = None
@@ -126,10 +126,10 @@ def stalled_for(ranks: list[RankProcess], since: float) -> float:
     return time.time() - max(since, last or 0.0)
 
 
-_why: dict[str, Callable[[Limits], str]] = {
-    "grace": lambda limits: f"the grace of {limits.grace:g}s after a failure is over",
-    "stalled": lambda limits: f"no rank reported progress for {limits.step:g}s (step deadline)",
-    "deadline": lambda limits: f"past the whole-case limit of {limits.case:g}s",
+_why: dict[StopReason, Callable[[Limits], str]] = {
+    StopReason.GRACE: lambda limits: f"the grace of {limits.grace:g}s after a failure is over",
+    StopReason.STALLED: lambda limits: f"no rank reported progress for {limits.step:g}s (step deadline)",
+    StopReason.DEADLINE: lambda limits: f"past the whole-case limit of {limits.case:g}s",
 }
 
 
@@ -137,7 +137,7 @@ def _ranks(alive: list[RankProcess]) -> str:
     return ", ".join(f"{r.rank} (pid {r.pid})" for r in alive)
 
 
-def _stop(processes: CaseProcesses, supervision: Supervision, reason: str, ladder: StopLadder) -> None:
+def _stop(processes: CaseProcesses, supervision: Supervision, reason: StopReason, ladder: StopLadder) -> None:
     begun = time.monotonic()
     supervision.stop_reason = reason
     supervision.stop_steps = processes.stop(reason, ladder)
@@ -177,7 +177,7 @@ def supervise(
         if confirm is not None and grace_deadline is None and confirm.stuck(alive):
             stuck = f"every live rank stuck at {confirm.where} for {confirm.seconds:g}s"
             log.info("case %s: %s (confirm); stopping ranks %s", processes.case, stuck, _ranks(alive))
-            _stop(processes, supervision, "confirm", ladder)
+            _stop(processes, supervision, StopReason.CONFIRM, ladder)
             break
         now = time.monotonic()
         if turn is not None:
@@ -191,7 +191,7 @@ def supervise(
         if on_wait is not None:
             on_wait(alive, limit - now)
         if now >= limit:
-            reasons = {grace_deadline: "grace", stalled: "stalled", deadline: "deadline"}
+            reasons = {grace_deadline: StopReason.GRACE, stalled: StopReason.STALLED, deadline: StopReason.DEADLINE}
             log.info("case %s: %s; stopping ranks %s", processes.case, _why[reasons[limit]](limits), _ranks(alive))
             _stop(processes, supervision, reasons[limit], ladder)
             break

@@ -14,6 +14,9 @@ Keys of the run's store:
 A node that never arrives, stops beating or ends its run early is a :class:`NodeProblem`: the case
 that waited for it becomes a ``hang`` naming it, and later cases know at once.
 
+The store itself (opened, signed, bounded) is :mod:`conformance.nodes.store`; the heartbeats, node
+0's liveness listener and the waits that end when a node is gone are :mod:`conformance.nodes.liveness`.
+
 The rendezvous is logged (logger ``conformance.nodes``; ``--log-cli-level=INFO`` shows it): the
 store hosted or joined, each node heard, every wait for a node and what it ended with, the results
 gathered.  The waits of each cross-node case are at DEBUG.
@@ -22,59 +25,32 @@ gathered.  The waits of each cross-node case are at DEBUG.
 from __future__ import annotations
 
 import datetime
-import hashlib
-import hmac
 import json
 import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
+from conformance.nodes.liveness import HEARTBEAT_SECONDS, GroupLimits, GroupWatch, Liveness, NodeProblem
+from conformance.nodes.store import ForgedValue, open_store
 
 log = logging.getLogger("conformance.nodes")
-HEARTBEAT_SECONDS = 0.5
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
 NONCE_KEY = "nonce"  # node 0's random number for this run: the run token's signing key is derived with it
 LIVENESS_KEY = "liveness"  # the port of node 0's liveness listener (class Liveness)
-DIED_KEY = "died"  # died/<k>: node 0 saw node k's connection close without its end
 RANK_HOLDER_KEY = "rank_holder"  # rank_holder/<k>: the host and pid of the pytest that is node k
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
 BY_HAND = "a run started by hand without --run-token"
-POLL_SECONDS = 0.1
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
 OUTCOME_KEY = "outcome"  # node 0's list of the nodes that failed, once every node's status is in
 
 
 class NodeGroupError(RuntimeError):
     """The run cannot go on across nodes (node 0 cannot host the store, the nodes disagree)."""
-
-
-@dataclass(frozen=True)
-class NodeProblem:
-    node: int
-    reason: str
-
-
-@dataclass
-class Heard:
-    """What this node's monitor knows of another node."""
-
-    count: int = -1
-    beat: float = field(default_factory=time.monotonic)  # when its heartbeat last moved
-    at: str = ""
-    moved: float = field(default_factory=time.monotonic)  # when it last changed test
-
-
-@dataclass(frozen=True)
-class GroupLimits:
-    progress: float  # how long a node may stay in one test before the others stop waiting for it
-    store: float  # how long node 0's store may leave a call unanswered before it is lost
 
 
 @dataclass(frozen=True)
@@ -102,148 +78,6 @@ class StartCheck:
         return f"the nodes differ in what must match ({fields}); stopping before any collective:\n{table}"
 
 
-def open_store(setup: NodeSetup, host: bool, timeout: float) -> Any:
-    """The run's store: node 0 hosts it unless the launcher does; under the run's prefix when it has one."""
-    import torch.distributed as dist
-
-    serves = host and not setup.launcher_hosts_store
-    # torch's TCPStore server given only a port listens on every interface (``*:port``), whatever the
-    # address the run uses; a socket bound here to that address alone is handed over to it instead.
-    listening = listening_socket(setup.master_addr or "", setup.master_port or 0).detach() if serves else None
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        setup.master_addr or "",
-        setup.master_port or 0,
-        is_master=serves,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout),
-        master_listen_fd=listening,
-    )
-    return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
-
-
-def listening_socket(address: str, port: int) -> socket.socket:
-    """A socket listening on ``address`` alone (port 0: one the kernel picks); RuntimeError naming why not."""
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
-        bound = socket.socket(family, kind, proto)
-    except (OSError, UnicodeError) as exc:
-        raise RuntimeError(f"cannot listen on {address}:{port}: {exc}") from None
-    try:
-        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        bound.bind(where)
-        bound.listen(socket.SOMAXCONN)
-    except OSError as exc:
-        bound.close()
-        why = exc.strerror or exc
-        raise RuntimeError(
-            f"cannot listen on {where[0]}:{port} ({why}): is {address!r} this node's own address?"
-        ) from None
-    return bound
-
-
-class ForgedValue(ValueError):
-    """A value of the run's store that does not verify with the run token: not written by a node of this run."""
-
-
-SIGNATURE = b"\n#hmac-sha256:"
-
-
-class SignedStore:
-    """The run's store with every value signed, where the run has a token (``--run-token``).
-
-    A value is stored as itself, then ``SIGNATURE`` and the hex HMAC-SHA256 of its key and itself
-    under a key derived from the run token and node 0's nonce for the run (a fresh random one per
-    run, so a value of one run never verifies in another).  The token itself is never stored.
-    Without a token, values are stored as they are.  Counters (``add``), key checks and the public
-    keys (which run the store serves, the strangers turned away) are not signed.
-    """
-
-    def __init__(self, store: Any, token: str | None) -> None:
-        self.raw = store
-        self.token = token
-        self._key: bytes | None = None
-
-    def use_nonce(self, nonce: str) -> None:
-        if self.token is not None:
-            self._key = hmac.new(self.token.encode(), f"conformance run {nonce}".encode(), hashlib.sha256).digest()
-
-    def _signature(self, key: str, value: bytes) -> bytes:
-        assert self._key is not None  # set before any signed value is written or read
-        return hmac.new(self._key, key.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
-
-    def _signed(self, key: str, value: str | bytes) -> bytes:
-        data = value.encode() if isinstance(value, str) else value
-        return data + SIGNATURE + self._signature(key, data) if self.token is not None else data
-
-    def _verified(self, key: str, stored: bytes) -> bytes:
-        if self.token is None:
-            return stored
-        data, mark, signature = stored.rpartition(SIGNATURE)
-        if not mark or not hmac.compare_digest(signature, self._signature(key, data)):
-            raise ForgedValue(
-                f"{key}: its value does not verify with the run token (not written by a node of this run)"
-            )
-        return data
-
-    def set(self, key: str, value: str | bytes) -> None:
-        self.raw.set(key, self._signed(key, value))
-
-    def get(self, key: str) -> bytes:
-        return self._verified(key, self.raw.get(key))
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        return self._verified(key, self.raw.compare_set(key, expected, self._signed(key, desired)))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.raw, name)
-
-
-class StoreUnanswered(RuntimeError):
-    """Node 0's store did not answer a call within its bound: this node has lost it."""
-
-
-class BoundedStore:
-    """The main thread's client of the run's store, every call bounded by ``limit`` seconds.
-
-    torch's TCPStore client waits in its socket until TCP gives up (about 15 minutes with Linux's
-    default tcp_retries2) when the link to node 0 is cut and stays down: its own timeout bounds only
-    the waits for a key.  A call that does not return in time leaves its thread behind (a daemon)
-    and this client for good: every later call fails at once, and the node goes on without node 0.
-    """
-
-    def __init__(self, store: Any, limit: float) -> None:
-        self.raw = store
-        self.limit = limit
-        self.dead = ""
-
-    def call(self, operation: Callable[[], Any], limit: float | None = None) -> Any:
-        """``operation`` on the store, or StoreUnanswered after ``limit`` (default: the bound) seconds."""
-        if self.dead:
-            raise StoreUnanswered(self.dead)
-        bound = self.limit if limit is None else limit
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["value"] = operation()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller as the store's own error
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=run, name="conformance-store-call", daemon=True)
-        worker.start()
-        worker.join(bound)
-        if worker.is_alive():
-            self.dead = f"its store did not answer for {bound:g}s"
-            raise StoreUnanswered(self.dead)
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self.raw, name)
-        return lambda *args, **kwargs: self.call(lambda: method(*args, **kwargs))
-
-
 def _unresolved(name: str) -> str:
     """Why ``name`` does not resolve to an address ("" when it does)."""
     try:
@@ -251,50 +85,6 @@ def _unresolved(name: str) -> str:
     except (socket.gaierror, UnicodeError) as exc:
         return str(exc)
     return ""
-
-
-class Liveness:
-    """Node 0's listener that tells a node that ended from a link that is down.
-
-    Each other node holds one plain TCP connection to it and says ``bye`` before it closes it at its
-    end.  A node whose pytest died (killed, crashed) has its connection closed by its kernel: node 0
-    reads the end of the stream at once.  A cut link closes nothing: the node goes quiet, and only its
-    heartbeat's silence past the store's bound makes it gone, so a link that comes back in time
-    loses nothing.
-    """
-
-    def __init__(self, address: str) -> None:
-        self.listener = listening_socket(address, 0)
-        self.port: int = self.listener.getsockname()[1]
-        self._died: set[int] = set()  # nodes whose connection closed without their "bye"
-        self._lock = threading.Lock()
-        threading.Thread(target=self._serve, name="conformance-liveness", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:
-                return  # closed at the end of the run
-            threading.Thread(target=self._follow, args=(connection,), daemon=True).start()
-
-    def _follow(self, connection: socket.socket) -> None:
-        with connection, connection.makefile("r") as lines:
-            hello = lines.readline().split()
-            if len(hello) != 2 or hello[0] != "node" or not hello[1].isdigit():
-                return
-            node = int(hello[1])
-            said = lines.readline().strip()  # blocks until the node's end, or its death
-        if said != "bye":
-            with self._lock:
-                self._died.add(node)
-
-    def died(self, node: int) -> bool:
-        with self._lock:
-            return node in self._died
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def _hold_liveness(address: str, port: int, me: int) -> socket.socket | None:
@@ -308,34 +98,8 @@ def _hold_liveness(address: str, port: int, me: int) -> socket.socket | None:
     return connection
 
 
-class NodeGroup:
+class NodeGroup(GroupWatch):
     """A node's part in a multi-node run: the store, the heartbeats, the meeting points."""
-
-    def __init__(self, setup: NodeSetup, timeout: float, limits: GroupLimits, store: Any, lost: str = "") -> None:
-        self.setup = setup
-        self.me = setup.node_rank
-        self.others = [n for n in range(setup.nnodes) if n != self.me]
-        self.timeout = timeout
-        self.progress_limit = limits.progress  # how long a node may stay in one test before it counts as stuck
-        self.store_limit = limits.store  # how long node 0's store may leave a call unanswered
-        self.signed = SignedStore(store, setup.run_token)
-        self.store: Any = BoundedStore(self.signed, limits.store) if store is not None else None
-        self.forged: list[str] = []  # values dropped because they do not verify with the run token
-        self.liveness: Liveness | None = None  # node 0: who ended, who died
-        self._held: socket.socket | None = None  # the others: their connection to node 0's liveness
-        self.lost = lost  # why node 0's store cannot be reached, once it cannot
-        self._answered = time.monotonic()  # when the monitor's last round through the store ended
-        self._watched: tuple[str, ...] = ()  # keys the monitor looks for (the running case's failures)
-        self._seen: set[str] = set()
-        self._to_post: list[str] = []  # keys the monitor sets (this node's failure in the running case)
-        self._died: set[int] = set()  # nodes node 0 saw die (its died/<k> keys, read by the monitor)
-        self.gone: dict[int, str] = {}
-        self.heard = {n: Heard() for n in self.others}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._at = ""
-        self._monitor: threading.Thread | None = None
-        self._case_counts: dict[str, int] = {}
 
     @classmethod
     def connect(cls, setup: NodeSetup, timeout: float, limits: GroupLimits) -> NodeGroup:
@@ -442,156 +206,6 @@ class NodeGroup:
                 log.warning("node %d: dropped %s", self.me, exc)
             return None
         return text
-
-    # -- the heartbeat monitor ----------------------------------------------------------------
-    def _start_monitor(self) -> None:
-        self._monitor = threading.Thread(target=self._beat, name="conformance-node-monitor", daemon=True)
-        self._monitor.start()
-
-    def _beat(self) -> None:
-        try:
-            store = open_store(self.setup, False, self.timeout)  # its own connection: the main thread's is busy
-            while True:
-                store.add(f"heartbeat/{self.me}", 1)
-                store.set(f"at/{self.me}", self._at)
-                for node in self.others:
-                    self._hear(node, store.add(f"heartbeat/{node}", 0), store)
-                self._look_and_post(store)
-                self._answered = time.monotonic()
-                if self._stop.wait(HEARTBEAT_SECONDS):
-                    return
-        except RuntimeError as exc:
-            if not self._stop.is_set():
-                self.lose(exc)
-
-    def _look_and_post(self, store: Any) -> None:
-        """The running case's keys, for the watchdog, which must never wait on the store itself; who died."""
-        with self._lock:
-            watched, posts, self._to_post = self._watched, self._to_post, []
-        if self.liveness is not None:
-            posts += [f"{DIED_KEY}/{n}" for n in self.others if self.liveness.died(n)]
-        for key in posts:
-            store.set(key, "1")
-        found = {key for key in watched if store.check([key])}
-        died = {n for n in self.others if store.check([f"{DIED_KEY}/{n}"])}
-        with self._lock:
-            self._seen |= found
-            self._died |= died
-
-    def watch(self, keys: Sequence[str]) -> bool:
-        """Have the monitor look for ``keys``; whether it has seen one of them."""
-        with self._lock:
-            self._watched = tuple(keys)
-            return any(key in self._seen for key in keys)
-
-    def post(self, key: str) -> None:
-        """Have the monitor set ``key`` at its next round."""
-        with self._lock:
-            self._to_post.append(key)
-
-    def _hear(self, node: int, count: int, store: Any) -> None:
-        at = store.get(f"at/{node}").decode() if store.check([f"at/{node}"]) else ""
-        now = time.monotonic()
-        with self._lock:
-            heard = self.heard[node]
-            first = count > 0 >= heard.count
-            if count != heard.count:
-                heard.count, heard.beat = count, now
-            if at != heard.at:
-                heard.at, heard.moved = at, now
-                log.debug("node %d: node %d is at %s", self.me, node, at or "its start")
-        if first:
-            log.info("node %d: heard node %d (its first heartbeat)", self.me, node)
-
-    def lose(self, exc: BaseException, since: float | None = None) -> None:
-        """Node 0's store is gone for this node: every wait ends at once, naming it and since when."""
-        if not self.lost:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            when = time.strftime("%H:%M:%S", time.localtime(since if since is not None else time.time()))
-            self.lost = f"node 0 unreachable since {when}: {first_line}"
-            log.info("node %d: %s", self.me, self.lost)
-
-    def _store_silent(self) -> None:
-        """Lose node 0's store once the monitor's connection has gone unanswered past the bound."""
-        if self.me == 0 or self._monitor is None or self.lost or self._stop.is_set():
-            return
-        silent = time.monotonic() - self._answered
-        if silent > self.store_limit:
-            self.lose(StoreUnanswered(f"its store did not answer for {silent:.0f}s"), time.time() - silent)
-
-    def now_at(self, nodeid: str) -> None:
-        """Tell the other nodes which test this node is in."""
-        self._at = nodeid
-
-    def where(self, node: int) -> str:
-        with self._lock:
-            at = self.heard[node].at if node in self.heard else ""
-        return at or "its start"
-
-    # -- problems ---------------------------------------------------------------------------
-    def _known_problem(self, node: int) -> NodeProblem | None:
-        """Node 0's store lost, or ``node`` already found gone."""
-        self._store_silent()
-        if self.lost:
-            return NodeProblem(0, self.lost)
-        if node in self.gone:
-            return NodeProblem(node, self.gone[node])
-        return None
-
-    def problem(self, node: int) -> NodeProblem | None:
-        """Why ``node`` cannot take part any more, if it cannot."""
-        known = self._known_problem(node)
-        if known is not None:
-            return known
-        with self._lock:
-            heard = self.heard[node]
-            silent = time.monotonic() - heard.beat if heard.count > 0 else 0.0  # never beat yet: deadlines decide
-            died = node in self._died
-        if died or (self.liveness is not None and self.liveness.died(node)):
-            where = f"at {self.where(node)}"
-            self.gone[node] = f"node {node} ended without its end of the run (killed or crashed {where})"
-        elif silent > self.store_limit:  # quiet, not ended: a link down this long, or a frozen node
-            self.gone[node] = (
-                f"node {node} stopped answering: no heartbeat for {silent:.0f}s (last at {self.where(node)})"
-            )
-        else:
-            return None
-        log.info("node %d: %s", self.me, self.gone[node])
-        return NodeProblem(node, self.gone[node])
-
-    def _overdue(self, node: int, since: float, limit: float, fixed: bool) -> NodeProblem | None:
-        """Waited past ``limit``: from ``since`` when ``fixed``, else from the node's last change of test."""
-        with self._lock:
-            last = since if fixed else max(since, self.heard[node].moved)
-        if time.monotonic() - last <= limit:
-            return None
-        if fixed:
-            return NodeProblem(node, f"node {node} never arrived within {limit:g}s (rendezvous deadline)")
-        return NodeProblem(node, f"node {node} did not get there within {limit:g}s; it is at {self.where(node)}")
-
-    def wait_for(self, keys: Mapping[int, str], limit: float, fixed: bool = False) -> NodeProblem | None:
-        """Wait until every node's key is set, or a node is gone or stuck.
-
-        ``limit`` counts from the last time the node changed test, so a node busy with other cases
-        is waited for; ``fixed`` counts it from now (the start, where nobody has moved yet).
-        """
-        since = time.monotonic()
-        pending = dict(keys)
-        for node, key in sorted(pending.items()):
-            log.debug("node %d: waiting up to %gs for node %d (%s)", self.me, limit, node, key)
-        while pending:
-            try:
-                pending = {n: k for n, k in pending.items() if not self.store.check([k])}
-            except RuntimeError as exc:
-                self.lose(exc)
-            for node in sorted(pending):
-                found = self.problem(node) or self._overdue(node, since, limit, fixed)
-                if found is not None:
-                    log.debug("node %d: stopped waiting for node %d (%s): %s", self.me, node, keys[node], found.reason)
-                    return found
-            if pending:
-                time.sleep(POLL_SECONDS)
-        return None
 
     # -- the start ----------------------------------------------------------------------------
     def start(self, mine: Fingerprint, run_id: str) -> StartCheck:

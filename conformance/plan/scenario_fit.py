@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from conformance.discover.topology import ANCESTOR_LINKS, CPU_LINK, UNKNOWN_LINK, Topology
+from conformance.discover.nvml_topology import ANCESTOR_LINKS
+from conformance.discover.topology import CPU_LINK, UNKNOWN_LINK, Topology
 from conformance.plan.matrix import NET_LINK, SET_KINDS
 from conformance.rank.probes import PROBES
 from conformance.rank.scenario import Rule, Scenario, ScenarioError

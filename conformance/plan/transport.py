@@ -30,7 +30,7 @@ P2P, SHM, NET, REFUSED = "P2P", "SHM", "NET", "REFUSED"  # REFUSED: NCCL's init 
 NCCL_PATHS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
 OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # levelsOldToNew, paths.cc v2.28.9-1
 # NVLink: nvidia-smi's NV<n>, or NV? where NVML's P2P status says NVLink but the link count is unknown
-# (NVLink queries denied in a container: discover/topology.py).
+# (NVLink queries denied in a container: discover/nvml_topology.py).
 NVLINK = re.compile(r"NV(?:\d+|\?)")
 SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
 PCIE_PATHS = frozenset(SMI_TO_NCCL)  # nvidia-smi's PCIe / CPU path classes
@@ -147,7 +147,7 @@ def _leading_integer(text: str) -> int | None:
 
 
 def used_transport(label: str) -> str:
-    """P2P, SHM or NET for a transport label of the NCCL log (``nccl_log.py``: ``P2P_IPC/read``, ``NET_IB``)."""
+    """P2P, SHM or NET for a transport label of the NCCL log (``nccl_transport.py``: ``P2P_IPC/read``, ``NET_IB``)."""
     kind = label.split("/")[0]
     if kind.startswith("P2P"):
         return P2P

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from conformance.common import casefiles, lifetime
-from conformance.common.casefiles import CaseFile, RankResult
+from conformance.common.casefiles import CaseFile, RankResult, RankStatus
 from conformance.rank import flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
@@ -142,16 +142,16 @@ def run_case(ctx: RankContext, case_dir: Path) -> None:
 
 def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, RankResult]:
     """The rank's exit code and its result: ok, skip, fail (wrong data) or error."""
-    ended = RankResult("ok", time.time())
+    ended = RankResult(RankStatus.OK, time.time())
     if ctx is not None:
         ended = replace(ended, phase=ctx.phase_name, step=ctx.step, metrics=ctx.metrics)
     if exc is None:
         return casefiles.EXIT_OK, ended
     if isinstance(exc, RankSkip):
-        return casefiles.EXIT_SKIP, replace(ended, status="skip", message=str(exc))
+        return casefiles.EXIT_SKIP, replace(ended, status=RankStatus.SKIP, message=str(exc))
     failed = replace(
         ended,
-        status="fail" if isinstance(exc, WrongData) else "error",
+        status=RankStatus.FAIL if isinstance(exc, WrongData) else RankStatus.ERROR,
         error_type=type(exc).__name__,
         message=str(exc).strip() or type(exc).__name__,
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:],

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common.inputs import read_user_file
+from conformance.common.jsonl import JsonDict
 from conformance.common.suite import scenario_path, shipped_scenarios
 
 if sys.version_info >= (3, 11):
@@ -141,7 +142,7 @@ class Rule:
             return False
         return self.links is None or any(link in self.links for link in where.links)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return asdict(self)
 
     @classmethod

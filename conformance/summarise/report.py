@@ -10,17 +10,17 @@ rung, the bandwidth heat map of the pair probes, the hangs, wrong data, crashes 
 their root cause, stacks and NCCL warnings, the negative controls, the link class x rung table, the
 recommendation and, when a baseline was compared, the regressions.
 
-This module works out what each section shows (typed values); the markup is in the Jinja2
-templates under ``templates/`` (autoescape on: every text from a record, the run facts or the
-caller is escaped).
+This module works out what each section shows (typed values; the device x device figures and the
+run's facts they are drawn from are ``conformance.summarise.report_matrices``'s); the markup is in
+the Jinja2 templates under ``templates/`` (autoescape on: every text from a record, the run facts
+or the caller is escaped).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,54 +28,43 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from conformance.common.casefiles import read_json
-from conformance.common.verdicts import FAILURES, SEVERITY, Verdict, worst
+from conformance.common.verdicts import FAILURES, SEVERITY, Verdict
 from conformance.discover.topology import Topology
-from conformance.plan.matrix import Rung
-from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause, RunFacts
+from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause
 from conformance.record.runs import Run
 from conformance.summarise.answer import Answer, Tone
 from conformance.summarise.answer import answer as answer_of
-from conformance.summarise.bandwidth import link_gbps
 from conformance.summarise.collectives import collective_rows
 from conformance.summarise.compare import COMPARISON_FILE
 from conformance.summarise.recommend import recommend
+from conformance.summarise.report_matrices import (
+    PAIR_PROBES,
+    VERDICT_LETTERS,
+    Cell,
+    ReportFacts,
+    as_text,
+    heat_colour,
+    heat_map,
+    link_matrix,
+    report_facts,
+    verdict_class,
+    verdict_grids,
+)
 from conformance.summarise.summary import (
     bad_nodes,
     deadlines_text,
     first_passing_rungs,
     link_class_of,
-    one_record_per_case,
     record_counts,
-    run_ladder,
     rung_env_text,
 )
 
 REPORT_FILE = "report.html"
-PAIR_PROBES = ("pair_exchange", "peer_copy")
-VERDICT_LETTERS = {v.value: v.value[0].upper() for v in Verdict}  # P, F, H, C, E, I, S
 VERDICT_MEANING = {v.value: v.value for v in Verdict} | {
     "fail": "fail: wrong data", "crash": "crash (signal)", "error": "error (raised)"
 }  # fmt: skip
-HOST_COPIES = "CPU gloo: host memory copies, not a GPU link measurement"
-DENSE_FROM = 10  # devices; more get the dense matrix cells
 OPEN_STACKS = 3  # failures whose stacks are shown unfolded; the rest fold (<details>)
-HEAT_LOW = (239, 246, 255)  # bandwidth colour at 0 ...
-HEAT_HIGH = (8, 69, 148)  # ... and at the run's maximum
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")
-LINK_CSS = {"PIX": "l-pix", "PXB": "l-pxb", "PHB": "l-phb", "NODE": "l-node", "SYS": "l-sys"}
-
-
-def _text(value: object) -> str:
-    """Any value as text (escaped by the template); None as a dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-def _verdict_class(verdict: str) -> str:
-    return f"v-{verdict}" if verdict in VERDICT_LETTERS else "v-unknown"
 
 
 _TEMPLATES = Environment(
@@ -86,47 +75,12 @@ _TEMPLATES = Environment(
     lstrip_blocks=True,
     keep_trailing_newline=True,
 )
-_TEMPLATES.filters.update(text=_text, vclass=_verdict_class, meaning=lambda v: VERDICT_MEANING.get(v, v))
+_TEMPLATES.filters.update(text=as_text, vclass=verdict_class, meaning=lambda v: VERDICT_MEANING.get(v, v))
 
 
 # --------------------------------------------------------------------------------------------
 # what the templates draw
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cell:
-    css: str = ""
-    text: str = ""
-    title: str = ""
-    style: str = ""
-
-
-@dataclass(frozen=True)
-class MatrixRow:
-    short: str
-    name: str
-    cells: tuple[Cell, ...]
-
-
-@dataclass(frozen=True)
-class Matrix:
-    """An n x n table of devices (short headers; the full name is the title)."""
-
-    css: str
-    heads: tuple[tuple[str, str], ...]  # (short, full name)
-    rows: tuple[MatrixRow, ...]
-
-
-@dataclass(frozen=True)
-class Figure:
-    """A verdict grid (one probe on one rung) or a bandwidth heat map (one probe)."""
-
-    probe: str
-    rung: str
-    sub: str
-    matrix: Matrix
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,86 +107,9 @@ class LadderRow:
     first: str
 
 
-@dataclass
-class _Facts:
-    """The run, with what every section needs worked out once."""
-
-    run: Run
-    topology: Topology | None
-    devices: list[str]  # names, in device order (gpu0, gpu1, ...)
-    ladder: tuple[Rung, ...]  # the run's ladder, then rungs seen in records only (``summary.run_ladder``)
-    records: list[CaseRecord]
-
-    @property
-    def simulated(self) -> bool:
-        return self.run.facts.simulated or any(r.simulated for r in self.records)
-
-    @property
-    def measured(self) -> list[CaseRecord]:
-        """The records that say something about the machine: no negative control."""
-        return [r for r in self.records if r.expected_verdict is None]
-
-    def rungs_of(self, records: Iterable[CaseRecord]) -> list[str]:
-        seen = {r.env_name for r in records}
-        return [rung.name for rung in self.ladder if rung.name in seen]
-
-    def pair_records(self, probe: str) -> list[CaseRecord]:
-        return [r for r in self.measured if r.probe == probe and _pair(r)]
-
-
-def _natural(name: str) -> tuple[str, int]:
-    match = re.fullmatch(r"(.*?)(\d+)", name)
-    return (match.group(1), int(match.group(2))) if match else (name, -1)
-
-
 def _natural_key(text: str) -> tuple[str | int, ...]:
     """``gpu8`` before ``gpu10``: digit runs compare as numbers."""
     return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text)))
-
-
-def _short(name: str) -> str:
-    """``gpu12`` -> ``12`` for compact headers (the full name is in the title)."""
-    prefix, number = _natural(name)
-    return str(number) if number >= 0 and prefix in ("gpu", "cpu") else name[:4]
-
-
-def _pair(record: CaseRecord) -> frozenset[str] | None:
-    devices = record.devices
-    return frozenset(str(d) for d in devices) if len(devices) == 2 and devices[0] != devices[1] else None
-
-
-def _by_pair(records: Iterable[CaseRecord]) -> dict[frozenset[str], list[CaseRecord]]:
-    found: dict[frozenset[str], list[CaseRecord]] = {}
-    for record in records:
-        pair = _pair(record)
-        if pair is not None:
-            found.setdefault(pair, []).append(record)
-    return found
-
-
-def _matrix(names: Sequence[str], cell: Callable[[str, str], Cell], css: str) -> Matrix:
-    """``cell(a, b)`` gives every cell; from ``DENSE_FROM`` devices on the cells are smaller."""
-    rows = tuple(MatrixRow(_short(a), a, tuple(cell(a, b) for b in names)) for a in names)
-    dense = " dense" if len(names) > DENSE_FROM else ""
-    return Matrix(css + dense, tuple((_short(n), n) for n in names), rows)
-
-
-def _topology(facts: RunFacts) -> Topology | None:
-    data = facts.topology
-    if not isinstance(data, dict):
-        return None
-    try:
-        return Topology.from_json(json.dumps(data))
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
-def _facts(run: Run) -> _Facts:
-    topology = _topology(run.facts)
-    names = [d.name for d in topology.devices] if topology else []
-    seen = {str(name) for r in run.records for name in r.devices}
-    devices = names + sorted(seen - set(names), key=_natural)
-    return _Facts(run, topology, devices, run_ladder(run), one_record_per_case(run.records))
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +117,7 @@ def _facts(run: Run) -> _Facts:
 # --------------------------------------------------------------------------------------------
 
 
-def _counts(facts: _Facts) -> list[tuple[str, int]]:
+def _counts(facts: ReportFacts) -> list[tuple[str, int]]:
     """(verdict, cases) in severity order; negative controls that ended as expected are not among them."""
     counts = Counter(r.verdict for r in facts.records if not r.ended_as_expected)
     known = [v.value for v in SEVERITY]
@@ -252,7 +129,7 @@ def _answer_rows(found: Answer) -> list[tuple[str, Tone]]:
     return [(text, tone) for text, tone in found.rows() if not (found.exports and tone == "plain")]
 
 
-def _version_rows(facts: _Facts) -> list[tuple[str, object]]:
+def _version_rows(facts: ReportFacts) -> list[tuple[str, object]]:
     run, topology = facts.run, facts.topology
     versions = run.versions
     scenario = run.facts.scenario
@@ -287,118 +164,12 @@ def _nodes_text(records: list[CaseRecord]) -> str:
     return "; ".join([text, *(f"BAD NODE {bad.text}" for bad in bad_nodes(records))])
 
 
-def _link_matrix(topology: Topology) -> Matrix:
-    """The link classes as ``nvidia-smi topo -m`` shows them, each class tinted, then the NUMA node."""
-    by_name = {d.name: d for d in topology.devices}
-
-    def cell(a: str, b: str) -> Cell:
-        if a == b:
-            return Cell("diag", "X")
-        link = topology.link(by_name[a], by_name[b])
-        css = "l-nv" if link.startswith("NV") else LINK_CSS.get(link, "l-other")
-        return Cell(css, link, f"{a}-{b}: {link}")
-
-    matrix = _matrix(list(by_name), cell, "m links")
-    rows = tuple(
-        MatrixRow(row.short, row.name, (*row.cells, Cell("", _text(_numa(by_name[row.name].numa_node)))))
-        for row in matrix.rows
-    )
-    return Matrix(matrix.css, (*matrix.heads, ("NUMA", "NUMA node")), rows)
-
-
-def _numa(node: int | None) -> object:
-    return "N/A" if node is None else node
-
-
 def _device_rows(topology: Topology | None) -> list[tuple[object, ...]]:
     return [
         (d.name, d.nvml_index, d.model, d.uuid, d.pci_bus_id, d.numa_node,
          None if d.memory_mib is None else f"{d.memory_mib} MiB", "on" if d.mig else "off")
         for d in (topology.devices if topology else ())
     ]  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------
-# verdict grids and bandwidth heat maps
-# --------------------------------------------------------------------------------------------
-
-
-def _verdict_grid(facts: _Facts, probe: str, rung: str, records: list[CaseRecord]) -> Figure:
-    pairs = _by_pair(records)
-
-    def cell(a: str, b: str) -> Cell:
-        here = pairs.get(frozenset((a, b)))
-        if a == b:
-            return Cell("diag", "·")
-        if not here:
-            return Cell("v-untested", "", f"{a}-{b}: not run on this rung")
-        record = min(here, key=lambda r: SEVERITY.index(r.outcome or Verdict.ERROR))  # the worst
-        title = f"{a}-{b} {record.link or ''}: {record.verdict}: {record.summary or ''}"
-        return Cell(_verdict_class(record.verdict), VERDICT_LETTERS.get(record.verdict, "?"), title)
-
-    passed = sum(1 for group in pairs.values() if worst(r.verdict for r in group) is Verdict.PASS)
-    return Figure(probe, rung, f"{passed}/{len(pairs)} pairs pass", _matrix(facts.devices, cell, "m"))
-
-
-def _grids(facts: _Facts) -> list[tuple[str, list[Figure]]]:
-    groups = []
-    for probe in PAIR_PROBES:
-        records = facts.pair_records(probe)
-        rungs = facts.rungs_of(records)
-        if rungs:
-            grids = [_verdict_grid(facts, probe, r, [x for x in records if x.env_name == r]) for r in rungs]
-            groups.append((probe, grids))
-    return groups
-
-
-def _bandwidth(record: CaseRecord) -> float | None:
-    value = record.bandwidth_gbps
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _bw_text(value: float) -> str:
-    if value >= 100:
-        return f"{value:.0f}"
-    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
-
-
-def _heat_colour(ratio: float) -> tuple[str, str]:
-    """Background and text colour for a value at ``ratio`` of the maximum."""
-    ratio = min(max(ratio, 0.0), 1.0)
-    rgb = tuple(round(lo + (hi - lo) * ratio) for lo, hi in zip(HEAT_LOW, HEAT_HIGH, strict=True))
-    return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})", "#fff" if ratio > 0.5 else "#1b1f24"
-
-
-def _host_copies(facts: _Facts, records: Iterable[CaseRecord]) -> bool:
-    """Bandwidth measured by gloo on CPU: host memory copies, whatever links the (simulated) GPUs have."""
-    cpu = facts.topology is not None and facts.topology.kind == "cpu"
-    return cpu or facts.run.facts.backend == "gloo" or any(r.backend == "gloo" for r in records)
-
-
-def _heat_map(facts: _Facts, probe: str, records: list[CaseRecord], slow: Collection[frozenset[str]]) -> Figure:
-    """One probe's best passing figure per pair; a SLOW pair (``bandwidth.py``) outlined in red."""
-    passing = (r for r in records if r.outcome is Verdict.PASS and _bandwidth(r) is not None)
-    best = {pair: max(group, key=lambda r: _bandwidth(r) or 0.0) for pair, group in _by_pair(passing).items()}
-    top = max((_bandwidth(r) or 0.0 for r in best.values()), default=0.0)
-
-    def cell(a: str, b: str) -> Cell:
-        record = best.get(frozenset((a, b)))
-        if a == b:
-            return Cell("diag", "·")
-        if record is None:
-            return Cell("bw-none", "–", f"{a}-{b}: no passing measurement")
-        value = _bandwidth(record) or 0.0
-        background, colour = _heat_colour(value / top if top > 0 else 0.0)
-        css = "bw" if record.env_name == "inherited" else "bw alt"
-        title = f"{a}-{b} {record.link or ''}: {value:g} GB/s on rung {record.env_name}"
-        rate = link_gbps(record)
-        title += f"; its link's physical rate {rate:g} GB/s" if rate else ""
-        if frozenset((a, b)) in slow:
-            css, title = f"{css} slow", f"SLOW: {title}"
-        return Cell(css, _bw_text(value), title, f"background:{background};color:{colour}")
-
-    note = HOST_COPIES if _host_copies(facts, records) else ""
-    return Figure(probe, "", f"GB/s, max {_bw_text(top)}", _matrix(facts.devices, cell, "m wide"), note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,7 +220,7 @@ def _grouped(records: Iterable[CaseRecord]) -> list[list[CaseRecord]]:
     return list(groups.values())
 
 
-def _cards(facts: _Facts) -> tuple[list[Card], list[Card]]:
+def _cards(facts: ReportFacts) -> tuple[list[Card], list[Card]]:
     """The failures, hangs first (``READING_ORDER``), alike ones in one card; then the negative controls."""
     rungs = {rung.name: i for i, rung in enumerate(facts.ladder)}
     failing = [r for r in facts.records if r.outcome in FAILURES and not r.ended_as_expected]
@@ -472,7 +243,7 @@ def _cards(facts: _Facts) -> tuple[list[Card], list[Card]]:
 # --------------------------------------------------------------------------------------------
 
 
-def _ladder(facts: _Facts) -> tuple[list[str], list[LadderRow]]:
+def _ladder(facts: ReportFacts) -> tuple[list[str], list[LadderRow]]:
     ran = [r for r in facts.records if r.counts]
     rungs = facts.rungs_of(ran)
     first = first_passing_rungs(ran, facts.ladder)
@@ -524,7 +295,7 @@ def _page(
     run: Run, found: Answer, recommendation_lines: Sequence[str], regressions: Sequence[Mapping[str, object]] | None
 ) -> dict[str, Any]:
     """Everything the templates show, by name; regressions None: the kept comparison's, if any."""
-    facts = _facts(run)
+    facts = report_facts(run)
     baseline = kept_comparison(run) if regressions is None else Baseline((), tuple(regressions))
     failures, controls = _cards(facts)
     rungs, ladder = _ladder(facts)
@@ -541,7 +312,7 @@ def _page(
         "counts": _counts(facts),
         "controls": controls,
         "versions": _version_rows(facts),
-        "links": _link_matrix(facts.topology) if facts.topology and facts.topology.kind == "gpu" else None,
+        "links": link_matrix(facts.topology) if facts.topology and facts.topology.kind == "gpu" else None,
         "topology": facts.topology,
         "device_columns": DEVICE_COLUMNS,
         "device_rows": _device_rows(facts.topology),
@@ -549,10 +320,10 @@ def _page(
         "host_checks": sorted(
             (r for r in facts.records if r.set_kind == HOST_SET_KIND), key=lambda r: (r.node_rank or 0, r.nodeid)
         ),
-        "grids": _grids(facts),
+        "grids": verdict_grids(facts),
         "verdict_legend": [(f"v-{v.value}", VERDICT_LETTERS[v], VERDICT_MEANING[v]) for v in SEVERITY],
-        "heat_maps": [_heat_map(facts, probe, records, _slow(found, probe)) for probe, records in heat if records],
-        "heat_scale": (_heat_colour(0.0)[0], _heat_colour(1.0)[0]),
+        "heat_maps": [heat_map(facts, probe, records, _slow(found, probe)) for probe, records in heat if records],
+        "heat_scale": (heat_colour(0.0)[0], heat_colour(1.0)[0]),
         "failures": failures,
         "rungs": rungs,
         "ladder": ladder,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from conformance.common import casefiles
-from conformance.common.casefiles import PhaseLine
+from conformance.common.casefiles import PhaseLine, RankStatus
 from conformance.common.verdicts import ROOT_CAUSE_PRECEDENCE, Verdict
 from conformance.rank import context, flight_recorder
 from conformance.verdict.stderr_causes import Cause, rank_cause
@@ -106,7 +106,7 @@ class RankReport:
     progress: int  # how many phases it reported
     exit: str | int | None
     seconds: float
-    status: str  # ok | fail | error | skip | crash | stopped | lost
+    status: RankStatus
     error_type: str = ""
     message: str = ""
     traceback: str = ""
@@ -128,13 +128,13 @@ class RankReport:
 
     @property
     def victim(self) -> bool:
-        return self.status == "stopped" or (
-            self.status in ("error", "crash") and bool(VICTIM_PATTERN.search(self.message))
+        return self.status == RankStatus.STOPPED or (
+            self.status in (RankStatus.ERROR, RankStatus.CRASH) and bool(VICTIM_PATTERN.search(self.message))
         )
 
     @property
     def failed(self) -> bool:
-        return self.status not in ("ok", "skip")
+        return self.status not in (RankStatus.OK, RankStatus.SKIP)
 
     @property
     def where(self) -> str:
@@ -149,23 +149,25 @@ class EndedRank(Protocol):
     path: Path
     exit_code: int | None
     exit_time: float | None
-    stopped_by: str | None
     stack: str
     unkillable: bool
 
+    @property
+    def stopped_by(self) -> str | None: ...  # why the watchdog stopped it (launch.processes.StopReason)
 
-def _status_without_result(proc: EndedRank) -> tuple[str, str]:
+
+def _status_without_result(proc: EndedRank) -> tuple[RankStatus, str]:
     """A rank that wrote no result.json: what its end says (its exit code, when it exited itself)."""
     if proc.stopped_by:
-        return "stopped", f"stopped by the watchdog ({proc.stopped_by}) in its current phase"
+        return RankStatus.STOPPED, f"stopped by the watchdog ({proc.stopped_by}) in its current phase"
     if proc.exit_code is None:
-        return "lost", "no exit status"
+        return RankStatus.LOST, "no exit status"
     if proc.exit_code < 0:
         stderr = casefiles.tail(proc.path / casefiles.STDERR).splitlines()
         last_words = [line for line in stderr if VICTIM_PATTERN.search(line)]
         said = f"; it last said: {last_words[-1].strip()}" if last_words else ""
-        return "crash", f"killed by {exit_label(proc.exit_code)}{said}"
-    status = casefiles.STATUS_BY_EXIT.get(proc.exit_code, "error")
+        return RankStatus.CRASH, f"killed by {exit_label(proc.exit_code)}{said}"
+    status = casefiles.STATUS_BY_EXIT.get(proc.exit_code, RankStatus.ERROR)
     return status, f"exited with code {proc.exit_code} ({status}) without a result"
 
 
@@ -189,7 +191,7 @@ def _ended_report(proc: EndedRank, device: str, started: float) -> RankReport:
         progress=len(phases),
         exit=exit_label(proc.exit_code),
         seconds=round((proc.exit_time or started) - started, 3) if proc.exit_time else 0.0,
-        status="lost",
+        status=RankStatus.LOST,
         stopped_by=proc.stopped_by,
         stack=proc.stack,
         unkillable=proc.unkillable,
@@ -238,7 +240,7 @@ def _describe(verdict: str, root: RankReport | None, stuck: Sequence[RankReport]
         phases = sorted({r.where for r in stuck})
         return f"ranks {ranks} all stuck in {'; '.join(phases)}"
     text = f"rank {root.rank} ({root.device}) in {root.where}"
-    if root.status == "stopped":
+    if root.status == RankStatus.STOPPED:
         return text + ": " + root.with_cause(f"made no progress and was stopped ({root.stopped_by})")
     kind = f"{root.error_type}: " if root.error_type else ""
     return text + f": {kind}{root.explained}"
@@ -258,21 +260,21 @@ def _other_causes(root: RankReport | None, failed: Sequence[RankReport]) -> str:
 def decide(reports: Sequence[RankReport]) -> Decision:
     """The verdict and root cause for one case."""
     failed = [r for r in reports if r.failed]
-    wrong = [r for r in failed if r.status == "fail"]
-    real = [r for r in failed if not r.victim and r.status != "fail"]
+    wrong = [r for r in failed if r.status == RankStatus.FAIL]
+    real = [r for r in failed if not r.victim and r.status != RankStatus.FAIL]
     stuck = [r for r in failed if r.victim]
     root: RankReport | None
     if wrong:
         verdict, root = Verdict.FAIL, _earliest(wrong)
     elif real:
         root = _earliest(real)
-        verdict = Verdict.CRASH if root.status == "crash" else Verdict.ERROR
+        verdict = Verdict.CRASH if root.status == RankStatus.CRASH else Verdict.ERROR
     elif stuck:
-        stopped = [r for r in stuck if r.status == "stopped"]
+        stopped = [r for r in stuck if r.status == RankStatus.STOPPED]
         root = _hang_root(stopped) if stopped else _earliest(stuck)
         verdict = Verdict.HANG
     else:
-        skipped = [r for r in reports if r.status == "skip"]
+        skipped = [r for r in reports if r.status == RankStatus.SKIP]
         if skipped:
             return Decision(Verdict.SKIP, None, [], skipped[0].message)
         return Decision(Verdict.PASS, None, [], "")
@@ -288,7 +290,7 @@ def stuck_place(decision: Decision) -> str:
     """Where a hung case's stopped ranks were, when they were all in one place ("" otherwise)."""
     if decision.verdict != Verdict.HANG:
         return ""
-    places = {r.where for r in [decision.root, *decision.victims] if r is not None and r.status == "stopped"}
+    places = {r.where for r in [decision.root, *decision.victims] if r is not None and r.status == RankStatus.STOPPED}
     return places.pop() if len(places) == 1 else ""
 
 

@@ -23,6 +23,9 @@ A ``via`` text that fits none of the known forms (a line torn by another process
 stream, or a transport this module does not know) is kept with the transport ``OTHER`` rather than
 dropped, so a check over the transports can see that something was not understood.  Lines that are
 not transport lines and fit no other pattern are ignored; no input makes :func:`parse` raise.
+
+This module holds the line patterns and the parser; what it returns (:class:`NcclLog`) is
+:mod:`conformance.verdict.nccl_facts`'s, and the ``via`` text is read by :mod:`conformance.verdict.nccl_transport`.
 """
 
 from __future__ import annotations
@@ -35,44 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-P2P_CUMEM = "P2P_CUMEM"
-P2P_IPC = "P2P_IPC"
-P2P_DIRECT = "P2P_DIRECT"
-P2P_INDIRECT = "P2P_INDIRECT"
-P2P_MNNVL = "P2P_MNNVL"
-SHM = "SHM"
-NET_IB = "NET_IB"
-NET_SOCKET = "NET_SOCKET"
-NET_PLUGIN = "NET_PLUGIN"
-NVLS = "NVLS"
-COLLNET = "COLLNET"
-OTHER = "OTHER"
-TRANSPORTS = (
-    P2P_CUMEM,
-    P2P_IPC,
-    P2P_DIRECT,
-    P2P_INDIRECT,
-    P2P_MNNVL,
-    SHM,
-    NET_IB,
-    NET_SOCKET,
-    NET_PLUGIN,
-    NVLS,
-    COLLNET,
-    OTHER,
-)
-
-FLAG_READ = "read"
-FLAG_CE = "CE"
-FLAG_GDRDMA = "GDRDMA"
-FLAG_PXN = "PXN"
-FLAG_SHARED = "shared"
+from conformance.verdict.nccl_facts import CommInit, Connection, NcclLog
+from conformance.verdict.nccl_transport import classify
 
 # NCCL formats each line into a buffer of about 1 KiB (debug.cc); what lies past this is not NCCL's and would
 # only make the searches slow (a line with many partial matches costs time quadratic in its length).
 MAX_LINE = 4096
-
-RECORD_WARNINGS = 50  # distinct warning messages kept in to_record(); NcclLog.warnings keeps them all
 
 # --------------------------------------------------------------------------------------------
 # Line patterns, compiled once.  Every number is bounded so that no match can feed int() a
@@ -156,190 +127,10 @@ _COLLNET_CONNECTION = re.compile(
     re.ASCII,
 )
 
-# The "via" text, matched whole.
-# P2P: "P2P/CUMEM/read", "P2P/CUMEM/CE", "P2P/MNNVL", "P2P/IPC/read/CE", "P2P/direct pointer/read" (>= 2.19);
-# "P2P/IPC" and "P2P/direct pointer" (ranks of one process) in every era.
-_VIA_P2P = re.compile(r"P2P/(?P<kind>CUMEM|MNNVL|IPC|direct pointer)(?P<mods>(?:/read|/CE)*)")
-# >= 2.12: routed through the GPU of another rank, "P2P/indirect/2[2]/read" (busId in the bracket before 2.19).
-_VIA_P2P_INDIRECT = re.compile(
-    r"P2P/indirect/(?P<rank>\d{1,7})\[[0-9a-fA-Fx]{1,16}\](?P<mods>(?:/read|/CE)*)", re.ASCII
-)
-# SHM: "direct shared memory" (older), "SHM/direct/direct", "SHM/CE/direct", "SHM/CE/CE" (newer).
-_VIA_SHM = re.compile(r"SHM/(?P<send>direct|CE)/(?P<recv>direct|CE)|direct shared memory")
-# NET: "NET/Socket/0" (all eras), "NET/IB/0/GDRDMA" (>= 2.4), "NET/IB/1(3)/GDRDMA/Shared" (>= 2.12, PXN),
-# "NET/IB/0/GDRDMA(PCI)/Shared" (>= 2.19), "NET/AWS Libfabric/0", "NET/NCCL RDMA Plugin v6/0(2)/GDRDMA/Shared".
-_VIA_NET = re.compile(
-    r"NET/(?P<name>[^/]{1,64})/(?P<dev>\d{1,4})(?:\((?P<proxy>\d{1,7})\))?"
-    r"(?P<gdr>/GDRDMA(?:\(PCI\))?)?(?P<shared>/Shared)?",
-    re.ASCII,
-)
-# CollNet: "COLLNET/SHARP/0", "COLLNET/SHARP/0/GDRDMA", "COLLNET/SHARP/0/GDRDMA(PCI)".
-_VIA_COLLNET = re.compile(r"COLLNET/(?P<name>[^/]{1,64})/(?P<dev>\d{1,4})(?P<gdr>/GDRDMA(?:\(PCI\))?)?", re.ASCII)
-# NVLS: no release prints "via NVLS..." per channel; accepted in case one does.
-_VIA_NVLS = re.compile(r"NVLS(?:/\S*)?")
-
-_P2P_KINDS = {"CUMEM": P2P_CUMEM, "MNNVL": P2P_MNNVL, "IPC": P2P_IPC, "direct pointer": P2P_DIRECT}
-_NET_KINDS = {"IB": NET_IB, "Socket": NET_SOCKET}
-
 
 # --------------------------------------------------------------------------------------------
-# Records
+# The parser
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Connection:
-    """One ``via`` line: the connection ``src_rank -> dst_rank`` on one channel.
-
-    ``src_dev``/``dst_dev`` are the bracketed numbers as printed: cudaDev (<= 2.6), busId in hex
-    (2.7-2.18) or nvmlDev (>= 2.19).  A NET connection is printed by both ends, once ``[send]`` and
-    once ``[receive]``; P2P and SHM lines only by the sender.  ``relay_rank`` is the PXN proxy rank
-    of a NET line or the intermediate rank of ``P2P/indirect``.
-    """
-
-    channel: int
-    conn_index: int | None
-    src_rank: int
-    dst_rank: int
-    src_dev: str | None
-    dst_dev: str | None
-    direction: str | None  # "send", "receive" or None (P2P, SHM and <= 2.6 lines without it)
-    transport: str  # one of TRANSPORTS
-    flags: tuple[str, ...] = ()  # sorted; among "read", "CE", "GDRDMA", "PXN", "shared"
-    detail: str = ""  # the via text as printed
-    relay_rank: int | None = None
-
-    @property
-    def label(self) -> str:
-        """The transport with its flags, as counted by :meth:`NcclLog.transports`: ``P2P_IPC/read``."""
-        return "/".join((self.transport, *self.flags))
-
-
-@dataclass(frozen=True)
-class CommInit:
-    """What the log says about one communicator's ``ncclCommInit*``."""
-
-    comm: str  # the comm pointer, 0x...
-    rank: int | None = None
-    nranks: int | None = None
-    cuda_dev: int | None = None
-    nvml_dev: int | None = None
-    bus_id: str | None = None
-    comm_id: str | None = None  # the same for every rank of one communicator (>= 2.18)
-    host: str | None = None
-    pid: int | None = None
-    started: bool = False  # "- Init START" seen (>= 2.9 prints it)
-    completed: bool = False  # "- Init COMPLETE" seen
-    aborted: bool = False  # "- Abort COMPLETE" seen
-
-
-@dataclass(frozen=True)
-class NcclLog:
-    """Everything :func:`parse` understood, in the order the lines came."""
-
-    version: str | None = None  # the first "NCCL version" seen
-    cuda: str | None = None  # the CUDA of that build, "12.4" from "+cuda12.4"
-    cuda_driver: int | None = None  # "cudaDriverVersion 12080"
-    versions: list[str] = field(default_factory=list)  # every distinct version (more than one: mixed libraries)
-    connections: list[Connection] = field(default_factory=list)
-    bootstrap_interface: str | None = None  # the first "Bootstrap : Using <if>:..."
-    bootstrap_interfaces: list[str] = field(default_factory=list)  # every distinct one
-    net_interfaces: list[str] = field(default_factory=list)  # from "NET/Socket : Using [0]eth0:..."
-    ib_devices: list[str] = field(default_factory=list)  # from "NET/IB : Using [0]mlx5_0:1/IB ..."
-    network: str | None = None  # "IB", "Socket" or the plugin's name, from "Using network ..."
-    env_settings: dict[str, str] = field(default_factory=dict)  # first value seen per variable
-    p2p_warnings: list[str] = field(default_factory=list)
-    inits: dict[str, CommInit] = field(default_factory=dict)
-    nvls_comms: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # every NCCL WARN line's message
-    files: list[str] = field(default_factory=list)  # files read by parse_files
-    skipped_files: list[str] = field(default_factory=list)  # files parse_files could not read
-
-    @property
-    def incomplete_inits(self) -> list[str]:
-        """Communicators whose init STARTed but never COMPLETEd: the hang-in-setup signature."""
-        return [key for key, init in self.inits.items() if init.started and not init.completed]
-
-    def transports(self) -> dict[str, int]:
-        """How many connection lines used each transport, flags appended: ``{"P2P_IPC/read": 4}``."""
-        return dict(sorted(Counter(c.label for c in self.connections).items()))
-
-    def to_record(self) -> dict[str, Any]:
-        """A JSON-serialisable summary for the results file (warnings: distinct, at most RECORD_WARNINGS)."""
-        return {
-            "version": self.version,
-            "versions": list(self.versions),
-            "cuda": self.cuda,
-            "cuda_driver": self.cuda_driver,
-            "network": self.network,
-            "bootstrap_interface": self.bootstrap_interface,
-            "transports": self.transports(),
-            "env_settings": dict(self.env_settings),
-            "warnings": list(dict.fromkeys(self.warnings))[:RECORD_WARNINGS],
-            "p2p_warnings": list(dict.fromkeys(self.p2p_warnings)),
-            "incomplete_inits": self.incomplete_inits,
-            "completed_inits": sum(init.completed for init in self.inits.values()),
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# The via text
-# --------------------------------------------------------------------------------------------
-
-Kind = tuple[str, tuple[str, ...], int | None]  # transport, flags, relay rank
-
-
-def _mods(text: str) -> tuple[str, ...]:
-    return tuple(sorted(part for part in text.split("/") if part))
-
-
-def _p2p(m: re.Match[str]) -> Kind:
-    return _P2P_KINDS[m["kind"]], _mods(m["mods"]), None
-
-
-def _p2p_indirect(m: re.Match[str]) -> Kind:
-    return P2P_INDIRECT, _mods(m["mods"]), int(m["rank"])
-
-
-def _shm(m: re.Match[str]) -> Kind:
-    return SHM, ((FLAG_CE,) if FLAG_CE in (m["send"], m["recv"]) else ()), None
-
-
-def _net(m: re.Match[str]) -> Kind:
-    flags = [FLAG_GDRDMA] if m["gdr"] else []
-    if m["proxy"] is not None:
-        flags.append(FLAG_PXN)
-    if m["shared"]:
-        flags.append(FLAG_SHARED)
-    relay = int(m["proxy"]) if m["proxy"] is not None else None
-    return _NET_KINDS.get(m["name"], NET_PLUGIN), tuple(sorted(flags)), relay
-
-
-def _collnet(m: re.Match[str]) -> Kind:
-    return COLLNET, ((FLAG_GDRDMA,) if m["gdr"] else ()), None
-
-
-def _nvls(m: re.Match[str]) -> Kind:
-    return NVLS, (), None
-
-
-_VIA_FORMS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Kind]], ...] = (
-    (_VIA_P2P, _p2p),
-    (_VIA_P2P_INDIRECT, _p2p_indirect),
-    (_VIA_SHM, _shm),
-    (_VIA_NET, _net),
-    (_VIA_COLLNET, _collnet),
-    (_VIA_NVLS, _nvls),
-)
-
-
-def classify(via: str) -> Kind:
-    """The normalised transport, sorted flags and relay rank of a ``via`` text; ``OTHER`` if unknown."""
-    for pattern, kind in _VIA_FORMS:
-        m = pattern.fullmatch(via)
-        if m:
-            return kind(m)
-    return OTHER, (), None
 
 
 def _optional_int(text: str | None) -> int | None:
@@ -363,11 +154,6 @@ def _connection(m: re.Match[str], src: int, dst: int) -> Connection:
         detail=via,
         relay_rank=relay,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# The parser
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
