@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from conformance.cli.main import main
+from conformance.discover.iommu import IommuFacts
+from conformance.discover.topology import cpu_topology
+from conformance.record.machine import MachineFacts
 from conformance.record.records import SCHEMA, CaseRecord, JunitRun
 from conformance.record.runs import RunError, load_run, read_jsonl, read_run_facts, resolve_run_path
 
@@ -114,3 +117,24 @@ def test_latest_is_the_default_run_and_a_bare_run_id_works(tmp_path: Path) -> No
     (tmp_path / "20261121-000000-abcd").mkdir()
     assert resolve_run_path(None, tmp_path) == tmp_path / "latest"
     assert resolve_run_path("20261121-000000-abcd", tmp_path) == tmp_path / "20261121-000000-abcd"
+
+
+def test_machine_facts_read_what_reads_and_leave_the_rest_unknown() -> None:
+    """run.json's topology is read once; a part of the wrong shape is unknown, never the whole run lost."""
+    written = json.loads(cpu_topology(2).to_json())
+    facts = MachineFacts.of(written)
+    assert facts.topology == cpu_topology(2) and [d["name"] for d in facts.devices] == ["cpu0", "cpu1"]
+    assert facts.gpus == () and facts.nvml_gpus is None
+    broken = {
+        **written,
+        "driver": "550.54",
+        "devices": [{"name": "gpu0", "kind": "gpu", "pci_bus_id": "0000:17:00.0"}, "not a device"],
+        "inventory": {"nvml_gpus": ["00000000:17:00.0"]},
+        "iommu": {"mode": "sideways"},
+        "health": "not health",
+    }
+    facts = MachineFacts.of(broken)
+    assert facts.topology is None  # the devices do not read back as a Topology
+    assert [d["name"] for d in facts.gpus] == ["gpu0"] and facts.nvml_gpus == ("00000000:17:00.0",)
+    assert (facts.driver, facts.iommu, facts.pcie_max_gen) == ("550.54", IommuFacts(), {})
+    assert MachineFacts.of(None) == MachineFacts.of([1, 2]) == MachineFacts()

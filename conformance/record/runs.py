@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from conformance.common.inputs import NO_JUNITPARSER, json_type_name, junitparser_missing, wrong_field_type
 from conformance.common.jsonl import JsonlError, read_lines
+from conformance.record.machine import MachineFacts
 from conformance.record.records import SCHEMA, CaseRecord, FactsError, JunitRun, RunFacts
 from conformance.record.results import LATEST, RESULTS_FILE
 
@@ -48,14 +50,18 @@ class Run:
     def simulated(self) -> bool:
         return self.facts.simulated or any(r.simulated for r in self.records)
 
+    @cached_property
+    def machine(self) -> MachineFacts:
+        """The machine the run tested (run.json's topology), read once."""
+        return MachineFacts.of(self.facts.topology)
+
     @property
     def versions(self) -> dict[str, str | None]:
         """Driver, CUDA driver, NCCL and torch, from the run facts and the NCCL logs."""
-        topology = self.facts.topology or {}
         nccl = next(((r.nccl or {})["version"] for r in self.records if (r.nccl or {}).get("version")), None)
         return {
-            "driver": topology.get("driver") or None,
-            "cuda": topology.get("cuda_driver") or None,
+            "driver": self.machine.driver,
+            "cuda": self.machine.cuda_driver,
             "nccl": nccl or self.facts.nccl,
             "torch": self.facts.torch,
         }

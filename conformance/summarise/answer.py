@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
-from conformance.discover.iommu import IOMMU_FIX, IommuError, IommuFacts, iommu_from_json
+from conformance.discover.iommu import IOMMU_FIX, IommuFacts
 from conformance.discover.watch import WatchFinding
 from conformance.plan.matrix import Rung
 from conformance.plan.transport import PCIE_PATHS, transport_surprise
@@ -257,16 +257,6 @@ def _no_nccl_lines(failed: Sequence[CaseRecord], iommu: IommuFacts) -> tuple[str
     return tuple(lines)
 
 
-def run_iommu(run: Run) -> IommuFacts:
-    """The run's IOMMU facts (run.json's topology); unknown where it has none or they do not read."""
-    topology = run.facts.topology
-    data = topology.get("iommu") if isinstance(topology, dict) else None
-    try:
-        return iommu_from_json(data) if data is not None else IommuFacts()
-    except IommuError:
-        return IommuFacts()
-
-
 def _host_warnings(records: Sequence[CaseRecord]) -> tuple[str, ...]:
     """``WARNING host check host:<name>: <text>`` for each passing host check that left a warning."""
     return tuple(
@@ -297,7 +287,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
     for r in ladder_cases(run.records):
         by_class.setdefault(link_class_of(r), []).append(r)
     failing, passed = [], []
-    iommu = run_iommu(run)
+    iommu = run.machine.iommu
     for advice in recommendation.classes:
         records = by_class[advice.name]
         found = _class_answer(advice, records, order, recommendation.unfit, iommu)

@@ -25,7 +25,7 @@ read, two empty runs, runs from different machines without ``--allow-different-m
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from conformance.common.casefiles import write_json_atomic
@@ -127,15 +127,9 @@ def _index(source: str, records: list[CaseRecord], warnings: list[str]) -> dict[
 # --------------------------------------------------------------------------------------------
 
 
-def _topology_devices(run: Run) -> list[Mapping[str, object]]:
-    topology = run.facts.topology
-    devices = topology.get("devices") if isinstance(topology, Mapping) else None
-    return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
-
-
 def run_device_ids(run: Run) -> frozenset[str]:
     """Every device id of the run's machine (run.json's topology), else those its records name."""
-    devices = _topology_devices(run)
+    devices = run.machine.devices
     if devices:
         return frozenset(str(d.get("uuid") or d.get("name")) for d in devices)
     return frozenset(str(i) for r in run.records for i in r.device_ids)
@@ -162,21 +156,13 @@ def machine_difference(baseline: Run, current: Run) -> str | None:
     return None
 
 
-def machine_gpus(run: Run) -> tuple[str, ...] | None:
-    """Bus ids of every GPU the run's machine has as NVML listed them (``topology.inventory``); None: unknown."""
-    topology = run.facts.topology
-    inventory = topology.get("inventory") if isinstance(topology, Mapping) else None
-    listed = inventory.get("nvml_gpus") if isinstance(inventory, Mapping) else None
-    return tuple(str(bus) for bus in listed) if isinstance(listed, list) else None
-
-
 def lost_gpus(baseline: Run, current: Run) -> list[MachineChange]:
     """The baseline machine's GPUs the current machine's NVML no longer lists (by bus id, visible or not)."""
-    now = machine_gpus(current)
+    now = current.machine.nvml_gpus
     if now is None:
         return []  # a run from before inventories: what its machine had beyond the tested GPUs is unknown
-    named = {sysfs_bus_id(str(d.get("pci_bus_id"))): d for d in _topology_devices(baseline) if d.get("pci_bus_id")}
-    before = machine_gpus(baseline) or tuple(named)
+    named = {sysfs_bus_id(str(d.get("pci_bus_id"))): d for d in baseline.machine.devices if d.get("pci_bus_id")}
+    before = baseline.machine.nvml_gpus or tuple(named)
     lost = []
     for bus in before:
         if bus in now:

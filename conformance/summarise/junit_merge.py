@@ -109,9 +109,8 @@ def run_properties(folder: Path) -> dict[str, object]:
         records = read_jsonl(folder / RESULTS_FILE)[0] if (folder / RESULTS_FILE).exists() else []
     except RunError:
         records = []
-    versions = Run(str(folder), facts, records).versions
-    topology = facts.topology if isinstance(facts.topology, Mapping) else {}
-    gpus = [d for d in topology.get("devices") or [] if isinstance(d, Mapping) and d.get("kind") == "gpu"]
+    run = Run(str(folder), facts, records)
+    versions, gpus = run.versions, run.machine.gpus
     return {
         "host": facts.host,
         "gpus": {"count": len(gpus), "models": dict(sorted(Counter(str(d.get("model")) for d in gpus).items()))},

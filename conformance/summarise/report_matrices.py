@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from conformance.common.verdicts import SEVERITY, Verdict, worst
 from conformance.discover.topology import Topology
 from conformance.plan.matrix import Rung
-from conformance.record.records import CaseRecord, RunFacts
+from conformance.record.records import CaseRecord
 from conformance.record.runs import Run
 from conformance.summarise.bandwidth import link_gbps
 from conformance.summarise.summary import one_record_per_case, run_ladder
@@ -143,18 +143,8 @@ def _matrix(names: Sequence[str], cell: Callable[[str, str], Cell], css: str) ->
     return Matrix(css + dense, tuple((_short(n), n) for n in names), rows)
 
 
-def _topology(facts: RunFacts) -> Topology | None:
-    data = facts.topology
-    if not isinstance(data, dict):
-        return None
-    try:
-        return Topology.from_json(json.dumps(data))
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
 def report_facts(run: Run) -> ReportFacts:
-    topology = _topology(run.facts)
+    topology = run.machine.topology
     names = [d.name for d in topology.devices] if topology else []
     seen = {str(name) for r in run.records for name in r.devices}
     devices = names + sorted(seen - set(names), key=_natural)

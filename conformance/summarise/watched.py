@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from conformance.discover.health import HealthError, health_from_json
 from conformance.discover.watch import WatchError, WatchFinding, watch_findings, watch_from_json
 from conformance.record.runs import Run
 
@@ -15,14 +14,4 @@ def run_watch_findings(run: Run) -> list[WatchFinding]:
         watched = watch_from_json(run.facts.watch, "run.json watch")
     except WatchError as exc:
         return [WatchFinding("watch", "", f"run.json's watch does not read ({exc}): the run's GPUs are not judged")]
-    return watch_findings(watched, _max_pcie_gens(run))
-
-
-def _max_pcie_gens(run: Run) -> dict[str, int | None]:
-    """Each GPU's highest PCIe generation, from run.json's topology (the health read when the run started)."""
-    topology = run.facts.topology if isinstance(run.facts.topology, dict) else {}
-    health = topology.get("health")
-    try:
-        return {name: h.pcie_max_gen for name, h in health_from_json(health).items()} if health else {}
-    except HealthError:
-        return {}
+    return watch_findings(watched, run.machine.pcie_max_gen)

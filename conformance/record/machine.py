@@ -1,0 +1,70 @@
+"""The machine a run tested, as its run.json says: read once into one typed object (``Run.machine``).
+
+run.json keeps the topology as ``Topology.to_json`` wrote it (a file may come from another version
+of the suite, or be edited by hand), so it is read leniently: each fact that does not read is
+unknown, never an error that loses the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from conformance.discover.health import HealthError, health_from_json
+from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
+from conformance.discover.topology import Topology
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    devices: tuple[Mapping[str, object], ...] = ()  # every device entry as written (name, uuid, pci_bus_id, ...)
+    driver: str | None = None
+    cuda_driver: str | None = None
+    nvml_gpus: tuple[str, ...] | None = None  # bus ids of every GPU NVML listed (None: not recorded)
+    iommu: IommuFacts = field(default_factory=IommuFacts)
+    pcie_max_gen: Mapping[str, int | None] = field(default_factory=dict)  # by GPU name, from the health read
+    topology: Topology | None = None  # the whole topology, where it reads back as one
+
+    @property
+    def gpus(self) -> tuple[Mapping[str, object], ...]:
+        return tuple(d for d in self.devices if d.get("kind") == "gpu")
+
+    @classmethod
+    def of(cls, data: object) -> MachineFacts:
+        """The facts of run.json's ``topology`` (anything else: nothing known)."""
+        if not isinstance(data, Mapping):
+            return cls()
+        devices = data.get("devices")
+        inventory = data.get("inventory")
+        listed = inventory.get("nvml_gpus") if isinstance(inventory, Mapping) else None
+        return cls(
+            devices=tuple(d for d in devices if isinstance(d, Mapping)) if isinstance(devices, list) else (),
+            driver=str(data["driver"]) if data.get("driver") else None,
+            cuda_driver=str(data["cuda_driver"]) if data.get("cuda_driver") else None,
+            nvml_gpus=tuple(str(bus) for bus in listed) if isinstance(listed, list) else None,
+            iommu=_iommu(data.get("iommu")),
+            pcie_max_gen=_pcie_max_gen(data.get("health")),
+            topology=_topology(data),
+        )
+
+
+def _iommu(data: object) -> IommuFacts:
+    try:
+        return iommu_from_json(data) if data is not None else IommuFacts()
+    except IommuError:
+        return IommuFacts()
+
+
+def _pcie_max_gen(data: object) -> dict[str, int | None]:
+    try:
+        return {name: h.pcie_max_gen for name, h in health_from_json(data).items()} if data else {}
+    except HealthError:
+        return {}
+
+
+def _topology(data: Mapping[str, object]) -> Topology | None:
+    try:
+        return Topology.from_json(json.dumps(data))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
