@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli.main import main
+from conformance.common.verdicts import Verdict
 from conformance.discover.iommu import IommuFacts
 from conformance.discover.topology import cpu_topology
 from conformance.record.machine import MachineFacts
@@ -138,3 +139,12 @@ def test_machine_facts_read_what_reads_and_leave_the_rest_unknown() -> None:
     assert [d["name"] for d in facts.gpus] == ["gpu0"] and facts.nvml_gpus == ("00000000:17:00.0",)
     assert (facts.driver, facts.iommu, facts.pcie_max_gen) == ("550.54", IommuFacts(), {})
     assert MachineFacts.of(None) == MachineFacts.of([1, 2]) == MachineFacts()
+
+
+def test_a_record_keeps_its_verdict_typed_and_one_it_does_not_know_is_not_used() -> None:
+    known = CaseRecord.from_json({"nodeid": "t::a", "probe": "barrier", "verdict": "hang"})
+    assert (
+        known.verdict is Verdict.HANG and known.usable and json.loads(json.dumps(known.to_json()))["verdict"] == "hang"
+    )
+    unknown = CaseRecord.from_json({"nodeid": "t::a", "probe": "barrier", "verdict": "teapot"})
+    assert (unknown.verdict, unknown.usable, unknown.verdict_text) == (None, False, "?")

@@ -39,7 +39,7 @@ def explains(record: CaseRecord) -> bool:
     """
     if record.outcome is None or not record.outcome.failed:
         return False
-    return record.expected_verdict is None or machine_fault(record.verdict, record.summary) is not None
+    return record.expected_verdict is None or machine_fault(record.verdict_text, record.summary) is not None
 
 
 class FailedTests:

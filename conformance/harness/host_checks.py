@@ -73,7 +73,7 @@ class HostChecks:
             run_id=self.run.run_id,
             nodeid=record_nodeid(item.path, item.nodeid),
             probe=f"host:{name}",
-            verdict=_verdict(report).value,
+            verdict=_verdict(report),
             set_kind=HOST_SET_KIND,
             backend=self.run.backend,
             summary=_summary(report),

@@ -52,13 +52,16 @@ class RankRecord:
     cause: str | None = None  # a known cause its last log lines name: "Too many open files (...)"
 
 
+UNKNOWN_VERDICT = "?"
+
+
 @dataclass(frozen=True)
 class CaseRecord:
     """One case, as results.jsonl holds it."""
 
     nodeid: str = ""
     probe: str = ""
-    verdict: str = ""
+    verdict: Verdict | None = None  # None: the record names no verdict this suite knows (not usable)
     schema: int = SCHEMA
     run_id: str | None = None
     devices: tuple[str, ...] = ()
@@ -102,6 +105,12 @@ class CaseRecord:
         return Verdict.of(self.verdict)
 
     @property
+    def verdict_text(self) -> str:
+        """The verdict as people read it; ``?`` where the record names none this suite knows."""
+        outcome = self.outcome  # a record built by hand may hold the text
+        return outcome.value if outcome is not None else UNKNOWN_VERDICT
+
+    @property
     def usable(self) -> bool:
         """A record of a case this suite ran: it names the test, the probe and a known verdict."""
         return bool(self.nodeid and self.probe) and self.outcome is not None
@@ -124,6 +133,7 @@ class CaseRecord:
     def from_json(cls, data: JsonObject) -> CaseRecord:
         """A record read back; fields it lacks take their defaults, fields it does not know are left out."""
         values = _known(cls, data)
+        values["verdict"] = Verdict.of(values.get("verdict"))
         for name in ("devices", "device_ids", "victims", "nccl_warnings"):
             if name in values:
                 values[name] = tuple(values[name] or ())

@@ -107,7 +107,7 @@ def case_record(
         backend=spec.backend,
         env_name=spec.env_name,
         env={**spec.env_set, **{name: None for name in spec.env_unset}},
-        verdict=str(result.verdict),  # the text, not the enum: records travel as plain data
+        verdict=result.verdict,
         expected_verdict=expected_verdict,
         summary=result.decision.summary,
         root_cause=root_cause(result),

@@ -72,7 +72,7 @@ class RunFolder:
 def stop_watch(watch: Watch, records: Sequence[CaseRecord], node_rank: int | None) -> RunWatch:
     """What the GPUs' watch saw, each Xid naming the case that ran on its GPU then."""
     spans = [
-        CaseSpan(r.nodeid, r.probe, r.verdict, r.devices, r.time - r.seconds, r.time)
+        CaseSpan(r.nodeid, r.probe, r.verdict_text, r.devices, r.time - r.seconds, r.time)
         for r in records
         if r.set_kind != HOST_SET_KIND and r.node_rank == node_rank and r.time and r.seconds is not None
     ]

@@ -222,14 +222,14 @@ def _class_answer(
         unfit=unfit,
         tried=advice.tried,
         causes=(*cause_lines(failed), *filter(None, [p2p_path_line(failed, iommu)])),
-        fault=next((f for r in failed if (f := machine_fault(r.verdict, r.summary)) is not None), None),
+        fault=next((f for r in failed if (f := machine_fault(r.verdict_text, r.summary)) is not None), None),
     )
 
 
 def _outside_classes(records: Sequence[CaseRecord]) -> tuple[str, ...]:
     """Failed checks of the machine that no class holds: the host checks."""
     return tuple(
-        f"host check {r.probe}: {r.verdict.upper()}: {r.summary}"
+        f"host check {r.probe}: {r.verdict_text.upper()}: {r.summary}"
         for r in records
         if r.set_kind == HOST_SET_KIND and r.outcome is not None and r.outcome.failed and r.expected_verdict is None
     )

@@ -219,7 +219,7 @@ def _ordered(keys: Iterable[CaseKey], wanted: set[CaseKey]) -> list[CaseKey]:
 
 
 def _with_verdict(record: CaseRecord) -> CaseVerdict:
-    return {**case_fields(record), "verdict": record.verdict}
+    return {**case_fields(record), "verdict": record.verdict_text}
 
 
 def compare(

@@ -231,7 +231,7 @@ class Comparison:
     def add_match(self, old: CaseRecord, new: CaseRecord) -> None:
         self.matched += 1
         self._link_change(old, new)
-        before, after = old.verdict, new.verdict
+        before, after = old.verdict_text, new.verdict_text
         passed, passes = old.outcome is Verdict.PASS, new.outcome is Verdict.PASS
         verdicts: VerdictChange = {**case_fields(new), "baseline": before, "current": after}
         if passed and not passes:

@@ -399,7 +399,7 @@ def _rung_of(record: CaseRecord) -> str:
 def _failing_cases(records: list[CaseRecord]) -> tuple[tuple[str, str], ...]:
     """(nodeid, verdict) of every record of the cases that never passed."""
     passed = {case_of(r) for r in records if r.outcome is Verdict.PASS}
-    return tuple((r.nodeid, r.verdict) for r in records if case_of(r) not in passed)
+    return tuple((r.nodeid, r.verdict_text) for r in records if case_of(r) not in passed)
 
 
 def _number(value: object) -> TypeGuard[float]:
@@ -453,9 +453,11 @@ def bandwidth_cost(records: list[CaseRecord], rung: str) -> BandwidthCost:
 def _class_advice(name: str, rung: Rung | None, records: list[CaseRecord], ladder: Sequence[Rung]) -> ClassAdvice:
     if rung is None:
         failing = _failing_cases(records)
-        ran = {_rung_of(r) for r in records if (r.nodeid, r.verdict) in failing}
+        ran = {_rung_of(r) for r in records if (r.nodeid, r.verdict_text) in failing}
         return ClassAdvice(name, None, failing=failing, tried=tuple(r.name for r in ladder if r.name in ran))
-    on_rung = tuple((r.nodeid, r.verdict) for r in records if r.env_name == rung.name and r.outcome is not Verdict.PASS)
+    on_rung = tuple(
+        (r.nodeid, r.verdict_text) for r in records if r.env_name == rung.name and r.outcome is not Verdict.PASS
+    )
     return ClassAdvice(name, rung, bandwidth_cost(records, rung.name), not_passing_on_rung=on_rung)
 
 

@@ -119,7 +119,7 @@ def _natural_key(text: str) -> tuple[str | int, ...]:
 
 def _counts(facts: ReportFacts) -> list[tuple[str, int]]:
     """(verdict, cases) in severity order; negative controls that ended as expected are not among them."""
-    counts = Counter(r.verdict for r in facts.records if not r.ended_as_expected)
+    counts = Counter(r.verdict_text for r in facts.records if not r.ended_as_expected)
     known = [v.value for v in SEVERITY]
     return [(v, counts[v]) for v in [v for v in known if counts[v]] + sorted(set(counts) - set(known))]
 
@@ -185,7 +185,7 @@ def _root_cause_text(record: CaseRecord) -> str:
     who = "no single rank" if root.rank is None else f"rank {root.rank}"
     device = next((str(e.device) for e in record.ranks if root.rank is not None and e.rank == root.rank), None)
     who += f" ({device})" if device else ""
-    kind_text = f"{root.kind}: " if root.kind and root.kind != record.verdict else ""
+    kind_text = f"{root.kind}: " if root.kind and root.kind != record.verdict_text else ""
     return f"{who}{' in ' + where if where else ''}: {kind_text}{root.message or ''}"
 
 
@@ -209,7 +209,7 @@ def _likeness(record: CaseRecord) -> tuple[str, ...]:
     said = f"{record.summary}|{_root_cause_text(record)}"
     for device in record.devices:
         said = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(str(device))}(?![A-Za-z0-9_])", "<device>", said)
-    return (record.verdict, record.probe, str(record.env_name), link_class_of(record), str(record.node_rank), said)
+    return (record.verdict_text, record.probe, str(record.env_name), link_class_of(record), str(record.node_rank), said)
 
 
 def _grouped(records: Iterable[CaseRecord]) -> list[list[CaseRecord]]:

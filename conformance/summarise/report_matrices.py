@@ -194,10 +194,10 @@ def _verdict_grid(facts: ReportFacts, probe: str, rung: str, records: list[CaseR
         if not here:
             return Cell("v-untested", "", f"{a}-{b}: not run on this rung")
         record = min(here, key=lambda r: SEVERITY.index(r.outcome or Verdict.ERROR))  # the worst
-        title = f"{a}-{b} {record.link or ''}: {record.verdict}: {record.summary or ''}"
-        return Cell(verdict_class(record.verdict), VERDICT_LETTERS.get(record.verdict, "?"), title)
+        title = f"{a}-{b} {record.link or ''}: {record.verdict_text}: {record.summary or ''}"
+        return Cell(verdict_class(record.verdict_text), VERDICT_LETTERS.get(record.verdict_text, "?"), title)
 
-    passed = sum(1 for group in pairs.values() if worst(r.verdict for r in group) is Verdict.PASS)
+    passed = sum(1 for group in pairs.values() if worst(r.verdict_text for r in group) is Verdict.PASS)
     return Figure(probe, rung, f"{passed}/{len(pairs)} pairs pass", _matrix(facts.devices, cell, "m"))
 
 

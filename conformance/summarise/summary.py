@@ -142,7 +142,7 @@ def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
     lines = [(f"BAD NODE {bad.text}", True) for bad in bad_nodes(records)]
     worst = [r for r in records if r.outcome in (Verdict.HANG, Verdict.FAIL) and not r.ended_as_expected]
     for r in sorted(worst, key=lambda r: (r.outcome is not Verdict.HANG, r.nodeid)):
-        lines.append((f"{r.verdict.upper():5} {r.nodeid}: {r.summary}", True))
+        lines.append((f"{r.verdict_text.upper():5} {r.nodeid}: {r.summary}", True))
     # A negative control that ended as its test expected is the suite checking itself, not an error here.
     controls = [r for r in records if r.ended_as_expected]
     counted = [r for r in records if not r.ended_as_expected]
@@ -157,7 +157,7 @@ def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
         table.append(probe.ljust(width) + "".join(f"{counts.get(v, 0):>{len(v.value) + 2}}" for v in shown))
     lines += [(line, False) for line in table]
     if controls:
-        ended = ", ".join(sorted({r.verdict for r in controls}))
+        ended = ", ".join(sorted({r.verdict_text for r in controls}))
         lines.append(
             (f"negative controls: {len(controls)} ended as their tests expected ({ended}); not counted above", False)
         )
