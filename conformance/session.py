@@ -13,11 +13,10 @@ from conformance.harness.context import RunContext
 from conformance.harness.host_checks import HostChecks
 from conformance.harness.junit import JunitHooks
 from conformance.harness.later_rungs import LaterRungs
-from conformance.harness.local import LocalCases, collective
+from conformance.harness.local import LocalCases
 from conformance.harness.planned import Planner
 from conformance.harness.progress import CaseProgress
 from conformance.harness.runner import RunnerLife
-from conformance.harness.shared_group import ProbeParams
 from conformance.harness.strategy import CaseRequest
 from conformance.harness.terminal import TerminalOutput
 from conformance.harness.workers import hand_back_not_needed
@@ -56,9 +55,6 @@ class ConformanceSession:
         self, item: pytest.Item, probe: str, device_set: DeviceSet, expect: str | None, **params: Any
     ) -> CaseResult:
         return self.cases.run(CaseRequest(item, probe, device_set, expect, params))
-
-    def collective(self, item: pytest.Item) -> tuple[str, ProbeParams] | None:
-        return collective(self.run, item)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:

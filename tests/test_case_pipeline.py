@@ -15,6 +15,7 @@ import pytest
 
 from conformance.common.verdicts import Verdict
 from conformance.harness.context import RunContext
+from conformance.harness.local import collective
 from conformance.harness.planned import PLANNED
 from conformance.harness.strategy import CaseRequest
 from conformance.launch.case import CaseResult, CaseSpec
@@ -151,10 +152,10 @@ def test_declared_collectives_on_one_device_set_share_one_case(collect: Callable
     session, items, runner = collect()
     all_reduce = named(items, "test_all_reduce", "inherited")[0]
     broadcast = named(items, "test_broadcast", "inherited")[0]
-    probe, params = session.collective(all_reduce) or ("", {})
+    probe, params = collective(session.run, all_reduce) or ("", {})
     run_item(session, all_reduce, probe, **params)
     assert [s.probe for s in runner.ran] == ["collectives"]  # one group for both tests
-    probe, params = session.collective(broadcast) or ("", {})
+    probe, params = collective(session.run, broadcast) or ("", {})
     result = run_item(session, broadcast, probe, **params)
     assert len(runner.ran) == 1 and result.shared_by is not None
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
+from conformance.harness.context import RunContext
 from conformance.record import results
 from conformance.record.records import HOST_SET_KIND, CaseRecord
 
@@ -34,28 +34,10 @@ def keep_metric(item: pytest.Item, name: str, value: object) -> None:
     item.stash.setdefault(METRICS, {})[name] = value
 
 
-class RunSide(Protocol):
-    """What a host check's record takes from the run (``RunContext``)."""
-
-    @property
-    def run_id(self) -> str: ...
-
-    @property
-    def backend(self) -> str: ...
-
-    @property
-    def node_rank(self) -> int | None: ...
-
-    @property
-    def simulated(self) -> bool: ...
-
-    def results_file(self) -> Path: ...
-
-
 class HostChecks:
     """Records a host check's outcome in the run's results file."""
 
-    def __init__(self, run: RunSide) -> None:
+    def __init__(self, run: RunContext) -> None:
         self.run = run
 
     @pytest.hookimpl(wrapper=True)
