@@ -169,6 +169,10 @@ EXPECT_GPUS_HELP = (
     "(host check gpu_inventory)."
 )
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
+METRICS_FILE_HELP = (
+    "Write the run's results in Prometheus' text format to this file (replaced atomically, at the run's start "
+    "and end), e.g. for node_exporter's textfile collector; its folder must exist."
+)
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", BACKEND_HELP, "auto", _Choice("backend", BACKENDS)),
@@ -187,6 +191,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
     Setting("scenario", SCENARIO_HELP, None, _text, is_path=True, metavar="FILE|NAME"),
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True, metavar="DIR"),
+    Setting("metrics_file", METRICS_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
     Setting("baseline", BASELINE_HELP, None, _text, is_path=True, metavar="RUN"),
     Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio, metavar="RATIO"),
     Setting("slow_ratio", SLOW_RATIO_HELP, "0.6", _ratio, metavar="RATIO"),
@@ -242,6 +247,7 @@ class Settings:
     topology_file: Path | None
     scenario: Path | None
     reports_dir: Path
+    metrics_file: Path | None
     baseline: Path | None
     bandwidth_tolerance: float
     slow_ratio: float
@@ -357,6 +363,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     settings = Settings(**values, sources=sources)
     check_deadline_layers(settings)
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
+    if settings.metrics_file is not None:
+        check_metrics_file(settings.metrics_file, settings.source("metrics_file"))
     return settings
 
 
@@ -397,3 +405,18 @@ def check_reports_dir(path: Path, where: str) -> None:
             pass
     except OSError as exc:
         raise SettingError(f"{where}: reports dir {str(path)!r} cannot be written: {exc.strerror or exc}") from None
+
+
+def check_metrics_file(path: Path, where: str) -> None:
+    """The metrics file can be replaced: its folder exists (never made: a typo is not a new folder) and takes files."""
+    shown = f"metrics file {str(path)!r}"
+    if path.is_dir():
+        raise SettingError(f"{where}: {shown} is a folder; name a file in it (gpu_conformance.prom)")
+    if not path.parent.is_dir():
+        missing = "is not a folder" if path.parent.exists() else "does not exist"
+        raise SettingError(f"{where}: {shown} cannot be written: its folder {str(path.parent)!r} {missing}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".write-check"):
+            pass
+    except OSError as exc:
+        raise SettingError(f"{where}: {shown} cannot be written: {exc.strerror or exc}") from None

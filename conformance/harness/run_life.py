@@ -1,11 +1,13 @@
 """The run's start and end.
 
 At its start its folder is claimed, its nodes met, its GPUs watched; at its end run.json says how
-far it got, then the run is concluded (answer, baseline, exit status).
+far it got, then the run is concluded (answer, baseline, exit status); ``--metrics-file`` says
+``running`` at the start and the run's results at the end (``summarise/metrics.py``).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -17,7 +19,11 @@ from conformance.harness.context import RunContext
 from conformance.harness.junit import JunitSummary
 from conformance.record.records import JunitRun
 from conformance.record.run_folder import RunFolder, stop_watch
+from conformance.record.runs import Run, RunError, load_run
 from conformance.summarise.conclude import conclude
+from conformance.summarise.metrics import RunStatus, metrics_text, write_metrics
+
+STARTED = pytest.StashKey[float]()  # when the run started (time.time()), for its metrics
 
 
 def start_run(run: RunContext) -> None:
@@ -26,6 +32,7 @@ def start_run(run: RunContext) -> None:
     Before the header, so it names the run id claimed; before xdist starts its workers, who are given it.
     A plain run or xdist's controller chooses the run id; node 0 for every node of a multi-node run.
     """
+    run.config.stash[STARTED] = time.time()
     first_node = run.node_setup is None or run.node_setup.node_rank == 0
     if run.role.ends_run and first_node:
         run.replan(RunFolder.claimed(run.settings.reports_dir, run.run_id).run_id, run.plan.ladder)
@@ -33,6 +40,7 @@ def start_run(run: RunContext) -> None:
     if not run.role.runs_nothing:
         run.ensure_run_dir()  # run.json says the run has started
     if run.role.ends_run:
+        metrics_at_start(run)
         run.gpu_watch = watch_run(run.topology, run.backend)
 
 
@@ -56,9 +64,50 @@ def conclude_run(run: RunContext, session: pytest.Session) -> None:
     """The answer, and the comparison with a baseline: a regression fails a session that passed."""
     if run.role.worker or not run.results_path.exists():
         return
-    run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline)
-    if run.outcome.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    concluded = False
+    try:
+        run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline)
+        if run.outcome.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        concluded = True
+    finally:  # a conclusion that raised still leaves metrics, failed
+        exit_status = session.exitstatus if concluded else pytest.ExitCode.INTERNAL_ERROR
+        if not metrics_at_end(run, int(exit_status)) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def metrics_at_start(run: RunContext) -> None:
+    """The metrics file says the run is running: a run killed before its end never leaves the last run's green."""
+    path = run.settings.metrics_file
+    if path is None:
+        return
+    try:
+        write_metrics(path, metrics_text(load_run(run.run_dir), RunStatus(started=run.config.stash[STARTED])))
+    except (OSError, RunError) as exc:
+        raise pytest.UsageError(f"conformance: {run.settings.source('metrics_file')}: {path}: {exc}") from None
+
+
+def metrics_at_end(run: RunContext, exit_status: int) -> bool:
+    """The run's results in the metrics file, the failure of a run that cannot be read back included.
+
+    False, with a line for the summary, when the file cannot be written.
+    """
+    path = run.settings.metrics_file
+    if path is None:
+        return True
+    status = RunStatus(run.config.stash.get(STARTED, None), time.time(), exit_status, run.outcome.conclusion.answer)
+    try:
+        read = load_run(run.run_dir)
+    except RunError:  # nothing of the run can be read back: it did not pass
+        read = Run(str(run.run_dir), replace(run.run_facts(), end=run.outcome.end), [])
+        status = replace(status, unreadable=True)
+    try:
+        write_metrics(path, metrics_text(read, status))
+    except OSError as exc:
+        run.outcome.conclusion.lines.append(f"metrics NOT written to {path}: {exc.strerror or exc}")
+        return False
+    run.outcome.conclusion.lines.append(f"metrics for Prometheus: {path}")
+    return True
 
 
 def junit_summary(run: RunContext) -> JunitSummary:

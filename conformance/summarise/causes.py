@@ -24,19 +24,14 @@ from conformance.common.verdicts import Verdict
 from conformance.discover.iommu import IOMMU_FIX, IommuFacts
 from conformance.plan.transport import PCIE_PATHS
 from conformance.record.records import CaseRecord, RankRecord
+from conformance.verdict import job_causes
 from conformance.verdict.stderr_causes import cause_parts
 
 DETAIL_CHARS = 160  # a logged cause's line quotes the root cause's message up to this
-OOM = "OUT OF MEMORY"
-OOM_FIX = (
-    "free that GPU (a process left on it? `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`) or "
-    "allocate less there (batch size, activation checkpointing, offload); no NCCL variable changes it"
-)
+OOM = job_causes.OOM.title
+OOM_FIX = job_causes.OOM.fix
 WRONG_BARRIER_GPU = "FIRST BARRIER ON ANOTHER RANK'S GPU"
-BARRIER_FIX = (
-    "in the job's code: init_process_group(..., device_id=torch.device('cuda', local_rank)) or "
-    "dist.barrier(device_ids=[local_rank]); no environment variable changes torch's guess"
-)
+BARRIER_FIX = job_causes.BARRIER_DEVICE.fix
 
 
 @dataclass(frozen=True)

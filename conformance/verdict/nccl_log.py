@@ -173,7 +173,7 @@ def _append_new(items: list[str], item: str) -> None:
         items.append(item)
 
 
-class _Builder:
+class NcclLogBuilder:
     """Collects facts line by line, over one text or several files."""
 
     def __init__(self) -> None:
@@ -193,11 +193,19 @@ class _Builder:
         self.warnings: list[str] = []
 
     def feed(self, text: str) -> None:
+        """Every line of one source's text (a file, or one process's output)."""
         for whole in text.splitlines():
-            line = whole[:MAX_LINE]
-            for needles, handler in _HANDLERS:
-                if any(needle in line for needle in needles):
-                    handler(self, line)
+            self.feed_line(whole)
+        self.end_source()
+
+    def feed_line(self, whole: str) -> None:
+        """One line of the current source (streamed readers feed a file line by line, then :meth:`end_source`)."""
+        line = whole[:MAX_LINE]
+        for needles, handler in _HANDLERS:
+            if any(needle in line for needle in needles):
+                handler(self, line)
+
+    def end_source(self) -> None:
         self.source += 1
 
     def build(self, files: list[str], skipped: list[str]) -> NcclLog:
@@ -254,7 +262,7 @@ def _owner(identity: _Identity) -> str:
     return f"{host}:{pid}" if host is not None else f"file{source}"
 
 
-def _on_version(b: _Builder, line: str) -> None:
+def _on_version(b: NcclLogBuilder, line: str) -> None:
     m = _VERSION.search(line)
     if m:
         if not b.versions:
@@ -262,19 +270,19 @@ def _on_version(b: _Builder, line: str) -> None:
         _append_new(b.versions, m["version"])
 
 
-def _on_cuda_driver(b: _Builder, line: str) -> None:
+def _on_cuda_driver(b: NcclLogBuilder, line: str) -> None:
     m = _CUDA_DRIVER.search(line)
     if m and b.cuda_driver is None:
         b.cuda_driver = int(m["driver"])
 
 
-def _on_bootstrap(b: _Builder, line: str) -> None:
+def _on_bootstrap(b: NcclLogBuilder, line: str) -> None:
     m = _BOOTSTRAP.search(line)
     if m:
         _append_new(b.bootstrap, m["iface"])
 
 
-def _on_net_using(b: _Builder, line: str) -> None:
+def _on_net_using(b: NcclLogBuilder, line: str) -> None:
     socket = _NET_SOCKET_USING.search(line)
     if socket:
         for entry in _LIST_ENTRY.findall(socket["list"]):
@@ -285,26 +293,26 @@ def _on_net_using(b: _Builder, line: str) -> None:
             _append_new(b.ib_devices, entry)
 
 
-def _on_network(b: _Builder, line: str) -> None:
+def _on_network(b: NcclLogBuilder, line: str) -> None:
     m = _NETWORK.search(line)
     if m and b.network is None:
         b.network = m["network"].strip()
 
 
-def _on_env(b: _Builder, line: str) -> None:
+def _on_env(b: NcclLogBuilder, line: str) -> None:
     m = _ENV.search(line)
     if m:
         value = m["value"].strip()
         b.env.setdefault(m["var"], value[:-1] if value.endswith(".") else value)
 
 
-def _on_p2p_warning(b: _Builder, line: str) -> None:
+def _on_p2p_warning(b: NcclLogBuilder, line: str) -> None:
     m = _P2P_WARNING.search(line)
     if m:
         b.p2p_warnings.append(m.group(0).strip())
 
 
-def _on_init(b: _Builder, line: str) -> None:
+def _on_init(b: NcclLogBuilder, line: str) -> None:
     m = _INIT.search(line)
     if not m:
         return
@@ -325,10 +333,16 @@ def _on_init(b: _Builder, line: str) -> None:
             state.fields[name] = m[name]
 
 
-def _on_nvls(b: _Builder, line: str) -> None:
+def _on_nvls(b: NcclLogBuilder, line: str) -> None:
     m = _NVLS_COMM.search(line)
     if m:
         _append_new(b.nvls_comms, m["comm"])
+
+
+def process_of(line: str) -> tuple[str, int] | None:
+    """The (host, pid) of an NCCL debug line's ``host:pid:tid [dev]`` prefix (None for any other line)."""
+    m = _PREFIX.search(line[:MAX_LINE])
+    return (m["host"], int(m["pid"])) if m else None
 
 
 def warning_text(line: str) -> str | None:
@@ -337,13 +351,13 @@ def warning_text(line: str) -> str | None:
     return m["message"].strip() if m else None
 
 
-def _on_warn(b: _Builder, line: str) -> None:
+def _on_warn(b: NcclLogBuilder, line: str) -> None:
     message = warning_text(line)
     if message is not None:
         b.warnings.append(message)
 
 
-def _on_via(b: _Builder, line: str) -> None:
+def _on_via(b: NcclLogBuilder, line: str) -> None:
     m = _CONNECTION.search(line)
     if m:
         b.connections.append(_connection(m, int(m["src"]), int(m["dst"])))
@@ -355,7 +369,7 @@ def _on_via(b: _Builder, line: str) -> None:
 
 
 # (substrings, any of which sends the line to the handler); a line may go to several handlers.
-_HANDLERS: tuple[tuple[tuple[str, ...], Callable[[_Builder, str], None]], ...] = (
+_HANDLERS: tuple[tuple[tuple[str, ...], Callable[[NcclLogBuilder, str], None]], ...] = (
     (("NCCL version",), _on_version),
     (("cudaDriverVersion",), _on_cuda_driver),
     (("Bootstrap",), _on_bootstrap),
@@ -372,7 +386,7 @@ _HANDLERS: tuple[tuple[tuple[str, ...], Callable[[_Builder, str], None]], ...] =
 
 def parse(text: str) -> NcclLog:
     """Parse the NCCL_DEBUG output of one process (or several, interleaved); never raises."""
-    builder = _Builder()
+    builder = NcclLogBuilder()
     builder.feed(text)
     return builder.build([], [])
 
@@ -381,7 +395,7 @@ def parse_files(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]
     """Parse and merge several log files (one per rank); files that cannot be read are listed, not fatal."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    builder = _Builder()
+    builder = NcclLogBuilder()
     files: list[str] = []
     skipped: list[str] = []
     for path in paths:

@@ -54,7 +54,9 @@ FILE_TABLE_FULL = Cause("Too many open files in system", "the host's file table 
 DESCRIPTORS_EXHAUSTED = Cause("Too many open files", "file descriptors exhausted; raise `ulimit -n`")
 SHM_FULL = Cause("/dev/shm is full", "free it or enlarge it: docker `--shm-size` or `--ipc=host`")
 ADDRESS_IN_USE = Cause(
-    "Address already in use", "a port the rank binds is taken, often by a process left from an earlier run"
+    "Address already in use",
+    "a port the rank binds is taken, often by a process left from an earlier run or another job's MASTER_PORT "
+    "(the rendezvous store's port on the first node)",
 )
 LOCKED_MEMORY_TOO_LOW = Cause(
     "InfiniBand memory registration failed", "the locked-memory limit is too low; `ulimit -l unlimited`"
@@ -95,7 +97,12 @@ KNOWN_CAUSES: tuple[KnownCause, ...] = (
         SHM_FULL,
     ),
     KnownCause(_any_of(r"address already in use", r"\bEADDRINUSE\b"), ADDRESS_IN_USE),
-    KnownCause(_any_of(r"failed to bind nvlink sharp \(nvls\) multicast memory"), NVLS_BROKEN),
+    # Every WARN of NCCL's src/transport/nvls.cc is a failure to set NVLS up (v2.30.7-1: "Cuda failure" of the
+    # multicast calls, which Fabric Manager serves; NVIDIA/nccl#1488: "transport/nvls.cc:244 NCCL WARN Cuda failure").
+    KnownCause(
+        _any_of(r"failed to bind nvlink sharp \(nvls\) multicast memory", r"transport/nvls\.cc:\d+ NCCL WARN"),
+        NVLS_BROKEN,
+    ),
     KnownCause(
         _any_of(r"shm\.cc[^\n]*cuda failure 217", r"shm\.cc[^\n]*peer access is not supported"), CUMEM_HOST_FAILED
     ),

@@ -1,0 +1,280 @@
+"""Why a training job failed, as its logs say it: the failure classes, their fixes, and the lines that name them.
+
+The verdict stage owns what is known about failures; this table adds what only a real job's logs show
+(a launcher's exit summary, a watchdog's timeout lines, NCCL's init warnings) to the tables the suite's
+own verdicts use: :data:`conformance.verdict.stderr_causes.KNOWN_CAUSES` (host limits, NCCL's WARN
+behind its error), :data:`conformance.verdict.machine_faults.MACHINE_FAULTS` (what no setting changes)
+and :data:`conformance.verdict.decision.VICTIM_PATTERN` (the ranks that only waited).  ``conformance
+diagnose`` reads a job's logs with all of them; the suite's answer lines use :data:`OOM` and
+:data:`BARRIER_DEVICE` from here.
+
+Every line pattern cites where its text comes from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """A kind of failure: its name as the answer shows it, the fix, and the suite run that tests the machine for it."""
+
+    key: str
+    title: str
+    fix: str
+    check: str
+
+
+def _suite(selection: str, then: str = "") -> str:
+    command = f"pytest suites/ -k {selection!r}" if selection else "pytest suites/"
+    return command + (f" ({then})" if then else "")
+
+
+OOM = FailureClass(
+    "oom",
+    "OUT OF MEMORY",
+    "free that GPU (a process left on it? `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`) or "
+    "allocate less there (batch size, activation checkpointing, offload); no NCCL variable changes it",
+    _suite("gpu_memory or other_users", "GPU memory errors and other users' processes on the GPUs"),
+)
+KILLED = FailureClass(
+    "killed",
+    "RANK KILLED OR CRASHED",
+    "the rank died of a signal and the others only waited for it: SIGKILL (-9) is mostly the host's OOM killer "
+    "(`dmesg | grep -i -e oom -e 'killed process'`; use less host memory or more `--mem`), SIGSEGV (-11) or "
+    "SIGABRT (-6) a crash in the rank's own process (its core dump or `faulthandler` shows where)",
+    _suite("gpu_fault or failure_handling", "the kernel log's GPU faults; a failing rank is named"),
+)
+NCCL_ERROR = FailureClass(
+    "nccl_error",
+    "NCCL ERROR",
+    "NCCL's WARN lines before its error name the cause; run the job with NCCL_DEBUG=WARN to see them",
+    _suite("all_reduce", "the ladder climbs the NCCL settings and names the one that passes"),
+)
+HOST_LIMIT = FailureClass(
+    "host_limit",
+    "HOST LIMIT",
+    "raise the limit the rank's logs name",
+    _suite("dev_shm or open_file or locked_memory", "the host limits NCCL needs"),
+)
+BARRIER_DEVICE = FailureClass(
+    "barrier_device",
+    "BARRIER ON ANOTHER RANK'S GPU",
+    "in the job's code: init_process_group(..., device_id=torch.device('cuda', local_rank)) or "
+    "dist.barrier(device_ids=[local_rank]); no environment variable changes torch's guess",
+    _suite("barrier_first", "each rank's first barrier on its own GPU, for every GPU selection"),
+)
+RENDEZVOUS = FailureClass(
+    "rendezvous",
+    "PROCESSES DISAGREE BEFORE NCCL",
+    "every node must start the same job with the same --nnodes, --nproc-per-node (one per GPU it has) and "
+    "rendezvous endpoint; a node that is missing or late makes the others time out waiting for it",
+    _suite("across_nodes or gpu_inventory", "every node's GPU count and the nodes' rendezvous"),
+)
+TRANSPORT = FailureClass(
+    "transport",
+    "TRANSPORT FAILURE BETWEEN GPUS",
+    "a P2P, SHM or IB transport failed or hung (often after a driver change, or with the IOMMU/ACS on): "
+    "the suite finds the narrowest NCCL setting that works (NCCL_P2P_LEVEL=NVL, NCCL_P2P_DISABLE=1, "
+    "NCCL_SHM_DISABLE=1, NCCL_IB_DISABLE=1) and whether the machine needs fixing",
+    _suite("pair_exchange or peer_copy", "every GPU pair; the ladder tries p2p_level_nvl, p2p_off, shm_off"),
+)
+NETWORK_INTERFACE = FailureClass(
+    "network_interface",
+    "WRONG NETWORK INTERFACE",
+    "NCCL (or gloo) picked an interface the other nodes cannot reach (docker0, lo, a virtual bridge): "
+    "export NCCL_SOCKET_IFNAME=<the interface the nodes share> and GLOO_SOCKET_IFNAME=<the same>",
+    _suite("socket_interface or across_nodes", "the interface variables; cross-node rungs per shared interface"),
+)
+DESYNC = FailureClass(
+    "desync",
+    "RANKS TOOK DIFFERENT CODE PATHS",
+    "a collective that only some ranks called: the ranks' collective sequence numbers differ; find the rank "
+    "whose number differs and the branch it took (TORCH_NCCL_DESYNC_DEBUG=1 and the flight recorder, "
+    "TORCH_NCCL_TRACE_BUFFER_SIZE=2000, name the collective); not the machine's fault",
+    "",
+)
+VERSION_MISMATCH = FailureClass(
+    "version_mismatch",
+    "NCCL OR CUDA VERSION MISMATCH",
+    "every node and rank must load the same NCCL (and a driver new enough for the CUDA of torch's build): "
+    "one container image or environment for all nodes; `python -c 'import torch; print(torch.cuda.nccl.version())'`",
+    _suite("torch_distributed_and_backend or nvml_driver", "the versions each node loads"),
+)
+WATCHDOG_STUCK = FailureClass(
+    "watchdog_stuck",
+    "NCCL WATCHDOG STUCK",
+    "a CUDA or NCCL call blocked torch's watchdog thread (a GPU hang, a driver fault, or the GIL held in a "
+    "callback): look for Xid errors (`dmesg | grep -i xid`); TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only moves the "
+    "deadline",
+    _suite("gpu_fault or peer_copy", "the kernel log's Xid errors and every GPU pair's copy engines"),
+)
+MACHINE_FAULT = FailureClass(
+    "machine_fault",
+    "MACHINE FAULT",
+    "the machine's, never an environment variable (see the fault's own fix)",
+    _suite("machine_health or environment", "the machine's health checks"),
+)
+WRONG_DATA = FailureClass(
+    "wrong_data",
+    "WRONG DATA",
+    "data arrived changed between GPUs: the machine is not fit for training until the suite finds a setting "
+    "under which every pair passes (NCCL_P2P_LEVEL=NVL, NCCL_P2P_DISABLE=1) or the machine is fixed (driver, IOMMU)",
+    _suite("pair_exchange", "every GPU pair's data checked element by element; the ladder tries p2p_level_nvl"),
+)
+RANK_ERROR = FailureClass(
+    "rank_error",
+    "ERROR IN ONE RANK",
+    "the first rank to fail raised its own error and the others only waited for it: fix what its traceback says",
+    "",
+)
+HANG = FailureClass(
+    "hang",
+    "HANG",
+    "every rank waited in the same collective and none named a cause: a transport hang is likeliest; "
+    "test every GPU pair with the suite, and rerun the job with NCCL_DEBUG=INFO",
+    _suite("pair_exchange or all_reduce", "the ladder names the setting under which the pairs pass"),
+)
+CLASSES: tuple[FailureClass, ...] = (
+    OOM,
+    KILLED,
+    NCCL_ERROR,
+    HOST_LIMIT,
+    BARRIER_DEVICE,
+    RENDEZVOUS,
+    TRANSPORT,
+    NETWORK_INTERFACE,
+    DESYNC,
+    VERSION_MISMATCH,
+    WATCHDOG_STUCK,
+    MACHINE_FAULT,
+    WRONG_DATA,
+    RANK_ERROR,
+    HANG,
+)
+
+
+@dataclass(frozen=True)
+class LineSign:
+    """A line that names a failure class; ``root``: the process that printed it is the root cause."""
+
+    failure: FailureClass
+    pattern: re.Pattern[str]
+    root: bool = True
+
+
+def _any(*alternatives: str) -> re.Pattern[str]:
+    return re.compile("|".join(alternatives), re.IGNORECASE)
+
+
+LINE_SIGNS: tuple[LineSign, ...] = (
+    # c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate ..." raised as
+    # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError before 2.1); CUDA's own cudaErrorMemoryAllocation
+    # string is "out of memory" ("CUDA error: out of memory").
+    LineSign(OOM, _any(r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory")),
+    # NCCL src/init.cc (initTransportsRank):
+    # WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx").
+    LineSign(BARRIER_DEVICE, _any(r"Duplicate GPU detected")),
+    # torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp (TORCH_DISTRIBUTED_DEBUG=DETAIL): "Detected mismatch between
+    # collectives on ranks. Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=485, OpType=ALLREDUCE,
+    # ...), but Rank 0 is running collective: ...".
+    LineSign(DESYNC, _any(r"Detected mismatch between collectives on ranks")),
+    # NCCL src/init.cc: WARN("Mismatched NCCL version detected : rank %d version %d rank %d version %d").
+    LineSign(VERSION_MISMATCH, _any(r"Mismatched NCCL version detected")),
+    # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (HeartbeatMonitor): "ProcessGroupNCCL's watchdog got stuck
+    # for %d seconds without making progress in monitoring enqueued collectives", "Heartbeat monitor timed out!".
+    LineSign(WATCHDOG_STUCK, _any(r"watchdog got stuck for", r"Heartbeat monitor timed out")),
+    # torch/csrc/distributed/c10d/TCPStore.cpp: "Timed out after {} seconds waiting for clients. {}/{} clients
+    # joined."; torch/distributed/elastic/rendezvous/api.py: RendezvousTimeoutError, RendezvousClosedError;
+    # torchrun's static rendezvous and init_process_group's store: DistStoreError (torch/csrc/distributed/c10d/
+    # exception.h) "Socket Timeout" / "wait timeout after".
+    LineSign(
+        RENDEZVOUS,
+        _any(
+            r"waiting for clients\. \d+/\d+ clients joined",
+            r"RendezvousTimeoutError",
+            r"RendezvousClosedError",
+            r"Rendezvous .{0,80}(?:timed out|closed)",
+            r"DistStoreError",
+        ),
+    ),
+    # NCCL src/misc/socket.cc and src/bootstrap.cc: "Bootstrap : no socket interface found",
+    # "NET/Socket : no interface found", "socketStartConnect: Connect to <addr> failed : Connection refused";
+    # gloo (third_party/gloo/gloo/transport/tcp/pair.cc): "Connection refused" at connectFullMesh.
+    LineSign(
+        NETWORK_INTERFACE,
+        _any(
+            r"no socket interface found",
+            r"NET/Socket ?: no interface found",
+            r"no usable listening interface",
+            r"socketStartConnect: Connect to \S+ failed",
+            r"connectFullMesh failed",
+        ),
+    ),
+    # NCCL src/transport/net_ib.cc: "NET/IB : Got completion from peer <addr> with status=<n> opcode=...
+    # (transport retry counter exceeded)", "Call to ibv_<verb> failed"; src/transport/p2p.cc and src/graph/paths.cc:
+    # "Cuda failure 'peer access is not supported between these two devices'", "P2P is disabled between NVLINK
+    # connected GPUs"; a WARN from transport/{p2p,shm,net_ib}.cc in general.
+    LineSign(
+        TRANSPORT,
+        _any(
+            r"NET/IB ?: Got completion from peer .{0,200}(?:error|status)",
+            r"Call to ibv_\w+ failed",
+            r"peer access is not supported between these two devices",
+            r"P2P is disabled between NVLINK connected GPUs",
+            r"transport/(?:p2p|shm|net_ib|net_socket)\.cc:\d+ NCCL WARN",
+        ),
+    ),
+    # This suite's own rank result (conformance/common/casefiles.py RankStatus.FAIL), as diagnose.sources quotes it.
+    LineSign(WRONG_DATA, _any(r"^wrong data received: ")),
+    # A launcher's word that a rank died of a signal: torch/distributed/elastic/multiprocessing/errors/__init__.py
+    # ("Signal 9 (SIGKILL) received by PID 123"); SLURM's srun ("srun: error: node3: task 5: Killed") and
+    # slurmstepd ("Detected 1 oom_kill event in StepId=..."); the C library's "Segmentation fault (core dumped)";
+    # CPython's faulthandler ("Fatal Python error: Segmentation fault").
+    LineSign(
+        KILLED,
+        _any(
+            r"Signal \d+ \(SIG\w+\) received by PID",
+            r"srun: error: \S+: tasks? [\d,-]+: (?:Killed|Segmentation fault|Aborted|Bus error)",
+            r"Detected \d+ oom[_-]kill events?",
+            r"^Segmentation fault",
+            r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted)",
+        ),
+    ),
+    # torch/distributed/distributed_c10d.py barrier(): "Rank {rank} using GPU {gpu} to perform barrier as devices
+    # used by this process are currently unknown. This can potentially cause a hang ..." (torch 1.8 .. 2.3);
+    # "barrier(): using the device under current context. You can specify `device_id` in `init_process_group`"
+    # (torch 2.4 and later, 2.13 read).  A warning: the job is at fault only if it then hangs.
+    LineSign(
+        BARRIER_DEVICE,
+        _any(
+            r"to perform barrier as devices used by this process are currently unknown",
+            r"barrier\(\): using the device",
+            # this suite's rank facts (conformance/rank/barrier_device.py), as diagnose.sources quotes them
+            r"^first barrier ran on GPU \d+, not the rank's own GPU",
+        ),
+        root=False,
+    ),
+)
+
+# NCCL src/include/nccl.h ncclRemoteError "remote process exited or there was a network error", and torch's
+# DistBackendError for it: the rank that prints it lost a peer, it is not the peer.
+PEER_GONE = re.compile(r"remote process exited or there was a network error|ncclRemoteError", re.IGNORECASE)
+
+# torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (Watchdog): "[Rank 1] Watchdog caught collective operation
+# timeout: WorkNCCL(SeqNum=14863, OpType=ALLREDUCE, NumelIn=..., Timeout(ms)=1800000) ran for 1800048
+# milliseconds before timing out."; with the flight recorder (torch >= 2.3): "[Rank 1] Timeout at NCCL work:
+# 14863, last enqueued NCCL work: 14863, last completed NCCL work: 14862."
+WATCHDOG_SEQUENCE = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})", re.ASCII)
+TIMEOUT_AT_WORK = re.compile(r"Timeout at NCCL work: (?P<seq>\d{1,12})", re.ASCII)
+
+# Interfaces no other node can reach through: NCCL picks the first it finds unless NCCL_SOCKET_IFNAME says
+# otherwise (src/misc/socket.cc, ncclFindInterfaces prefers "ib" then anything but "docker" and "lo";
+# a container without --network host, or a bridge named otherwise, still gets chosen).
+# The causes of stderr_causes.KNOWN_CAUSES that are not NCCL's own: the class diagnose files them under.
+HOST_LIMIT_CAUSES = ("Too many open files in system", "Too many open files", "InfiniBand memory registration failed")
+RENDEZVOUS_CAUSES = ("Address already in use",)  # the store's port, MASTER_PORT, is the port a job binds first
+
+UNREACHABLE_INTERFACES = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|cni\d*|flannel\S*|tailscale\d*)$")
