@@ -345,5 +345,5 @@ def test_without_junitparser_a_junit_file_ends_in_one_line_naming_the_package(
     status = main([a.format(j=junit, o=tmp_path / "out.xml") for a in args])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1, err
-    assert "needs the Python package junitparser (pip install 'junitparser>=3'); it is not installed here" in err[0]
+    assert "needs junitparser: pip install 'gpu-conformance[junit]'; it is not installed here" in err[0]
     assert "Traceback" not in err[0]

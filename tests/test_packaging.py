@@ -75,9 +75,42 @@ def test_the_wheel_holds_the_suites_the_scenarios_the_plugin_and_the_command(whe
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[pytest11]\nconformance.plugin = conformance.plugin" in text
     assert "[console_scripts]\nconformance = conformance.cli.main:console" in text
+    assert "conformance-healthcheck = conformance.cli.slurm_health:console" in text
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)  # the MIT text, as project.license says
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT\n" in metadata
+    requires = [
+        line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
+    core = [r for r in requires if "extra ==" not in r]
+    assert not [r for r in core if r.startswith(("jinja2", "junitparser"))], core  # a GPU image runs without them
+    assert 'jinja2>=3.1; extra == "report"' in requires and 'junitparser>=3; extra == "junit"' in requires, requires
+
+
+# What the core install lacks: imported, they fail (the outer environment this one sees has them).
+WITHOUT_EXTRAS = "import sys; sys.modules['jinja2'] = sys.modules['junitparser'] = None; "
+
+
+def test_installed_without_its_extras_the_plugin_imports_and_the_suite_runs(installed: Path, tmp_path: Path) -> None:
+    """The core install (``pip install --no-deps`` plus the run's dependencies): no jinja2, no junitparser."""
+    env = {**clean_env(), "CUDA_VISIBLE_DEVICES": ""}
+    script = WITHOUT_EXTRAS + (
+        "import conformance, conformance.plugin, conformance.cli.main, conformance.cli.slurm_health; "
+        "print(conformance.__file__); import pytest; "
+        "sys.exit(pytest.main(['--pyargs', 'conformance.suites.test_environment', '-p', 'no:cacheprovider', "
+        "'--reports-dir=reports']))"
+    )
+    run = subprocess.run(
+        [str(installed / "python"), "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=RUN_SECONDS,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith(str(installed.parent)), run.stdout  # the wheel's conformance, not the checkout's
+    assert "passed" in run.stdout and "conformance: run " in run.stdout
+    helped = subprocess.run(
+        [str(installed / "conformance-healthcheck"), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: conformance-healthcheck "), helped.stderr
 
 
 def test_installed_the_suite_runs_from_any_folder_with_pyargs(installed: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from conformance.record.results import RESULTS_FILE
 from conformance.record.runs import Run, RunError
 from conformance.summarise.answer import answer
 from conformance.summarise.recommend import recommend
-from conformance.summarise.report import REPORT_FILE, report_path, write_report
+from conformance.summarise.report import REPORT_FILE, ReportUnavailable, report_path, write_report
 
 
 def register(commands: Any) -> None:
@@ -37,6 +37,8 @@ def report_command(args: argparse.Namespace) -> int:
         path = write_report(run, recommendation.lines(), answer=answer(run, recommendation))
     except OSError as exc:
         return fail("report", f"cannot write {report_path(run)}: {exc.strerror or exc}")
+    except ReportUnavailable as exc:
+        return fail("report", str(exc))
     for message in run.warnings:
         warn("report", message)
     print(path)

@@ -116,8 +116,8 @@ def _one_type_words(hint: Any) -> str:
     return "a list" if _is_container(hint) and (typing.get_origin(hint) or hint) in (tuple, list) else "an object"
 
 
-# junitparser is absent from some GPU images: a command given a JUnit file says so in one line.
-NO_JUNITPARSER = "reading a JUnit file needs the Python package junitparser (pip install 'junitparser>=3')"
+# junitparser is the ``junit`` extra, absent from some GPU images: a command given a JUnit file says so in one line.
+NO_JUNITPARSER = "reading a JUnit file needs junitparser: pip install 'gpu-conformance[junit]'"
 
 
 def junitparser_missing() -> bool:

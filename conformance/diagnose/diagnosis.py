@@ -235,9 +235,8 @@ def _pid_ranks(evidence: JobEvidence) -> dict[tuple[str, int], int]:
 def ranked_stories(evidence: JobEvidence) -> dict[int | str, ProcessStory]:
     """The processes by rank (a process whose rank the logs never say: by its file), stories of one rank merged."""
     pid_ranks = _pid_ranks(evidence)
-    locals_ = [s.who for s in evidence.stories.values() if s.who.rank is None and s.who.local_rank is not None]
-    nproc = max((who.local_rank or 0 for who in locals_), default=0) + 1
-    nodes = sorted({str(w.task) if w.task is not None else (w.host or "") for w in locals_}, key=_node_order)
+    nproc = max((local for _, local in evidence.local_ranks), default=0) + 1
+    nodes = sorted({node for node, _ in evidence.local_ranks}, key=_node_order)
     nodes = nodes if len(nodes) > 1 else []
     ranked: dict[int | str, ProcessStory] = {}
     for story in evidence.stories.values():

@@ -44,6 +44,75 @@ ISO_TIME = re.compile(
     r"\b\d{4}-(?P<month>\d\d)-(?P<day>\d\d)[ _T](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d(?:[.,]\d{1,9})?)", re.ASCII
 )
 NCCL_WARN = "NCCL WARN"
+# Words one of which is in every line any pattern here or in the verdict stage's tables can match (errors,
+# exceptions, NCCL, signals, waits, the launcher summary's first line, traceback frames): a line with none of
+# them is only counted, so a long log of training steps costs one search per line.
+MAY_MATTER = re.compile(
+    "|".join(
+        re.escape(word)
+        for word in (
+            "error",
+            "exception",
+            "exit",
+            "warn",
+            "fail",
+            "nccl",
+            "timed out",
+            "time out",
+            "timeout",
+            "connection",
+            "broken pipe",
+            "watchdog",
+            "abort",
+            "socket",
+            "crash",
+            "memory",
+            "ecc",
+            "busy",
+            "lost",
+            "bus",
+            "cuda",
+            "device",
+            "too many open files",
+            "emfile",
+            "enfile",
+            "no space",
+            "shm",
+            "in use",
+            "eaddrinuse",
+            "nvls",
+            "ibv",
+            "unhandled",
+            "invalid",
+            "remote process",
+            "duplicate gpu",
+            "heartbeat",
+            "clients joined",
+            "rendezvous",
+            "interface",
+            "net/",
+            "peer access",
+            "p2p",
+            "transport/",
+            "signal",
+            "srun:",
+            "oom",
+            "segmentation",
+            "fatal python",
+            "wrong data",
+            "barrier",
+            "root cause",
+            "failures:",
+            "last error",
+            "stopped by",
+            "result, written",
+            'file "',
+            "killed",
+            "mismatch",
+        )
+    ),
+    re.IGNORECASE,
+)
 # How diagnose.sources quotes a rank of this suite's own cases that the suite's watchdog stopped.
 STOPPED_LINE = "stopped by the suite's watchdog while waiting (no result): wait timeout in {where}"
 _STOPPED_START = STOPPED_LINE.split("{", 1)[0]
@@ -61,12 +130,16 @@ def line_time(text: str) -> float | None:
 ProcessKey = tuple[str, str]  # ("rank", "3"), ("local", "<task or host>/3"), ("pid", "host:123"), ("file", path)
 
 
+def _node_of(who: Who) -> str:
+    """The node of a local rank: srun's task id where it says, else the host."""
+    return str(who.task) if who.task is not None else (who.host or "")
+
+
 def process_key(who: Who, path: str) -> ProcessKey:
     if who.rank is not None:
         return ("rank", str(who.rank))
     if who.local_rank is not None:
-        node = who.task if who.task is not None else (who.host or "")
-        return ("local", f"{node}/{who.local_rank}")
+        return ("local", f"{_node_of(who)}/{who.local_rank}")
     if who.pid is not None:
         return ("pid", f"{who.host}:{who.pid}")
     if who.task is not None:
@@ -120,6 +193,7 @@ class JobEvidence:
         self.nccl = NcclLogBuilder()
         self.files: list[str] = []
         self.lines = 0
+        self.local_ranks: set[tuple[str, int]] = set()  # (node, local rank) of every line named so: nproc per node
         self._summary: _Summary | None = None
         self._frame_indent: int | None = None  # the indentation of the last line if it was a ``File "..."`` frame
         self._after_last_error = False  # the last line was torch's "Last error:", NCCL's text follows
@@ -134,6 +208,10 @@ class JobEvidence:
     def add(self, line: LogLine) -> None:
         self.lines += 1
         text = line.text
+        if line.who.local_rank is not None and line.who.rank is None:
+            self.local_ranks.add((_node_of(line.who), line.who.local_rank))
+        if self._quiet(text):
+            return
         who = self._who(line)
         process = process_of(text)
         if process is not None:
@@ -146,6 +224,11 @@ class JobEvidence:
         if stamp is not None:
             story.clock = stamp
         self._read(story, LogLine(line.path, line.number, text, who))
+
+    def _quiet(self, text: str) -> bool:
+        """Whether a line can say nothing here (no state waits on it and it names nothing)."""
+        waiting = self._summary is not None or self._frame_indent is not None or self._after_last_error
+        return not waiting and MAY_MATTER.search(text) is None
 
     def _who(self, line: LogLine) -> Who:
         """The writer of a line; inside a launcher summary, the failed process it describes."""

@@ -14,7 +14,7 @@ from conformance.settings import Settings
 from conformance.summarise.answer import Answer, answer
 from conformance.summarise.compare import CompareError, compare, write_comparison
 from conformance.summarise.recommend import recommend, write_env_file
-from conformance.summarise.report import write_report
+from conformance.summarise.report import ReportUnavailable, write_report
 
 
 @dataclass
@@ -51,6 +51,11 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             kept = write_comparison(comparison)
             conclusion.lines += [f"(comparison kept in {kept})"] if kept else []
     if settings.run_report:
-        path = write_report(run, recommendation.lines(), answer=conclusion.answer)
-        conclusion.lines.append(f"HTML report: {path}")
+        try:
+            path = write_report(run, recommendation.lines(), answer=conclusion.answer)
+        except (ReportUnavailable, OSError) as exc:  # asked for and not written: the run fails, saying why
+            conclusion.lines.append(f"HTML report NOT written: {exc}")
+            conclusion.regressed = True
+        else:
+            conclusion.lines.append(f"HTML report: {path}")
     return conclusion

@@ -22,10 +22,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
-
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from typing import TYPE_CHECKING, Any
 
 from conformance.common.casefiles import read_json
 from conformance.common.verdicts import FAILURES, SEVERITY, Verdict
@@ -59,6 +58,9 @@ from conformance.summarise.summary import (
     rung_env_text,
 )
 
+if TYPE_CHECKING:
+    from jinja2 import Environment
+
 REPORT_FILE = "report.html"
 VERDICT_MEANING = {v.value: v.value for v in Verdict} | {
     "fail": "fail: wrong data", "crash": "crash (signal)", "error": "error (raised)"
@@ -67,15 +69,30 @@ OPEN_STACKS = 3  # failures whose stacks are shown unfolded; the rest fold (<det
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")
 
 
-_TEMPLATES = Environment(
-    loader=PackageLoader("conformance.summarise", "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
-_TEMPLATES.filters.update(text=as_text, vclass=verdict_class, meaning=lambda v: VERDICT_MEANING.get(v, v))
+# jinja2 is the ``report`` extra: a GPU image may run the suite without it (its torch brings it anyway).
+NO_JINJA2 = "the HTML report needs jinja2: pip install 'gpu-conformance[report]'"
+
+
+class ReportUnavailable(RuntimeError):
+    """The HTML report cannot be made here: jinja2 is not installed (:data:`NO_JINJA2`)."""
+
+
+@cache
+def _templates() -> Environment:
+    try:
+        from jinja2 import Environment, PackageLoader, StrictUndefined
+    except ImportError:
+        raise ReportUnavailable(NO_JINJA2) from None
+    templates = Environment(
+        loader=PackageLoader("conformance.summarise", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    templates.filters.update(text=as_text, vclass=verdict_class, meaning=lambda v: VERDICT_MEANING.get(v, v))
+    return templates
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,13 +357,14 @@ def render_report(
     regressions: Sequence[Mapping[str, object]] | None = None,
     answer: Answer | None = None,
 ) -> str:
-    """The whole report as one HTML document (no script, no external reference).
+    """The whole report as one HTML document (no script, no external reference); ReportUnavailable without jinja2.
 
     ``answer``: the run's answer (``conformance.summarise.answer``); worked out here when not given.
     ``regressions``: None for those of the comparison kept with the run (``comparison.json``).
     """
+    templates = _templates()  # ReportUnavailable, before any work, where jinja2 is missing
     answer = answer if answer is not None else answer_of(run, recommend(run))
-    return _TEMPLATES.get_template("report.html.j2").render(_page(run, answer, recommendation_lines, regressions))
+    return templates.get_template("report.html.j2").render(_page(run, answer, recommendation_lines, regressions))
 
 
 def report_path(run: Run) -> Path:
