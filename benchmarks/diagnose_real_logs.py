@@ -48,7 +48,7 @@ def scores(labels: dict[str, object], answer: dict[str, object]) -> tuple[bool, 
     return class_right, root_right, fix_right
 
 
-def main_(folder: Path) -> int:
+def print_scores(folder: Path) -> int:
     totals: Counter[str] = Counter()
     per_class: dict[str, Counter[str]] = {}
     for case in sorted(p for p in folder.iterdir() if (p / "case.toml").is_file()):
@@ -73,4 +73,4 @@ def main_(folder: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main_(Path(sys.argv[1]) if len(sys.argv) > 1 else DATA))
+    sys.exit(print_scores(Path(sys.argv[1]) if len(sys.argv) > 1 else DATA))

@@ -16,9 +16,11 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from conftest import free_ports
 
@@ -153,6 +155,16 @@ def why_not_here() -> str | None:
     if probe.returncode != 0:
         return f"SLURM test cluster: no mount namespace for the nodes' /etc/hosts: {probe.stderr.strip()}"
     return None
+
+
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A test module's cluster fixture: skips the tests with the reason where SLURM cannot be had; stops it after."""
+    try:
+        running = start_cluster(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    yield running
+    running.stop()
 
 
 def start_cluster(folder: Path) -> SlurmCluster:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import copy_suite_files, wait_until_gone
-from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster, why_not_here
+from slurm_cluster import SlurmCluster, module_cluster, why_not_here
 
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=30")
@@ -32,12 +32,7 @@ REFUSAL = (
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    try:
-        running = start_cluster(tmp_path_factory.mktemp("slurm"))
-    except ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    yield running
-    running.stop()
+    yield from module_cluster(tmp_path_factory)
 
 
 def suite(folder: Path) -> list[str]:

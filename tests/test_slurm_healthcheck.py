@@ -31,7 +31,7 @@ from conformance.cli.slurm_health import (
     prune_runs,
 )
 from conftest import REPO
-from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster
+from slurm_cluster import SlurmCluster, module_cluster
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
 HEALTHY_8GPU = ("--topology-file", str(REPO / "conformance" / "scenarios" / "topologies" / "nvswitch-8gpu.json"))
@@ -178,12 +178,7 @@ def test_the_reports_folder_keeps_the_newest_runs(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    try:
-        running = start_cluster(tmp_path_factory.mktemp("slurm"))
-    except ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    yield running
-    running.stop()
+    yield from module_cluster(tmp_path_factory)
 
 
 def healthcheck_program() -> str:

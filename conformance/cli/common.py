@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from conformance.common import values
 from conformance.record.runs import Run, load_run, resolve_run_path
@@ -20,6 +21,17 @@ from conformance.settings import SETTING, reports_dir_outside_pytest
 # The console script (``conformance``) or ``python -m conformance``, as the user typed it.
 PROG = "conformance" if Path(sys.argv[0]).name == "conformance" else "python -m conformance"
 USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A command line argparse rejects; the command turns it into one line on stderr and exit status 2."""
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """An argparse parser that raises :class:`UsageError` instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
 
 
 def add_reports_dir_argument(parser: argparse.ArgumentParser) -> None:

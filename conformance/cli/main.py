@@ -22,23 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from conformance.cli import compare, diagnose, merge_junit, recommend, report, smoke, topology
-from conformance.cli.common import PROG, USAGE_ERROR
+from conformance.cli.common import PROG, USAGE_ERROR, RaisingParser, UsageError
 from conformance.discover.versions import SUITE_DISTRIBUTION, suite_version
 
 COMMANDS = (topology, recommend, compare, report, merge_junit, smoke, diagnose)
 
 
-class UsageError(Exception):
-    """A command line argparse rejects; main turns it into one line on stderr and exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="GPU environment conformance: what happens outside a test run.")
+    parser = RaisingParser(prog=PROG, description="GPU environment conformance: what happens outside a test run.")
     version = suite_version() or "unknown (the package is not installed)"
     parser.add_argument("--version", action="version", version=f"{SUITE_DISTRIBUTION} {version}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -40,10 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NoReturn
 
-from conformance.cli.common import argument_type
+from conformance.cli.common import RaisingParser, UsageError, argument_type
 from conformance.common import values
 from conformance.common.suite import SUITES_DIR
 from conformance.record.results import LATEST
+from conformance.record.run_folder import run_id_of
 from conformance.record.runs import RunError, load_run
 from conformance.summarise.answer import answer
 from conformance.summarise.recommend import recommend
@@ -65,21 +66,11 @@ OUTPUT_TAIL = 200  # lines of pytest's output kept for the reason when no answer
 # slurmd gives a HealthCheckProgram no PATH at all; scontrol is looked for on PATH, then here.
 SLURM_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/usr/local/sbin")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-RUN_FOLDER = re.compile(r"\d{8}-\d{6}-[0-9a-f]+(-node\d+)?")
 TEST_LINE = re.compile(r"^(\S+::\S+)")  # pytest -v names each test as it starts
 
 
-class UsageError(Exception):
-    """Arguments argparse rejects: one line on stderr, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = RaisingParser(
         prog=PROG,
         allow_abbrev=False,  # an abbreviation of ours must not swallow a pytest option
         description=(
@@ -328,14 +319,14 @@ def resume_if_ours(node: str, env: Mapping[str, str]) -> None:
 def prune_runs(reports: Path, keep: int) -> None:
     """Keep the newest ``keep`` runs of the health check's reports folder; remove the older ones' folders."""
     try:
-        folders = [p for p in reports.iterdir() if RUN_FOLDER.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+        runs = {p: run_id_of(p.name) for p in reports.iterdir() if p.is_dir() and not p.is_symlink()}
     except OSError:
         return
     latest = reports / LATEST
     current = latest.resolve().name if latest.is_symlink() else None
-    kept = sorted({p.name.split("-node")[0] for p in folders}, reverse=True)[:keep]
-    for path in folders:
-        if path.name.split("-node")[0] not in kept and path.name != current:
+    kept = sorted({run_id for run_id in runs.values() if run_id}, reverse=True)[:keep]
+    for path, run_id in runs.items():
+        if run_id and run_id not in kept and path.name != current:
             shutil.rmtree(path, ignore_errors=True)
 
 

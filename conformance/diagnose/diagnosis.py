@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 
 from conformance.common.casefiles import RankStatus
 from conformance.common.verdicts import Verdict
-from conformance.diagnose.evidence import NCCL_WARN, JobEvidence, ProcessStory
+from conformance.diagnose.evidence import NCCL_WARN, JobEvidence, ProcessStory, node_of
 from conformance.diagnose.logs import LogLine
 from conformance.verdict import job_causes
 from conformance.verdict.decision import Decision, RankReport, decide
 from conformance.verdict.job_causes import FailureClass
 from conformance.verdict.machine_faults import MACHINE_FAULTS
+from conformance.verdict.nccl_facts import NcclLog
 from conformance.verdict.nccl_transport import NET_IB, NET_SOCKET, P2P_CUMEM, P2P_DIRECT, P2P_IPC, SHM
 from conformance.verdict.stderr_causes import recognise
 
@@ -45,10 +46,6 @@ class Finding:
     lines: tuple[LogLine, ...]
     status: RankStatus
     ranks: tuple[int | str, ...] = ()  # a job-wide finding's ranks at fault, where it names them
-
-    @property
-    def message(self) -> str:
-        return self.lines[0].text.strip() if self.lines else self.title
 
 
 @dataclass
@@ -145,9 +142,9 @@ def _named_cause(story: ProcessStory) -> Finding | None:
         if sign.root and sign.pattern.search(cause.name):
             return Finding(sign.failure, cause.name, sign.failure.fix, quoted, RankStatus.ERROR)
     failure = job_causes.NCCL_ERROR
-    if cause.name in job_causes.HOST_LIMIT_CAUSES:
+    if cause in job_causes.HOST_LIMIT_CAUSES:
         failure = job_causes.HOST_LIMIT
-    elif cause.name in job_causes.RENDEZVOUS_CAUSES:
+    elif cause in job_causes.RENDEZVOUS_CAUSES:
         failure = job_causes.RENDEZVOUS
     return Finding(failure, cause.name, cause.fix, quoted, RankStatus.ERROR)
 
@@ -205,7 +202,6 @@ def _merge(into: ProcessStory, other: ProcessStory) -> None:
     into.last_sequence = into.last_sequence or other.last_sequence
     times = [t for t in (into.first_time, other.first_time) if t is not None]
     into.first_time = min(times) if times else None
-    into.lines += other.lines
 
 
 def _rank_of(story: ProcessStory, pid_ranks: dict[tuple[str, int], int], nproc: int, nodes: list[str]) -> int | None:
@@ -215,15 +211,15 @@ def _rank_of(story: ProcessStory, pid_ranks: dict[tuple[str, int], int], nproc: 
     if who.host is not None and who.pid is not None and (who.host, who.pid) in pid_ranks:
         return pid_ranks[(who.host, who.pid)]
     if who.local_rank is not None:
-        node = str(who.task) if who.task is not None else (who.host or "")
+        node = node_of(who)
         return nodes.index(node) * nproc + who.local_rank if node in nodes else who.local_rank
     return who.task
 
 
-def _pid_ranks(evidence: JobEvidence) -> dict[tuple[str, int], int]:
+def _pid_ranks(nccl: NcclLog) -> dict[tuple[str, int], int]:
     """Each NCCL process's rank in its largest communicator (the world), from its init lines."""
     best: dict[tuple[str, int], tuple[int, int]] = {}
-    for init in evidence.nccl.build([], []).inits.values():
+    for init in nccl.inits.values():
         if init.host is None or init.pid is None or init.rank is None:
             continue
         size = init.nranks or 0
@@ -232,9 +228,9 @@ def _pid_ranks(evidence: JobEvidence) -> dict[tuple[str, int], int]:
     return {process: rank for process, (_, rank) in best.items()}
 
 
-def ranked_stories(evidence: JobEvidence) -> dict[int | str, ProcessStory]:
+def ranked_stories(evidence: JobEvidence, nccl: NcclLog) -> dict[int | str, ProcessStory]:
     """The processes by rank (a process whose rank the logs never say: by its file), stories of one rank merged."""
-    pid_ranks = _pid_ranks(evidence)
+    pid_ranks = _pid_ranks(nccl)
     nproc = max((local for _, local in evidence.local_ranks), default=0) + 1
     nodes = sorted({node for node, _ in evidence.local_ranks}, key=_node_order)
     nodes = nodes if len(nodes) > 1 else []
@@ -289,22 +285,22 @@ def _ranks_text(keys: list[int | str]) -> list[str]:
 
 def diagnose(evidence: JobEvidence) -> Diagnosis:
     """The failure class, root cause and victims of the job whose every line ``evidence`` has read."""
-    stories = ranked_stories(evidence)
+    nccl = evidence.nccl.build([], [])
+    stories = ranked_stories(evidence, nccl)
     findings = {key: found for key, story in stories.items() if (found := finding(story)) is not None}
     numbers = {key: index for index, key in enumerate(stories)}
     reports = [_report(numbers[key], stories[key], found) for key, found in findings.items()]
     decision = decide(reports)
     by_number = {numbers[key]: key for key in findings}
-    victims = [key for key, found in findings.items() if found.failure is None and key != _key(decision, by_number)]
+    root_key = _key(decision, by_number)
+    victims = [key for key, found in findings.items() if found.failure is None and key != root_key]
     answer = Diagnosis(None, files=len(evidence.files), lines=evidence.lines)
     answer.victims = _ranks_text(victims)
-    job = _job_cause(evidence, stories, victims)
+    job = _job_cause(nccl, stories, victims)
     if job is not None and job.failure is job_causes.VERSION_MISMATCH:
         return _fill(answer, job, [])
-    root_key = _key(decision, by_number)
     if root_key is not None and findings[root_key].failure is not None:
-        key = root_key
-        found = findings[key]
+        key, found = root_key, findings[root_key]
         # torch's desync report names two ranks running different collectives: which branched is the code's question
         named = found.failure is not job_causes.DESYNC
         answer.root = label(key, stories[key]) if named else ""
@@ -345,11 +341,8 @@ def _job_finding(
     return Finding(failure, title or failure.title, failure.fix, tuple(lines[:EVIDENCE_LINES]), RankStatus.ERROR, ranks)
 
 
-def _job_cause(
-    evidence: JobEvidence, stories: dict[int | str, ProcessStory], victims: list[int | str]
-) -> Finding | None:
+def _job_cause(nccl: NcclLog, stories: dict[int | str, ProcessStory], victims: list[int | str]) -> Finding | None:
     """What the job as a whole shows, for when no single rank stands out (or versions disagree)."""
-    nccl = evidence.nccl.build([], [])
     mismatch = _all_signs(stories, job_causes.VERSION_MISMATCH)
     if mismatch or len(nccl.versions) > 1:
         title = f"NCCL VERSIONS DIFFER: {', '.join(nccl.versions)}" if len(nccl.versions) > 1 else ""

@@ -130,7 +130,7 @@ def line_time(text: str) -> float | None:
 ProcessKey = tuple[str, str]  # ("rank", "3"), ("local", "<task or host>/3"), ("pid", "host:123"), ("file", path)
 
 
-def _node_of(who: Who) -> str:
+def node_of(who: Who) -> str:
     """The node of a local rank: srun's task id where it says, else the host."""
     return str(who.task) if who.task is not None else (who.host or "")
 
@@ -139,7 +139,7 @@ def process_key(who: Who, path: str) -> ProcessKey:
     if who.rank is not None:
         return ("rank", str(who.rank))
     if who.local_rank is not None:
-        return ("local", f"{_node_of(who)}/{who.local_rank}")
+        return ("local", f"{node_of(who)}/{who.local_rank}")
     if who.pid is not None:
         return ("pid", f"{who.host}:{who.pid}")
     if who.task is not None:
@@ -162,11 +162,6 @@ class ProcessStory:
     stopped: bool = False  # a rank of this suite's own case, stopped by its watchdog
     first_time: float | None = None  # of the first failure line
     clock: float | None = None  # the last timestamp seen in this process's lines
-    lines: int = 0
-
-    @property
-    def said_anything_wrong(self) -> bool:
-        return bool(self.signs or self.exceptions or self.victim_lines or self.exits)
 
 
 def _keep(items: list[LogLine], line: LogLine) -> bool:
@@ -209,7 +204,7 @@ class JobEvidence:
         self.lines += 1
         text = line.text
         if line.who.local_rank is not None and line.who.rank is None:
-            self.local_ranks.add((_node_of(line.who), line.who.local_rank))
+            self.local_ranks.add((node_of(line.who), line.who.local_rank))
         if self._quiet(text):
             return
         who = self._who(line)
@@ -219,7 +214,6 @@ class JobEvidence:
         if "NCCL" in text:
             self.nccl.feed_line(text)
         story = self._story(who, line.path)
-        story.lines += 1
         stamp = line_time(text) if self._summary is None else self._summary.time
         if stamp is not None:
             story.clock = stamp

@@ -61,13 +61,13 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
 
 
 def conclude_run(run: RunContext, session: pytest.Session) -> None:
-    """The answer, and the comparison with a baseline: a regression fails a session that passed."""
+    """The answer, the baseline comparison, the report and the metrics; what fails the run fails a passing session."""
     if run.role.worker or not run.results_path.exists():
         return
     concluded = False
     try:
         run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline)
-        if run.outcome.conclusion.regressed and session.exitstatus == pytest.ExitCode.OK:
+        if run.outcome.conclusion.fails_run and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         concluded = True
     finally:  # a conclusion that raised still leaves metrics, failed

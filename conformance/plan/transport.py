@@ -33,7 +33,8 @@ OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # levelsOldToNew, paths
 # (NVLink queries denied in a container: discover/nvml_topology.py).
 NVLINK = re.compile(r"NV(?:\d+|\?)")
 SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
-PCIE_PATHS = frozenset(SMI_TO_NCCL)  # nvidia-smi's PCIe / CPU path classes
+PCIE_PATHS_NEAREST_FIRST = tuple(SMI_TO_NCCL)  # nvidia-smi's PCIe / CPU path classes, as nvidia-smi topo -m orders them
+PCIE_PATHS = frozenset(PCIE_PATHS_NEAREST_FIRST)
 PXB_DEFAULT_FROM = (2, 23, 0)  # paths.cc v2.23.4-1: default level PXB; v2.22.3-1 and before: SYS
 NEWEST_RULE = "2.23+"
 

@@ -7,6 +7,7 @@ multi-node run the other nodes write ``<run id>-node<k>`` beside it (a shared fi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,15 @@ from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids
 from conformance.record import results
 from conformance.record.records import HOST_SET_KIND, CaseRecord, RunFacts
 from conformance.record.runs import RUN_FACTS
+
+# A run folder's name: ``<run id>`` (results.new_run_id: date-time-hex) or ``<run id>-node<k>`` (RunFolder.path).
+FOLDER_NAME = re.compile(r"(?P<run_id>\d{8}-\d{6}-[0-9a-f]+)(?:-node\d+)?")
+
+
+def run_id_of(name: str) -> str | None:
+    """The run id a run folder's name holds; None for a name that is no run folder's."""
+    m = FOLDER_NAME.fullmatch(name)
+    return m["run_id"] if m else None
 
 
 @dataclass(frozen=True)

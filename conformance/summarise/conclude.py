@@ -20,7 +20,7 @@ from conformance.summarise.report import ReportUnavailable, write_report
 @dataclass
 class Conclusion:
     lines: list[str] = field(default_factory=list)
-    regressed: bool = False
+    fails_run: bool = False  # a finding, a regression, an output asked for and not written: the run fails
     answer: Answer | None = None
 
 
@@ -36,7 +36,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
         return conclusion
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)
-    conclusion.regressed = bool(conclusion.answer.findings())  # a SLOW pair or an Xid fails the run
+    conclusion.fails_run = bool(conclusion.answer.findings())  # a SLOW pair or an Xid fails the run
     env_file = write_env_file(run, recommendation)
     conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
     if baseline is not None:
@@ -44,10 +44,10 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             comparison = compare(baseline, run, settings.bandwidth_tolerance)
         except CompareError as exc:
             conclusion.lines.append(f"baseline comparison not possible: {exc}")
-            conclusion.regressed = True
+            conclusion.fails_run = True
         else:
             conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
-            conclusion.regressed = conclusion.regressed or comparison.exit_status != 0
+            conclusion.fails_run = conclusion.fails_run or comparison.exit_status != 0
             kept = write_comparison(comparison)
             conclusion.lines += [f"(comparison kept in {kept})"] if kept else []
     if settings.run_report:
@@ -55,7 +55,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
             path = write_report(run, recommendation.lines(), answer=conclusion.answer)
         except (ReportUnavailable, OSError) as exc:  # asked for and not written: the run fails, saying why
             conclusion.lines.append(f"HTML report NOT written: {exc}")
-            conclusion.regressed = True
+            conclusion.fails_run = True
         else:
             conclusion.lines.append(f"HTML report: {path}")
     return conclusion

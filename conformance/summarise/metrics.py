@@ -29,6 +29,7 @@ from pathlib import Path
 
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import pair_link_gbps
+from conformance.plan.transport import PCIE_PATHS_NEAREST_FIRST
 from conformance.record.records import HOST_SET_KIND, CaseRecord
 from conformance.record.runs import Run
 from conformance.summarise.answer import Answer
@@ -42,7 +43,6 @@ GIGA = 1e9  # the suite's GB/s are 10^9 bytes a second (rank/timing.py), as nccl
 OK, TESTS_FAILED, INTERRUPTED, INTERNAL_ERROR = 0, 1, 2, 3
 RUNNING, PASSED, FAILED, INCOMPLETE = "running", "passed", "failed", "incomplete"
 RUN_VERDICTS = (PASSED, FAILED, INCOMPLETE, RUNNING)
-PCIE_PATHS_NEAREST_FIRST = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nvidia-smi topo -m's path classes
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from conformance.verdict.stderr_causes import (
+    ADDRESS_IN_USE,
+    DESCRIPTORS_EXHAUSTED,
+    FILE_TABLE_FULL,
+    LOCKED_MEMORY_TOO_LOW,
+)
+
 
 @dataclass(frozen=True)
 class FailureClass:
@@ -274,7 +281,7 @@ TIMEOUT_AT_WORK = re.compile(r"Timeout at NCCL work: (?P<seq>\d{1,12})", re.ASCI
 # otherwise (src/misc/socket.cc, ncclFindInterfaces prefers "ib" then anything but "docker" and "lo";
 # a container without --network host, or a bridge named otherwise, still gets chosen).
 # The causes of stderr_causes.KNOWN_CAUSES that are not NCCL's own: the class diagnose files them under.
-HOST_LIMIT_CAUSES = ("Too many open files in system", "Too many open files", "InfiniBand memory registration failed")
-RENDEZVOUS_CAUSES = ("Address already in use",)  # the store's port, MASTER_PORT, is the port a job binds first
+HOST_LIMIT_CAUSES = (FILE_TABLE_FULL, DESCRIPTORS_EXHAUSTED, LOCKED_MEMORY_TOO_LOW)
+RENDEZVOUS_CAUSES = (ADDRESS_IN_USE,)  # the store's port, MASTER_PORT, is the port a job binds first
 
 UNREACHABLE_INTERFACES = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|cni\d*|flannel\S*|tailscale\d*)$")
