@@ -1,15 +1,19 @@
-"""How often ``conformance diagnose`` is right on real logs from public issue threads.
+"""How often ``conformance diagnose`` is right on real logs from public issue threads, on both halves.
 
 Each folder of tests/data/diagnose/real/ holds a log as a user posted it and ``case.toml``: the
-thread's URL, the class the thread established, the root-cause rank (-1: none named), and words a
-right fix must contain.  The labels were set from the threads before diagnose ever read the logs.
-Prints one line per case and the shares right: class, root-cause rank, fix.
+thread's URL, the class the thread established, the root-cause rank (-1: none named), words a right
+fix must contain, and how the log ends.  The labels were set from the threads before diagnose ever
+read the logs.  ``split.toml`` names the third set aside before any rule was written from the corpus
+(tools/split_corpus.py): the figures are printed for the half the rules were developed on and for the
+half set aside, one line per class, then the false answers that matter most: "no failure" on a
+failed job's log.  Cases are listed one per line for the developed half only (``--all`` lists both).
 
-    python benchmarks/diagnose_real_logs.py [FOLDER]
+    python benchmarks/diagnose_real_logs.py [--all] [FOLDER]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import Counter
@@ -23,6 +27,7 @@ from conformance.cli.main import main
 
 SHARES = (("class", "class"), ("root-cause rank", "root"), ("fix", "fix"))
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "diagnose" / "real"
+HALVES = ("developed on", "set aside")
 
 
 def diagnose_case(folder: Path) -> tuple[dict[str, object], dict[str, object]]:
@@ -35,42 +40,77 @@ def diagnose_case(folder: Path) -> tuple[dict[str, object], dict[str, object]]:
     return labels, json.loads(out.getvalue())
 
 
+def verdict_right(labels: dict[str, object], answer: dict[str, object]) -> bool:
+    """Whether the answer to a job that did not fail is right.
+
+    "no failure" where its log shows the normal end; where the posted log is cut before the end, any
+    answer but "no failure" (nothing in it can show the job ended).
+    """
+    if labels.get("ending") == "normal":
+        return answer["verdict"] == "no failure"
+    return answer["verdict"] != "no failure"
+
+
 def scores(labels: dict[str, object], answer: dict[str, object]) -> tuple[bool, bool, bool]:
-    """(class right, root rank right, fix right); "none" is right only when no failure was found."""
+    """(class right, root rank right, fix right); a job that did not fail: the verdict is the class and the fix."""
     expected = labels["class"]
-    found = answer["class"] or "none"
-    class_right = found == expected
+    if expected == "none":
+        right = verdict_right(labels, answer)
+        return right, right and answer["root_ranks"] == [], right
+    class_right = answer["class"] == expected
     root = labels["root_rank"]
     root_right = answer["root_ranks"] == ([] if root == -1 else [root])
     fix = f"{answer['title']} {answer['fix']} {answer['check']}".lower()  # the answer's cause line, its fix, its check
     keywords = [str(k).lower() for k in labels.get("fix_keywords", [])]  # type: ignore[attr-defined]
-    fix_right = (found == "none") if expected == "none" else all(k in fix for k in keywords)
+    fix_right = answer["failure_found"] is True and all(k in fix for k in keywords)
     return class_right, root_right, fix_right
 
 
-def print_scores(folder: Path) -> int:
-    totals: Counter[str] = Counter()
-    per_class: dict[str, Counter[str]] = {}
+def held_out(folder: Path) -> set[str]:
+    split = folder / "split.toml"
+    return set(tomllib.loads(split.read_text())["held_out"]) if split.is_file() else set()
+
+
+def print_scores(folder: Path, list_all: bool = False) -> int:
+    aside = held_out(folder)
+    totals = {half: Counter[str]() for half in HALVES}
+    per_class: dict[tuple[str, str], Counter[str]] = {}
+    false_green: list[str] = []
     for case in sorted(p for p in folder.iterdir() if (p / "case.toml").is_file()):
         labels, answer = diagnose_case(case)
+        half = HALVES[case.name in aside]
         right = scores(labels, answer)
-        counts = per_class.setdefault(str(labels["class"]), Counter())
+        counts = per_class.setdefault((str(labels["class"]), half), Counter())
         for name, ok in zip(("class", "root", "fix"), right, strict=True):
-            totals[name] += ok
+            totals[half][name] += ok
             counts[name] += ok
-        totals["cases"] += 1
+        totals[half]["cases"] += 1
         counts["cases"] += 1
-        marks = " ".join("ok " if ok else "-- " for ok in right)
-        print(f"{marks} {case.name:44} expected {labels['class']:18} got {answer['class'] or 'none'}")
-    print(f"\n{'class':18} cases  class  root  fix")
-    for name, counts in sorted(per_class.items()):
-        print(f"{name:18} {counts['cases']:5}  {counts['class']:5}  {counts['root']:4}  {counts['fix']:3}")
-    n = totals["cases"]
-    print(f"{'all':18} {n:5}  {totals['class']:5}  {totals['root']:4}  {totals['fix']:3}")
-    shares = ", ".join(f"{name} {totals[key] / n:.0%}" for name, key in SHARES)
-    print(f"shares right: {shares}")
+        if labels["class"] != "none" and answer["verdict"] == "no failure":
+            false_green.append(f"{case.name} ({half})")
+        if labels["class"] != "none" and answer["verdict"] == "not judged":
+            totals[half]["not judged"] += 1
+        if half == HALVES[0] or list_all:
+            marks = " ".join("ok " if ok else "-- " for ok in right)
+            got = answer["class"] or answer["verdict"]
+            print(f"{marks} {case.name:52} expected {labels['class']:18} got {got}")
+    print(f"\n{'class':18} {'half':13} cases  class  root  fix")
+    for (name, half), counts in sorted(per_class.items()):
+        print(f"{name:18} {half:13} {counts['cases']:5}  {counts['class']:5}  {counts['root']:4}  {counts['fix']:3}")
+    for half in HALVES:
+        t = totals[half]
+        n = t["cases"] or 1
+        shares = ", ".join(f"{name} {t[key] / n:.0%}" for name, key in SHARES)
+        print(f"{half:13} {t['cases']:3} cases: {shares}; failed jobs not judged: {t['not judged']}")
+    print(
+        f"'no failure' on a failed job's log: {len(false_green)}" + (f" ({', '.join(false_green)})" * bool(false_green))
+    )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(print_scores(Path(sys.argv[1]) if len(sys.argv) > 1 else DATA))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", nargs="?", type=Path, default=DATA)
+    parser.add_argument("--all", action="store_true", help="list the set-aside cases one by one too")
+    arguments = parser.parse_args()
+    sys.exit(print_scores(arguments.folder, arguments.all))

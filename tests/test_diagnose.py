@@ -225,18 +225,37 @@ def test_torchelastic_error_file_is_read(tmp_path: Path, capsys: pytest.CaptureF
     assert "KeyError: 'labels'" in answer["evidence"][0]["text"]  # type: ignore[index]
 
 
-def test_a_job_that_did_not_fail_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_job_that_ended_normally_exits_0_naming_its_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Torchrun's agent says its worker group finished (torch/distributed/elastic/agent/server/api.py)."""
     log = write(
         tmp_path / "ok.log",
         "node1:11:11 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
         "node1:11:11 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]\n"
-        "Epoch 1: loss 0.31\n",
+        "Epoch 1: loss 0.31\n"
+        "INFO:torch.distributed.elastic.agent.server.api:[default] worker group successfully finished. Waiting 300 "
+        "seconds for other agents to finish.\n",
     )
 
     status = main(["diagnose", str(log)])
 
+    out = capsys.readouterr().out
     assert status == 0
-    assert capsys.readouterr().out.startswith("no failure found (1 file, 3 lines read)")
+    assert out.startswith("no failure found: the job ended normally (1 file, 4 lines read)")
+    assert f"{log}:4 (torchrun's worker group finished)" in out
+
+
+def test_a_log_without_a_normal_end_is_never_no_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same job's log cut before its end: the ranks ran, nothing says they finished."""
+    log = write(
+        tmp_path / "cut.log",
+        "node1:11:11 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n[rank0]:Epoch 1: loss 0.31\n[rank1]:Epoch 1: loss 0.30\n",
+    )
+
+    status, answer = diagnose(capsys, log)
+
+    assert status == 1
+    assert answer["verdict"] == "failure" and answer["class"] == "hang", answer
+    assert "ends mid-job" in str(answer["title"])
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from conformance.cli.common import fail
+from conformance.common.outside_text import shown
 from conformance.diagnose.diagnosis import diagnose
-from conformance.diagnose.logs import UnusableInput
+from conformance.diagnose.inputs import UnusableInput
 from conformance.diagnose.sources import gather
 
 COMMAND = "diagnose"
-NO_FAILURE = 0
-CAUSE_NAMED = 1
 
 
 def register(commands: Any) -> None:
@@ -22,11 +21,12 @@ def register(commands: Any) -> None:
         COMMAND,
         help="name the root cause of a failed job from its logs",
         description=(
-            "Read a failed job's logs (torchrun's per-rank output, SLURM's slurm-<job>.out, NCCL_DEBUG output and "
-            "NCCL_DEBUG_FILE files, elastic error files, this suite's run and case folders; files or folders, "
-            "streamed) and name the failure class, the root-cause rank, the ranks that only waited, the fix and "
-            "the suite run that tests the machine for it. Exit status 0 when no failure is found, 1 when a cause "
-            "is named, 2 for unusable input."
+            "Read a failed job's logs (torchrun's per-rank output, SLURM's slurm-<job>.out, Ray, vLLM, Lightning, "
+            "DeepSpeed and mpirun output, nccl-tests, NCCL_DEBUG output and NCCL_DEBUG_FILE files, elastic error "
+            "files, this suite's run and case folders; files or folders, streamed) and name the failure class, the "
+            "root-cause rank, the ranks that only waited, the fix and the suite run that tests the machine for it. "
+            "Exit status 0 when the logs show the job ending normally, 1 when they show a failure (named, or "
+            "UNRECOGNISED with its lines), 2 for unusable input, 3 when they show neither a failure nor a normal end."
         ),
     )
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="log files or folders of one job")
@@ -36,14 +36,14 @@ def register(commands: Any) -> None:
 
 def diagnose_command(args: argparse.Namespace) -> int:
     try:
-        evidence = gather(list(args.paths))
+        gathered = gather(list(args.paths))
     except UnusableInput as exc:
-        return fail(COMMAND, str(exc))
-    if evidence.lines == 0:
-        return fail(COMMAND, f"{args.paths[0]}: empty: no log line to read")
-    answer = diagnose(evidence)
+        return fail(COMMAND, shown(str(exc)))
+    if gathered.evidence.lines == 0:
+        return fail(COMMAND, shown(f"{args.paths[0]}: empty: no log line to read"))
+    answer = diagnose(gathered)
     if args.json:
-        print(json.dumps(answer.to_json(), indent=2))
+        print(json.dumps(answer.to_json(), indent=2))  # ensure_ascii: every control or bidi character is \uXXXX
     else:
         print("\n".join(answer.text_lines()))
-    return NO_FAILURE if answer.failure is None else CAUSE_NAMED
+    return answer.exit_status

@@ -42,6 +42,7 @@ from typing import IO, NoReturn
 
 from conformance.cli.common import RaisingParser, UsageError, argument_type
 from conformance.common import values
+from conformance.common.outside_text import shown
 from conformance.common.suite import SUITES_DIR
 from conformance.record.results import LATEST
 from conformance.record.run_folder import run_id_of
@@ -246,7 +247,7 @@ def failure_reason(reports: Path, before: set[str], output: Sequence[str], statu
 
 def drain_reason(text: str) -> str:
     """``gpu-conformance: <text>`` on one line, cut to what slurmdbd keeps (255 bytes)."""
-    reason = f"{REASON_PREFIX} {' '.join(text.split())}".encode("ascii", "replace")
+    reason = f"{REASON_PREFIX} {shown(' '.join(text.split()))}".encode("ascii", "replace")
     if len(reason) <= REASON_BYTES:
         return reason.decode()
     return reason[: REASON_BYTES - 3].decode() + "..."

@@ -1,58 +1,77 @@
-"""From what each process said to one answer: the failure class, the root-cause rank, its victims, the fix.
+"""From what a job's logs said to one answer: its verdict, the failure class, the root-cause rank, the fix.
 
-Each process gets a finding (:func:`finding`): the most telling thing its lines say, in the verdict
-stage's order (a machine fault, out of memory, a cause its NCCL warnings name, a transport or GPU
-line, its own exception, a signal), or that it only waited (a victim), or nothing.  The findings go
-to the verdict stage's :func:`conformance.verdict.decision.decide`, the one owner of "the earliest
-real failure is the root cause; ranks that only timed out are its victims", exactly as the suite's
-own cases are judged.  When no rank stands out, what the job as a whole shows decides
-(:func:`_job_cause`): mixed NCCL versions, a rendezvous that timed out, an interface the nodes
-cannot share, collectives out of step, a stuck watchdog, an unpinned barrier, a transport hang.
+Each process gets a finding (:func:`conformance.diagnose.findings.finding`).  The findings go to the
+verdict stage's :func:`conformance.verdict.decision.decide`, the one owner of "the earliest real
+failure is the root cause; ranks that only timed out are its victims", exactly as the suite's own
+cases are judged.  When no rank stands out, what the job as a whole shows decides
+(:func:`conformance.diagnose.job_wide.job_cause`).
+
+A log that names no known cause is never "no failure": the answer has four verdicts.
+
+* ``failure``: a class is named, with its evidence and fix (exit status 1);
+* ``unrecognised failure``: the logs show a failure (an exception, an error line, a non-zero exit,
+  a signal, a timeout) or end mid-job, and no rule names it: the first and the most specific of its
+  lines are quoted with what to collect next (exit status 1);
+* ``no failure``: the logs show the job ending normally, and which lines say so; nothing in them
+  is a failure that a healthy job never prints (exit status 0);
+* ``not judged``: the logs show neither a failure nor a normal end, nor that the job ever ran
+  (exit status 3).
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 
 from conformance.common.casefiles import RankStatus
+from conformance.common.outside_text import shown
 from conformance.common.verdicts import Verdict
-from conformance.diagnose.evidence import NCCL_WARN, JobEvidence, ProcessStory, node_of
+from conformance.diagnose.evidence import EXCEPTION_LINE, JobEvidence, ProcessStory
+from conformance.diagnose.findings import Finding, finding
+from conformance.diagnose.inputs import Skipped
+from conformance.diagnose.job_wide import (
+    EVIDENCE_LINES,
+    Stories,
+    compact,
+    job_cause,
+    label,
+    launch,
+    launch_notes,
+    ranked_stories,
+    ranks_text,
+)
 from conformance.diagnose.logs import LogLine
+from conformance.diagnose.sources import Gathered
 from conformance.verdict import job_causes
 from conformance.verdict.decision import Decision, RankReport, decide
 from conformance.verdict.job_causes import FailureClass
-from conformance.verdict.machine_faults import MACHINE_FAULTS
 from conformance.verdict.nccl_facts import NcclLog
-from conformance.verdict.nccl_transport import NET_IB, NET_SOCKET, P2P_CUMEM, P2P_DIRECT, P2P_IPC, SHM
-from conformance.verdict.stderr_causes import recognise
+from conformance.verdict.nccl_log import is_warning, process_of
 
-EVIDENCE_LINES = 6  # quoted in the answer
 QUOTE_CHARS = 300  # of each evidence line
-WAITED = "timed out waiting for another rank"  # a victim's message: the verdict stage's VICTIM_PATTERN matches it
-# NCCL warnings that are never benign (a failed CUDA call); others ("Failed to open libibverbs.so") often are.
-FAILED_WARNING = re.compile(r"Cuda failure|CUDA error|unhandled (?:cuda|system) error", re.IGNORECASE)
-GPU_TRANSPORTS = (P2P_CUMEM, P2P_IPC, P2P_DIRECT, SHM, NET_IB, NET_SOCKET)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """The most telling thing one process said."""
-
-    failure: FailureClass | None  # None: it only waited (a victim)
-    title: str  # what it names: the class, or the cause its lines name
-    fix: str
-    lines: tuple[LogLine, ...]
-    status: RankStatus
-    ranks: tuple[int | str, ...] = ()  # a job-wide finding's ranks at fault, where it names them
+FAILURE, UNRECOGNISED, NO_FAILURE, NOT_JUDGED = "failure", "unrecognised failure", "no failure", "not judged"
+EXIT_STATUS = {FAILURE: 1, UNRECOGNISED: 1, NO_FAILURE: 0, NOT_JUDGED: 3}
+SPECIFIC_PLACE = re.compile(r"\b[\w./-]+\.(?:cc|cpp|cu|c|h|py):\d+")  # a source file and line: a specific error
+SILENT_HANG = (
+    "SILENT HANG {where}: the log stops in NCCL's own lines with no error and no normal end (likeliest a P2P or "
+    "SHM transport that hangs: the IOMMU/ACS, a driver's broken P2P; or the log was cut there)"
+)
+ENDS_MID_JOB = (
+    "the log ends mid-job: the ranks ran, then nothing shows them failing or ending (a hang, a kill that left no "
+    "word, or a log cut short)"
+)
+STOPPED_AT_LAUNCH = (
+    "the launcher started the ranks and nothing followed: likeliest they never met (rendezvous: MASTER_ADDR and "
+    "MASTER_PORT reachable from every node, the same --nnodes, every node started)"
+)
 
 
 @dataclass
 class Diagnosis:
-    """The answer: empty ``failure`` means no failure was found in the logs."""
+    """The answer; ``failure`` is None for ``no failure`` and ``not judged``."""
 
-    failure: FailureClass | None
+    verdict: str
+    failure: FailureClass | None = None
     title: str = ""
     fix: str = ""
     root: str = ""  # "rank 3 (node gpu-7)", "" when no rank stands out
@@ -60,6 +79,8 @@ class Diagnosis:
     victims: list[str] = field(default_factory=list)
     evidence: list[LogLine] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ended: list[tuple[str, LogLine]] = field(default_factory=list)  # the lines showing a normal end
+    skipped: list[Skipped] = field(default_factory=list)
     files: int = 0
     lines: int = 0
 
@@ -67,195 +88,70 @@ class Diagnosis:
     def check(self) -> str:
         return self.failure.check if self.failure else ""
 
-    def text_lines(self) -> list[str]:
-        """The answer first, then the evidence (file:line, quoted), the victims, the fix and the suite's check."""
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
+
+    def _head(self) -> str:
         read = f"{self.files} file{'s' * (self.files != 1)}, {self.lines} lines read"
-        if self.failure is None:
-            return [f"no failure found ({read})"]
-        head = f"{self.title}" + (f" on {self.root}" if self.root else " (no single rank stands out)")
-        lines = [head, f"  class: {self.failure.key}", "  evidence:"]
-        lines += [f"    {line.where}: {line.text.strip()[:QUOTE_CHARS]}" for line in self.evidence]
+        if self.verdict == NO_FAILURE:
+            return f"no failure found: the job ended normally ({read})"
+        if self.verdict == NOT_JUDGED:
+            return f"NOT JUDGED: these logs show no failure, no normal end, and no sign the job ran ({read})"
+        return self.title + (f" on {self.root}" if self.root else " (no single rank stands out)")
+
+    def text_lines(self) -> list[str]:
+        """The answer first, then the evidence (file:line, quoted), the victims, the fix and the suite's check.
+
+        Every line is escaped: the logs' text (and their file names) are someone else's.
+        """
+        lines = [self._head()]
+        if self.failure is not None:
+            lines.append(f"  class: {self.failure.key}")
+        if self.evidence:
+            lines.append("  evidence:")
+            lines += [f"    {line.where}: {line.text.strip()[:QUOTE_CHARS]}" for line in self.evidence]
+        if self.ended:
+            lines.append("  ended normally, as these lines show:")
+            lines += [f"    {line.where} ({what}): {line.text.strip()[:QUOTE_CHARS]}" for what, line in self.ended]
         if self.victims:
-            lines.append(f"  victims (only waited): ranks {_compact(self.victims)}")
+            lines.append(f"  victims (only waited): ranks {compact(self.victims)}")
         lines += [f"  note: {note}" for note in self.notes]
-        lines.append(f"  fix: {self.fix}")
+        lines += [f"  not read: {skipped.path}: {skipped.why}" for skipped in self.skipped]
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
         if self.check:
             lines.append(f"  test the machine: {self.check}")
-        lines.append(f"  ({read})")
-        return lines
+        if self.verdict != NO_FAILURE and self.verdict != NOT_JUDGED:
+            lines.append(f"  ({self.files} file{'s' * (self.files != 1)}, {self.lines} lines read)")
+        return [shown(line) for line in lines]
 
     def to_json(self) -> dict[str, object]:
         return {
-            "failure_found": self.failure is not None,
+            "verdict": self.verdict,
+            "failure_found": self.verdict in (FAILURE, UNRECOGNISED),
             "class": self.failure.key if self.failure else None,
             "title": self.title,
             "root": self.root,
             "root_ranks": self.root_ranks,
             "victims": self.victims,
-            "evidence": [{"file": line.path, "line": line.number, "text": line.text} for line in self.evidence],
+            "evidence": [_quoted(line) for line in self.evidence],
+            "ended_normally": [{**_quoted(line), "what": what} for what, line in self.ended],
             "fix": self.fix,
             "check": self.check,
             "notes": self.notes,
+            "not_read": [{"path": s.path, "why": s.why} for s in self.skipped],
             "files": self.files,
             "lines": self.lines,
         }
 
 
-def _compact(ranks: list[str]) -> str:
-    """``0-3,5`` for the numbers among ``ranks``, the rest as they are."""
-    numbers = sorted(int(r) for r in ranks if r.isdigit())
-    spans: list[str] = []
-    for number in numbers:
-        if spans and spans[-1].split("-")[-1] == str(number - 1):
-            spans[-1] = f"{spans[-1].split('-')[0]}-{number}"
-        else:
-            spans.append(str(number))
-    return ",".join(spans + [r for r in ranks if not r.isdigit()])
-
-
-def _first_lines(story: ProcessStory, key: str) -> tuple[LogLine, ...]:
-    return tuple(line for _, line in story.signs.get(key, []))
-
-
-def _machine_fault(story: ProcessStory) -> Finding | None:
-    said = [*story.exceptions, *(line for kept in story.signs.values() for _, line in kept), *story.warnings]
-    for fault in MACHINE_FAULTS:
-        lines = tuple(line for line in said if fault.pattern.search(line.text))
-        if lines:
-            failure = job_causes.VERSION_MISMATCH if "DRIVER TOO OLD" in fault.name else job_causes.MACHINE_FAULT
-            return Finding(failure, fault.name, fault.fix, lines, RankStatus.ERROR)
-    return None
-
-
-def _named_cause(story: ProcessStory) -> Finding | None:
-    """A cause the verdict stage's stderr table finds in the process's warnings and errors (not a lost peer's)."""
-    tail = [line for line in story.warnings if not job_causes.PEER_GONE.search(line.text)]
-    errors = [line for line in story.exceptions if not job_causes.PEER_GONE.search(line.text)]
-    if not errors and not any(NCCL_WARN in line.text for line in tail):
-        return None
-    lines = sorted({*tail, *errors}, key=lambda line: (line.path, line.number))
-    cause = recognise("\n".join(line.text for line in lines))
-    if cause is None:
-        return None
-    quoted = tuple(line for line in lines if cause.name[:40] in line.text) or tuple(lines[-2:])
-    for sign in job_causes.LINE_SIGNS:  # NCCL's warning may itself name a transport or an interface
-        if sign.root and sign.pattern.search(cause.name):
-            return Finding(sign.failure, cause.name, sign.failure.fix, quoted, RankStatus.ERROR)
-    failure = job_causes.NCCL_ERROR
-    if cause in job_causes.HOST_LIMIT_CAUSES:
-        failure = job_causes.HOST_LIMIT
-    elif cause in job_causes.RENDEZVOUS_CAUSES:
-        failure = job_causes.RENDEZVOUS
-    return Finding(failure, cause.name, cause.fix, quoted, RankStatus.ERROR)
-
-
-def _failed_warning(story: ProcessStory) -> Finding | None:
-    """An NCCL warning that something failed, when nothing else names a cause (NCCL's error may be cut off)."""
-    failed = [line for line in story.warnings if NCCL_WARN in line.text and FAILED_WARNING.search(line.text)]
-    if not failed:
-        return None
-    text = failed[0].text.split(NCCL_WARN, 1)[1].strip()
-    failure = job_causes.NCCL_ERROR
-    return Finding(failure, f"NCCL warned: {text[:120]}", failure.fix, tuple(failed[:2]), RankStatus.ERROR)
-
-
-def finding(story: ProcessStory) -> Finding | None:
-    """The most telling thing one process said; None when it said nothing wrong."""
-    found = _machine_fault(story)
-    if found is None and job_causes.OOM.key in story.signs:
-        oom = job_causes.OOM
-        found = Finding(oom, oom.title, oom.fix, _first_lines(story, oom.key), RankStatus.ERROR)
-    found = found or _named_cause(story)
-    if found is None:
-        for key, kept in story.signs.items():
-            sign = kept[0][0]
-            if sign.root and sign.failure is not job_causes.KILLED:
-                failure = sign.failure
-                found = Finding(failure, failure.title, failure.fix, _first_lines(story, key), RankStatus.ERROR)
-                break
-    if found is None and story.exceptions:
-        failure = job_causes.RANK_ERROR
-        found = Finding(failure, failure.title, failure.fix, tuple(story.exceptions), RankStatus.ERROR)
-    found = found or _failed_warning(story)
-    if found is None and story.victim_lines:
-        return Finding(None, WAITED, "", tuple(story.victim_lines), RankStatus.ERROR)
-    if found is None and (job_causes.KILLED.key in story.signs or any(code < 0 for code, _ in story.exits)):
-        killed = _first_lines(story, job_causes.KILLED.key) or tuple(line for _, line in story.exits)
-        failure = job_causes.KILLED
-        return Finding(failure, failure.title, failure.fix, killed, RankStatus.CRASH)
-    return found
+def _quoted(line: LogLine) -> dict[str, object]:
+    return {"file": line.path, "line": line.number, "text": line.text}
 
 
 # --------------------------------------------------------------------------------------------
-# Processes to ranks
-# --------------------------------------------------------------------------------------------
-
-
-def _merge(into: ProcessStory, other: ProcessStory) -> None:
-    into.who = into.who.merged(other.who)
-    for key, kept in other.signs.items():
-        into.signs.setdefault(key, []).extend(kept)
-    into.exceptions.extend(other.exceptions)
-    into.victim_lines.extend(other.victim_lines)
-    into.exits.extend(other.exits)
-    into.warnings.extend(other.warnings)
-    into.last_sequence = into.last_sequence or other.last_sequence
-    times = [t for t in (into.first_time, other.first_time) if t is not None]
-    into.first_time = min(times) if times else None
-
-
-def _rank_of(story: ProcessStory, pid_ranks: dict[tuple[str, int], int], nproc: int, nodes: list[str]) -> int | None:
-    who = story.who
-    if who.rank is not None:
-        return who.rank
-    if who.host is not None and who.pid is not None and (who.host, who.pid) in pid_ranks:
-        return pid_ranks[(who.host, who.pid)]
-    if who.local_rank is not None:
-        node = node_of(who)
-        return nodes.index(node) * nproc + who.local_rank if node in nodes else who.local_rank
-    return who.task
-
-
-def _pid_ranks(nccl: NcclLog) -> dict[tuple[str, int], int]:
-    """Each NCCL process's rank in its largest communicator (the world), from its init lines."""
-    best: dict[tuple[str, int], tuple[int, int]] = {}
-    for init in nccl.inits.values():
-        if init.host is None or init.pid is None or init.rank is None:
-            continue
-        size = init.nranks or 0
-        if size >= best.get((init.host, init.pid), (-1, 0))[0]:
-            best[(init.host, init.pid)] = (size, init.rank)
-    return {process: rank for process, (_, rank) in best.items()}
-
-
-def ranked_stories(evidence: JobEvidence, nccl: NcclLog) -> dict[int | str, ProcessStory]:
-    """The processes by rank (a process whose rank the logs never say: by its file), stories of one rank merged."""
-    pid_ranks = _pid_ranks(nccl)
-    nproc = max((local for _, local in evidence.local_ranks), default=0) + 1
-    nodes = sorted({node for node, _ in evidence.local_ranks}, key=_node_order)
-    nodes = nodes if len(nodes) > 1 else []
-    ranked: dict[int | str, ProcessStory] = {}
-    for story in evidence.stories.values():
-        rank = _rank_of(story, pid_ranks, nproc, nodes)
-        key: int | str = rank if rank is not None else story.key[1]
-        if key in ranked:
-            _merge(ranked[key], story)
-        else:
-            ranked[key] = story
-    return ranked
-
-
-def _node_order(node: str) -> tuple[int, str]:
-    return (int(node), "") if node.isdigit() else (1 << 30, node)
-
-
-def label(key: int | str, story: ProcessStory) -> str:
-    host = f" (node {story.who.host})" if story.who.host else ""
-    return f"rank {key}{host}" if isinstance(key, int) else f"the process writing {key}{host}"
-
-
-# --------------------------------------------------------------------------------------------
-# The answer
+# The ranks' findings, judged as the suite judges a case
 # --------------------------------------------------------------------------------------------
 
 
@@ -279,111 +175,246 @@ def _key(decision: Decision, by_number: dict[int, int | str]) -> int | str | Non
     return by_number[root.rank]
 
 
-def _ranks_text(keys: list[int | str]) -> list[str]:
-    return [str(key) for key in sorted(keys, key=lambda k: (isinstance(k, str), str(k).zfill(8)))]
+def _label(key: int | str, stories: Stories) -> str:
+    return label(key, stories[key]) if key in stories else f"rank {key}"
 
 
-def diagnose(evidence: JobEvidence) -> Diagnosis:
-    """The failure class, root cause and victims of the job whose every line ``evidence`` has read."""
-    nccl = evidence.nccl.build([], [])
-    stories = ranked_stories(evidence, nccl)
-    findings = {key: found for key, story in stories.items() if (found := finding(story)) is not None}
-    numbers = {key: index for index, key in enumerate(stories)}
-    reports = [_report(numbers[key], stories[key], found) for key, found in findings.items()]
-    decision = decide(reports)
-    by_number = {numbers[key]: key for key in findings}
-    root_key = _key(decision, by_number)
-    victims = [key for key, found in findings.items() if found.failure is None and key != root_key]
-    answer = Diagnosis(None, files=len(evidence.files), lines=evidence.lines)
-    answer.victims = _ranks_text(victims)
-    job = _job_cause(nccl, stories, victims)
-    if job is not None and job.failure is job_causes.VERSION_MISMATCH:
-        return _fill(answer, job, [])
-    if root_key is not None and findings[root_key].failure is not None:
-        key, found = root_key, findings[root_key]
-        # torch's desync report names two ranks running different collectives: which branched is the code's question
-        named = found.failure is not job_causes.DESYNC
-        answer.root = label(key, stories[key]) if named else ""
-        answer.root_ranks = [key] if isinstance(key, int) and named else []
-        _fill(answer, found, [stories[k] for k in victims[:1]])
-        others = [by_number[r.rank] for r in decision.victims if findings[by_number[r.rank]].failure is not None]
-        if others:
-            answer.notes.append(f"also failed, after it: {', '.join(label(k, stories[k]) for k in others[:8])}")
-        return answer
-    hang_only = job is None or (job.failure in (job_causes.HANG, job_causes.TRANSPORT) and not job.lines)
-    if root_key is not None and hang_only:  # a hang: the verdict stage names the one rank the suite stopped
-        key = root_key
-        answer.root, answer.root_ranks = label(key, stories[key]), [key] if isinstance(key, int) else []
-        answer.notes.append(f"{answer.root} made no progress and was stopped; the others waited for it")
-        found = job or Finding(job_causes.HANG, job_causes.HANG.title, job_causes.HANG.fix, (), RankStatus.STOPPED)
-        found = Finding(found.failure, found.title, found.fix, findings[key].lines, RankStatus.STOPPED)
-        return _fill(answer, found, [stories[k] for k in victims[:1]])
-    if job is not None:
-        answer.root = ", ".join(label(key, stories[key]) for key in job.ranks)
-        answer.root_ranks = [key for key in job.ranks if isinstance(key, int)]
-        return _fill(answer, job, [stories[k] for k in victims[:1]])
-    return answer
+TWO_RANKS_NAMED = re.compile(r"\brank \d+ and rank \d+", re.IGNORECASE)
+
+
+def _most_specific(root: int | str, findings: dict[int | str, Finding]) -> int | str:
+    """The root, unless it names no cause of its own and another rank's finding does (NCCL's warning elsewhere)."""
+    if findings[root].specific:
+        return root
+    specific = [key for key, found in findings.items() if found.failure is not None and found.specific]
+    return specific[0] if specific else root
+
+
+def _signature(found: Finding) -> tuple[str, str, str]:
+    """What makes two ranks' findings the same failure: the class, the cause named, an exception's own text."""
+    said = found.lines[0].text.strip() if found.lines and found.failure is job_causes.RANK_ERROR else ""
+    return (found.failure.key if found.failure else "", found.title, said)
+
+
+def _alike(key: int | str, findings: dict[int | str, Finding], stories: Stories) -> list[int | str]:
+    """The ranks that failed as ``key`` did, when no clock tells which failed first (else ``key`` alone).
+
+    Where the lines carry times, the verdict stage's earliest failure is the root; where none do, ranks that
+    all failed alike (the same error everywhere) have no single root.
+    """
+    same = [k for k, f in findings.items() if _signature(f) == _signature(findings[key])]
+    return same if all(stories[k].first_time is None for k in same) else [key]
+
+
+def _names_one_rank(found: Finding) -> bool:
+    """Not a line that names two ranks itself (torch's desync report, NCCL's Duplicate GPU): neither is blamed."""
+    return found.failure is not job_causes.DESYNC and not any(TWO_RANKS_NAMED.search(x.text) for x in found.lines)
 
 
 def _fill(answer: Diagnosis, found: Finding, victims: list[ProcessStory]) -> Diagnosis:
+    answer.verdict = UNRECOGNISED if found.failure is job_causes.UNRECOGNISED else FAILURE
     answer.failure, answer.title, answer.fix = found.failure, found.title, found.fix
     answer.evidence = [*found.lines[:EVIDENCE_LINES], *(line for s in victims for line in s.victim_lines[:1])]
     return answer
 
 
-def _all_signs(stories: dict[int | str, ProcessStory], failure: FailureClass) -> list[tuple[int | str, LogLine]]:
-    return [(key, line) for key, s in stories.items() for _, line in s.signs.get(failure.key, [])]
+def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> None:
+    """The class the ranks' findings and the job's lines name, if any (``answer.failure`` stays None if none)."""
+    findings = {key: found for key, story in stories.items() if (found := finding(story)) is not None}
+    numbers = {key: index for index, key in enumerate(stories)}
+    decision = decide([_report(numbers[key], stories[key], found) for key, found in findings.items()])
+    by_number = {numbers[key]: key for key in findings}
+    root_key = _key(decision, by_number)
+    victims = [key for key, found in findings.items() if found.failure is None and key != root_key]
+    answer.victims = ranks_text(victims)
+    job = job_cause(evidence, nccl, stories, victims)
+    first_victim = [stories[k] for k in victims[:1]]
+    if job is not None and job.failure is job_causes.VERSION_MISMATCH:
+        _fill(answer, job, [])
+    elif root_key is not None and findings[root_key].failure is not None:
+        key = _most_specific(root_key, findings)
+        found = findings[key]
+        alike = _alike(key, findings, stories)
+        named = len(alike) == 1 and _names_one_rank(found)
+        answer.root = label(key, stories[key]) if named else ""
+        answer.root_ranks = [key] if isinstance(key, int) and named else []
+        _fill(answer, found, first_victim)
+        if len(alike) > 1:
+            answer.notes.append(f"ranks {compact(ranks_text(alike))} all failed alike: no single rank is the cause")
+        others = [by_number[r.rank] for r in decision.victims if findings[by_number[r.rank]].failure is not None]
+        if others:
+            answer.notes.append(f"also failed, after it: {', '.join(label(k, stories[k]) for k in others[:8])}")
+    elif root_key is not None and (job is None or (job.failure in (job_causes.HANG, job_causes.TRANSPORT))):
+        key = root_key  # a hang: the verdict stage names the one rank the suite stopped
+        answer.root, answer.root_ranks = label(key, stories[key]), [key] if isinstance(key, int) else []
+        answer.notes.append(f"{answer.root} made no progress and was stopped; the others waited for it")
+        found = job or Finding(job_causes.HANG, job_causes.HANG.title, job_causes.HANG.fix, (), RankStatus.STOPPED)
+        _fill(answer, Finding(found.failure, found.title, found.fix, findings[key].lines, RankStatus.STOPPED), [])
+    elif job is not None:
+        answer.root = ", ".join(_label(key, stories) for key in job.ranks)
+        answer.root_ranks = [key for key in job.ranks if isinstance(key, int)]
+        _fill(answer, job, first_victim)
 
 
-def _job_finding(
-    failure: FailureClass, lines: list[LogLine], title: str = "", ranks: tuple[int | str, ...] = ()
-) -> Finding:
-    return Finding(failure, title or failure.title, failure.fix, tuple(lines[:EVIDENCE_LINES]), RankStatus.ERROR, ranks)
+# --------------------------------------------------------------------------------------------
+# No class named: unrecognised, a silent hang, a normal end, or nothing to judge
+# --------------------------------------------------------------------------------------------
 
 
-def _job_cause(nccl: NcclLog, stories: dict[int | str, ProcessStory], victims: list[int | str]) -> Finding | None:
-    """What the job as a whole shows, for when no single rank stands out (or versions disagree)."""
-    mismatch = _all_signs(stories, job_causes.VERSION_MISMATCH)
-    if mismatch or len(nccl.versions) > 1:
-        title = f"NCCL VERSIONS DIFFER: {', '.join(nccl.versions)}" if len(nccl.versions) > 1 else ""
-        return _job_finding(job_causes.VERSION_MISMATCH, [line for _, line in mismatch], title)
-    for failure in (job_causes.RENDEZVOUS, job_causes.NETWORK_INTERFACE):
-        signs = _all_signs(stories, failure)
-        if signs:
-            return _job_finding(failure, [line for _, line in signs])
-    unreachable = [i for i in nccl.bootstrap_interfaces if job_causes.UNREACHABLE_INTERFACES.match(i)]
-    hosts = {s.who.host for s in stories.values() if s.who.host}
-    if unreachable and len(hosts) > 1 and victims:
-        title = f"{job_causes.NETWORK_INTERFACE.title}: NCCL bootstraps over {', '.join(unreachable)}"
-        return _job_finding(job_causes.NETWORK_INTERFACE, [], title)
-    out_of_step = _desync(stories)
-    if out_of_step is not None:
-        return out_of_step
-    for failure in (job_causes.WATCHDOG_STUCK, job_causes.BARRIER_DEVICE):
-        signs = _all_signs(stories, failure)
-        if signs and victims:
-            return _job_finding(failure, [line for _, line in signs])
-    if not victims:
-        return None
-    transports = Counter(c.transport for c in nccl.connections if c.transport in GPU_TRANSPORTS)
-    if transports or nccl.incomplete_inits:
-        used = ", ".join(sorted(transports)) or "none connected"
-        title = f"HANG IN NCCL's TRANSPORT ({used}; {len(nccl.incomplete_inits)} communicator inits never completed)"
-        return _job_finding(job_causes.TRANSPORT, [], title)
-    return _job_finding(job_causes.HANG, [])
-
-
-def _desync(stories: dict[int | str, ProcessStory]) -> Finding | None:
-    """Ranks whose watchdog timed out on different collectives: the odd ones out took another code path."""
-    last = {key: s.last_sequence for key, s in stories.items() if s.last_sequence is not None}
-    counts = Counter((seq, op) for seq, op, _ in last.values())
-    if len(counts) < 2:
-        return None
-    common = counts.most_common(1)[0][0]
-    odd = [key for key, (seq, op, _) in last.items() if (seq, op) != common]
-    title = (
-        f"{job_causes.DESYNC.title}: ranks {', '.join(_ranks_text(odd))} timed out on another collective than "
-        f"the rest (SeqNum {common[0]} {common[1]})"
+def _specificity(line: LogLine) -> tuple[int, int]:
+    """How much a failure line says: an exception's type, a source file and line, NCCL's own warning."""
+    text = line.text.strip()
+    return (
+        2 * bool(EXCEPTION_LINE.match(text)) + bool(SPECIFIC_PLACE.search(text)) + is_warning(text),
+        -line.number,
     )
-    lines = [last[key][2] for key in odd] + [next(line for k, (s, o, line) in last.items() if (s, o) == common)]
-    return _job_finding(job_causes.DESYNC, lines, title, tuple(odd))
+
+
+def _failure_lines(evidence: JobEvidence, stories: Stories) -> list[LogLine]:
+    """The first failure line and the most specific one (an exception, a file:line), without repeats."""
+    facts = evidence.facts
+    candidates = [*facts.hard, *facts.soft, *(line for s in stories.values() for line in (*s.exceptions, *s.errors))]
+    if not candidates:
+        return []
+    first = (facts.hard or facts.soft or candidates)[0]
+    best = max(candidates, key=_specificity)
+    return list(dict.fromkeys((first, best)))
+
+
+def _seen_note(evidence: JobEvidence, stories: Stories) -> str:
+    ranks = [str(key) for key in stories if isinstance(key, int)]
+    hosts = sorted(evidence.facts.hosts)
+    said = [f"ranks {compact(ranks)}" if ranks else "no rank named", f"nodes {', '.join(hosts[:8])}" if hosts else ""]
+    return "seen in these logs: " + "; ".join(part for part in said if part)
+
+
+SUCCESS_WORDS = re.compile(r"\b(?:success(?:ful(?:ly)?)?|succeeded|completed?|finished|done|passed|ok)\b", re.I)
+NCCL_TESTS_HEADER = re.compile(r"^#\s+(?:Rank\s+\d+|nThread|Using devices)")  # nccl-tests' own set-up lines
+
+
+# What people write where they cut a log they post: "...", "[... cut ...]", "<snip>", "(truncated)".
+CUT_MARK_WORDS = frozenset(("cut", "snip", "snipped", "truncated", "omitted", "more", "lines", "etc", "skipped"))
+
+
+def _is_cut_mark(text: str) -> bool:
+    words = re.sub(r"[\W\d_]+", " ", text).lower().split()
+    return ("..." in text or "\u2026" in text or bool(words)) and set(words) <= CUT_MARK_WORDS
+
+
+def _tail(evidence: JobEvidence) -> list[LogLine]:
+    """The last lines of the last file read that hold output: where the log stops (cut marks left out)."""
+    for read in reversed(evidence.files):
+        lines = [line for line in read.last if line.text.strip() and not _is_cut_mark(line.text)]
+        if lines:
+            return lines
+    return []
+
+
+def _nccl_line(text: str) -> bool:
+    return bool(process_of(text) or NCCL_TESTS_HEADER.match(text) or text.startswith("NCCL version"))
+
+
+def _in_nccl_setup(tail: list[LogLine]) -> bool:
+    """Whether the log stops in NCCL's set-up or its first collective: its last line of output is NCCL's."""
+    return bool(tail) and _nccl_line(tail[-1].text)
+
+
+def _hang_like(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> bool:
+    """A log that stops with no error and no normal end: where it stopped tells what kind of hang it was."""
+    facts, tail = evidence.facts, _tail(evidence)
+    seen = _seen_note(evidence, stories)
+    if facts.stuck_in is not None:
+        hang = job_causes.HANG
+        title = f"{hang.title}: a stack dump shows the job inside a collective"
+        _fill(answer, Finding(hang, title, hang.fix, (facts.stuck_in,), RankStatus.STOPPED), [])
+    elif _in_nccl_setup(tail) and (facts.started is not None or nccl.inits):
+        transport = job_causes.TRANSPORT
+        # failure-modes F07/F08 (NVIDIA/nccl#257, #606, #631; pytorch/pytorch#84803): a P2P path that the IOMMU or
+        # ACS breaks, or a driver's broken P2P, hangs NCCL in its set-up or right after "Init COMPLETE", silently.
+        done = sum(init.completed for init in nccl.inits.values())
+        title = SILENT_HANG.format(where="AFTER NCCL's INIT COMPLETE" if done else "IN NCCL's SET-UP")
+        _fill(answer, Finding(transport, title, transport.fix, tuple(tail[-3:]), RankStatus.STOPPED), [])
+        answer.notes.append(f"{done} communicator init(s) completed before the log stops; {seen}")
+    elif facts.started is not None or facts.ranks_written:
+        hang = job_causes.HANG
+        title = f"{hang.title}: {ENDS_MID_JOB}"
+        _fill(answer, Finding(hang, title, hang.fix, tuple(tail[-3:]), RankStatus.STOPPED), [])
+        answer.notes.append(seen)
+    elif facts.launched is not None:
+        rendezvous = job_causes.RENDEZVOUS
+        title = f"{rendezvous.title}: {STOPPED_AT_LAUNCH}"
+        _fill(answer, Finding(rendezvous, title, rendezvous.fix, (facts.launched, *tail[-1:]), RankStatus.STOPPED), [])
+    else:
+        return False
+    return True
+
+
+def _unclassed(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> None:
+    facts = evidence.facts
+    failed = _failure_lines(evidence, stories)
+    tail = _tail(evidence)
+    if failed and not (facts.normal_ends and not facts.hard):
+        unrecognised = job_causes.UNRECOGNISED
+        _fill(answer, Finding(unrecognised, unrecognised.title, unrecognised.fix, tuple(failed), RankStatus.ERROR), [])
+        answer.notes.append(_seen_note(evidence, stories))
+    elif facts.normal_ends:
+        answer.verdict, answer.ended = NO_FAILURE, list(facts.normal_ends)
+        if failed:
+            quoted = "; ".join(f"{line.where}: {line.text.strip()[:120]}" for line in failed)
+            answer.notes.append(f"errors were printed, yet the job ended normally: {quoted}")
+    elif tail and not process_of(tail[-1].text) and SUCCESS_WORDS.search(tail[-1].text):
+        answer.verdict = NOT_JUDGED
+        answer.notes.append(
+            f"the last line reads like an end ({tail[-1].where}: {tail[-1].text.strip()[:120]}), but it is the "
+            "program's own, not a normal end this tool knows: the job may have finished or stopped there"
+        )
+    elif not _hang_like(answer, evidence, nccl, stories):
+        answer.verdict = NOT_JUDGED
+
+
+def _last_lines(evidence: JobEvidence) -> tuple[LogLine, ...]:
+    """The last non-empty lines of each file: where the log stops."""
+    last = [line for read in evidence.files for line in read.last if line.text.strip()][-3:]
+    return tuple(last)
+
+
+WAITING_CLASSES = (job_causes.WATCHDOG_STUCK, job_causes.HANG, job_causes.TRANSPORT)
+
+
+def _at_exit(answer: Diagnosis, evidence: JobEvidence) -> None:
+    """A hang after torch warned that the program exits without destroy_process_group(): NCCL's teardown hung."""
+    warned = evidence.facts.no_destroy
+    if warned is None or answer.failure not in WAITING_CLASSES:
+        return
+    answer.title += " AT EXIT, without destroy_process_group()"
+    answer.fix = (
+        "call torch.distributed.destroy_process_group() on every rank before the program exits (every rank, the same "
+        f"groups in the same order: torch warned it was not called, {warned.where}); {answer.fix}"
+    )
+    answer.evidence = [warned, *answer.evidence][:EVIDENCE_LINES]
+
+
+def diagnose(gathered: Gathered) -> Diagnosis:
+    """The verdict, failure class, root cause and victims of the job whose every line ``gathered`` has read."""
+    evidence = gathered.evidence
+    nccl = evidence.nccl.build([], [])
+    stories = ranked_stories(evidence, nccl)
+    answer = Diagnosis(NOT_JUDGED, files=len(evidence.files), lines=evidence.lines, skipped=list(gathered.skipped))
+    _named(answer, evidence, nccl, stories)
+    facts = evidence.facts
+    if answer.failure is not None and facts.normal_ends and not facts.hard:
+        cause = f"{answer.title}: {', '.join(f'{line.where}' for line in answer.evidence[:2])}"
+        answer = Diagnosis(NOT_JUDGED, files=answer.files, lines=answer.lines, skipped=answer.skipped)
+        answer.notes.append(f"the logs name a cause ({cause}), yet the job ended normally")
+    if answer.failure is None:
+        _unclassed(answer, evidence, nccl, stories)
+    _at_exit(answer, evidence)
+    if facts.stopped_outside is not None and answer.verdict != NO_FAILURE:
+        line = facts.stopped_outside
+        answer.notes.append(
+            f"the job was stopped from outside ({line.where}: {line.text.strip()[:120]}): what it was doing before "
+            "is the story"
+        )
+    facts_launch = launch(evidence, nccl, stories)
+    answer.notes += launch_notes(facts_launch, facts.hosts, facts.nnodes[0] if facts.nnodes else None)
+    return answer

@@ -1,11 +1,18 @@
 """What each process of a failed job said, gathered from its log lines in one pass, memory bounded.
 
-:class:`JobEvidence` takes :class:`~conformance.diagnose.logs.LogLine` after line and keeps, per
-process, the lines that name a failure (a few of each kind, never the whole log), the last NCCL
-warnings before an error, its watchdog's last collective and how it ended; for the job, what NCCL's
-own lines say (versions, each process's rank, bootstrap interfaces, transports).  The patterns are
-the verdict stage's tables (:mod:`conformance.verdict.job_causes`, ``stderr_causes``,
-``machine_faults``, ``decision.VICTIM_PATTERN``).
+:class:`JobEvidence` reads a job's files (:meth:`JobEvidence.read_file`, through
+:func:`conformance.diagnose.logs.scan`: only lines with one of :data:`ANCHOR_WORDS` reach it) and
+keeps, per process, the lines that name a failure (a few of each kind, never the whole log), its
+exceptions (a traceback's last line, whatever the exception's name), its last NCCL warnings, the
+collective its watchdog timed out in and how it ended; for the job, what NCCL's own lines say
+(versions, each process's rank, interfaces, the transports used), how big the job says it is and
+which ranks announced themselves, the lines that show a failure at all and those that show a
+normal end, and how each file ends.  The patterns are the verdict stage's tables
+(:mod:`conformance.verdict.job_causes`, ``stderr_causes``, ``machine_faults``, ``cuda_errors``,
+``decision.VICTIM_PATTERN``) and :mod:`conformance.diagnose.job_lines`.
+
+Memory: every list is bounded (:data:`KEPT_PER_KIND`, :data:`WARNINGS_KEPT`, :data:`FACTS_KEPT`),
+as are the sets of ranks, hosts and transports; lines are bounded by the reader.
 """
 
 from __future__ import annotations
@@ -13,20 +20,70 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from conformance.diagnose.logs import LogLine, Who
-from conformance.verdict import job_causes
+from conformance.diagnose import job_lines
+from conformance.diagnose.inputs import UnusableInput, open_regular
+from conformance.diagnose.logs import SNIFF_BYTES, LogLine, Who, is_text, scan, strip_prefixes, text_of, who_from_path
+from conformance.verdict import cuda_errors, job_causes
 from conformance.verdict.decision import VICTIM_PATTERN
-from conformance.verdict.nccl_log import NcclLogBuilder, process_of
+from conformance.verdict.nccl_log import NcclLogBuilder, is_warning, process_of
 from conformance.verdict.stderr_causes import KNOWN_CAUSES
 
 KEPT_PER_KIND = 3  # lines kept per process and kind: the first ones (the last ones for the warnings)
 WARNINGS_KEPT = 64  # per process: NCCL warnings and cause lines, the last ones, for stderr_causes.recognise
+FACTS_KEPT = 4  # job-wide lines kept per kind (failures, normal ends, sizes)
+SET_LIMIT = 1 << 16  # ranks, hosts, announcements remembered at most (a 64k-rank job)
+VIAS_KEPT = 512  # distinct NCCL transport texts
+TRACEBACK_LINES = 400  # a traceback longer than this is closed without its last line
+
+# Every word any pattern of this module, the verdict stage's tables or job_lines can match, lower-case: a line
+# holding none of them is only counted (it is searched lower-cased, so one search per line finds every case).
+ANCHOR_WORDS = (
+    # failures, exceptions, exits and signals
+    "error", "fail", "fatal", "exception", "traceback", "abort", "kill", "signal", "segmentation", "core dumped",
+    "panic", "died", "exit", "interrupt", "file \"", "during handling", "direct cause", "root cause", "failures:",
+    # waits and timeouts; victims
+    "timed out", "time out", "timeout", "watchdog", "heartbeat", "broken pipe", "by peer", "socket closed",
+    "remote process", "worker crash", "seqnum",
+    # memory, devices and the machine
+    "memory", "ecc", "xid", "cuda", "nvlink", "off the bus", "is lost", "busy", "unavailable", "not yet initialized",
+    "device ordinal", "insufficient", "oom", "kernel image", "sharedmem", "cudaarch", "sm_",
+    # NCCL: warnings, init, versions, interfaces, transports
+    "nccl warn", "init complete", "init start", "abort complete", "destroy complete", "nccl version", "bootstrap",
+    "using network", "set by environment", "ibv_", "p2p is disabled", "peer access", "nvls", "sharp",
+    "unhandled", "invalid", "internal error", "last error",
+    # host limits and sockets
+    "open files", "emfile", "enfile", "shm", "shared memory", "no space", "in use", "eaddrinuse", "interface",
+    "connect", "socket", "refused", "unreachable",
+    # the job's size, its ranks and launchers
+    "duplicate", "mismatch", "barrier", "rendezvous", "clients joined", "world_size", "world size", "global_rank",
+    "member", "nnodes", "min_nodes", "nproc", "workers_joined", "worker_count", "srun:",
+    # normal ends (job_lines.NORMAL_ENDS)
+    "avg bus bandwidth", "successfully", "succeeded", "training completed", "trainer.fit", "is a success",
+    "after training is done", "is ok (global rank",
+    # where the job was: launched, a stack dump, the exit, plugins, the GPU model, stopped from outside
+    "omp_num_threads", "elastic_operator", "(active", "(idle", "most recent call first", "destroy_process_group",
+    "plugin", "nvidia", "cancelled", "mem(gb)",
+)  # fmt: skip
+ANCHORS = tuple(word.encode() for word in ANCHOR_WORDS)
+# Writers named on any line, searched in each lower-cased block (a line need hold no anchor word to count): global
+# ranks (torch's "[rank3]:", Lightning's "[rank: 3]", DeepSpeed's "[Rank 3]", mpirun's "[1,3]<stderr>:"), and
+# torchrun's local ranks ("[default3]:") with srun's task before them where it labels lines ("1: [default3]:").
+_WRITTEN_RANK = re.compile(rb"\[rank:? ?(\d{1,7})\]|\[\d{1,7},(\d{1,7})\]<std")
+_MAY_NAME_GPU = re.compile(r"sm_|cudaArch|NVIDIA|GeForce|Tesla")  # before cuda_errors.generation_in's searches
+# NCCL's transport of a connection ("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read", conformance.verdict.nccl_log);
+# another program's " via " gives a text nccl_transport.classify does not know, and counts for nothing.
+_VIA = re.compile(rb" via ([^\n]{1,120})")
+_WRITTEN_LOCAL = re.compile(rb"\n(?:\s{0,4}(\d{1,5}): )?\[(?!rank[\d:])[a-z_]{1,40}?(\d{1,5})\]:")
 
 # The last line of a Python traceback: "torch.OutOfMemoryError: CUDA out of memory. ...", "KeyError: 'x'".
 EXCEPTION_LINE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_][\w]*\.){0,8}[A-Z]\w*(?:Error|Exception|Exit))(?::\s?(?P<message>.*))?$"
+    r"^(?P<type>(?:[A-Za-z_][\w]*\.){0,8}[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s?(?P<message>.*))?$"
 )
+# What may end a traceback: "Name" or "pkg.Name: message" (an exception whose name ends in no known word).
+TRACEBACK_END = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.){0,8}[A-Za-z_]\w*)(?::\s?(?P<message>.*))?$")
+TRACEBACK_CONTINUES = ('File "', "During handling of", "The above exception", "Traceback (most recent", "^", "~")
 # The launcher's own exceptions: not what a rank died of (torch/distributed/elastic/multiprocessing/errors,
 # .../api.py SignalException: the agent itself got SIGTERM from SLURM or a user).
 LAUNCHER_EXCEPTIONS = re.compile(r"ChildFailedError|SignalException|CalledProcessError")
@@ -37,82 +94,16 @@ SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,7}) \(local_rank: (?P<l
 SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,4}) \(pid: (?P<pid>\d{1,10})\)")
 SUMMARY_TIME = re.compile(r"^\s*time\s*:\s*(?P<time>\S+)")
 SUMMARY_END = re.compile(r"^(?:=+|-+|\[\d+\]:)\s*$")
+SUMMARY_LINES = 200  # a summary block longer than this is closed
 # Timestamps that order lines across files: glog's "[E1218 20:27:21.426" (torch's C++ logs), ISO dates
 # ("2024-01-01 12:00:00", "2024-01-01_12:00:00" in torchrun's summary, "[2024-01-01 12:00:00]" NCCL).
 GLOG_TIME = re.compile(r"\b[IWEF](?P<month>\d\d)(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d(?:\.\d{1,9})?)\b")
 ISO_TIME = re.compile(
     r"\b\d{4}-(?P<month>\d\d)-(?P<day>\d\d)[ _T](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d(?:[.,]\d{1,9})?)", re.ASCII
 )
-NCCL_WARN = "NCCL WARN"
-# Words one of which is in every line any pattern here or in the verdict stage's tables can match (errors,
-# exceptions, NCCL, signals, waits, the launcher summary's first line, traceback frames): a line with none of
-# them is only counted, so a long log of training steps costs one search per line.
-MAY_MATTER = re.compile(
-    "|".join(
-        re.escape(word)
-        for word in (
-            "error",
-            "exception",
-            "exit",
-            "warn",
-            "fail",
-            "nccl",
-            "timed out",
-            "time out",
-            "timeout",
-            "connection",
-            "broken pipe",
-            "watchdog",
-            "abort",
-            "socket",
-            "crash",
-            "memory",
-            "ecc",
-            "busy",
-            "lost",
-            "bus",
-            "cuda",
-            "device",
-            "too many open files",
-            "emfile",
-            "enfile",
-            "no space",
-            "shm",
-            "in use",
-            "eaddrinuse",
-            "nvls",
-            "ibv",
-            "unhandled",
-            "invalid",
-            "remote process",
-            "duplicate gpu",
-            "heartbeat",
-            "clients joined",
-            "rendezvous",
-            "interface",
-            "net/",
-            "peer access",
-            "p2p",
-            "transport/",
-            "signal",
-            "srun:",
-            "oom",
-            "segmentation",
-            "fatal python",
-            "wrong data",
-            "barrier",
-            "root cause",
-            "failures:",
-            "last error",
-            "stopped by",
-            "result, written",
-            'file "',
-            "killed",
-            "mismatch",
-        )
-    ),
-    re.IGNORECASE,
-)
+# torch's ProcessGroupNCCL names the rank in its own messages, prefix or not: "[Rank 3] Watchdog caught ...",
+# "[PG ID 0 PG GUID 0(default_pg) Rank 3] ..." (ProcessGroupNCCL.cpp logPrefix(), torch >= 2.3).
+TORCH_RANK = re.compile(r"^\s*(?:\[[IWEF]\d{4} [^\]]{0,80}\]\s*)?\[(?:PG [^\]]{0,120}?)?Rank (?P<rank>\d{1,7})\]")
 # How diagnose.sources quotes a rank of this suite's own cases that the suite's watchdog stopped.
 STOPPED_LINE = "stopped by the suite's watchdog while waiting (no result): wait timeout in {where}"
 _STOPPED_START = STOPPED_LINE.split("{", 1)[0]
@@ -147,27 +138,97 @@ def process_key(who: Who, path: str) -> ProcessKey:
     return ("file", path)
 
 
+@dataclass(frozen=True)
+class Collective:
+    """The collective a rank's watchdog timed out in: torch's ``WorkNCCL(SeqNum=, OpType=, NumelIn=, ...)``."""
+
+    seq: int
+    op: str
+    numel: int | None
+    line: LogLine
+
+    @property
+    def shape(self) -> tuple[int, str, int | None]:
+        return (self.seq, self.op, self.numel)
+
+
 @dataclass
 class ProcessStory:
     """What one process's lines said; every list holds at most :data:`KEPT_PER_KIND` lines."""
 
     key: ProcessKey
     who: Who = field(default_factory=Who)
-    signs: dict[str, list[tuple[job_causes.LineSign, LogLine]]] = field(default_factory=dict)
+    signs: dict[str, list[tuple[int, LogLine]]] = field(default_factory=dict)  # index into LINE_SIGNS
     exceptions: list[LogLine] = field(default_factory=list)
     victim_lines: list[LogLine] = field(default_factory=list)
     exits: list[tuple[int, LogLine]] = field(default_factory=list)  # (exit code, the line saying so)
+    errors: list[LogLine] = field(default_factory=list)  # lines that show a failure and name nothing known
     warnings: deque[LogLine] = field(default_factory=lambda: deque(maxlen=WARNINGS_KEPT))
-    last_sequence: tuple[int, str, LogLine] | None = None  # the watchdog's (SeqNum, OpType)
+    collective: Collective | None = None  # the watchdog's last timed-out collective
     stopped: bool = False  # a rank of this suite's own case, stopped by its watchdog
     first_time: float | None = None  # of the first failure line
     clock: float | None = None  # the last timestamp seen in this process's lines
+
+    def sign_lines(self, key: str) -> tuple[LogLine, ...]:
+        return tuple(line for _, line in self.signs.get(key, []))
+
+    def absorb(self, other: ProcessStory) -> None:
+        """Take in another story of the same process (read from another file, or by another key)."""
+        self.who = self.who.merged(other.who)
+        for key, kept in other.signs.items():
+            self.signs.setdefault(key, []).extend(kept)
+        self.exceptions.extend(other.exceptions)
+        self.victim_lines.extend(other.victim_lines)
+        self.exits.extend(other.exits)
+        self.errors.extend(other.errors)
+        self.warnings.extend(other.warnings)
+        self.collective = self.collective or other.collective
+        self.stopped = self.stopped or other.stopped
+        times = [t for t in (self.first_time, other.first_time) if t is not None]
+        self.first_time = min(times) if times else None
 
 
 def _keep(items: list[LogLine], line: LogLine) -> bool:
     if len(items) < KEPT_PER_KIND:
         items.append(line)
     return True
+
+
+@dataclass
+class FileRead:
+    """One file read: how many lines, and how it ends (the last lines, their writers' prefixes taken off)."""
+
+    path: str
+    lines: int
+    last: list[LogLine]
+
+
+@dataclass
+class JobFacts:
+    """What the logs say about the job as a whole; every list bounded by :data:`FACTS_KEPT`."""
+
+    hard: list[LogLine] = field(default_factory=list)  # a failure no healthy job prints (exception, exit, signal)
+    soft: list[LogLine] = field(default_factory=list)  # a line that says something failed
+    normal_ends: list[tuple[str, LogLine]] = field(default_factory=list)
+    started: LogLine | None = None  # the first line showing the job got past its start (NCCL init, a rank's own line)
+    sizes: dict[int, LogLine] = field(default_factory=dict)  # stated world sizes
+    nnodes: tuple[int, LogLine] | None = None
+    nproc: tuple[int, LogLine] | None = None
+    joined: tuple[int, int, LogLine] | None = None  # (joined, expected, line): a store's count of arrivals
+    members: dict[int, int] = field(default_factory=dict)  # rank -> times it announced itself
+    ranks_written: set[int] = field(default_factory=set)  # ranks whose prefix some line carries
+    hosts: set[str] = field(default_factory=set)
+    vias: set[str] = field(default_factory=set)  # NCCL transport texts ("P2P/IPC/read", "NET/IB/0/GDRDMA")
+    launched: LogLine | None = None  # a launcher starting the ranks
+    stuck_in: LogLine | None = None  # a stack dump's frame inside a collective
+    no_destroy: LogLine | None = None  # torch's warning that the program exits without destroy_process_group()
+    stopped_outside: LogLine | None = None  # Ctrl-C, SIGTERM to the launcher, SLURM cancelling the job
+    net_plugins: dict[str, tuple[str, LogLine]] = field(default_factory=dict)  # host -> NCCL net plugin
+    gpu: tuple[cuda_errors.GpuGeneration, LogLine] | None = None  # the GPU generation the logs name
+
+    def add_kept(self, items: list[LogLine], line: LogLine) -> None:
+        if len(items) < FACTS_KEPT:
+            items.append(line)
 
 
 @dataclass
@@ -178,51 +239,111 @@ class _Summary:
     rank: int | None = None
     local: int | None = None
     time: float | None = None
+    lines: int = 0
 
 
 class JobEvidence:
-    """Feed it every line of a job's logs (:meth:`add`); then read :attr:`stories` and :attr:`nccl`."""
+    """Feed it a job's files (:meth:`read_file`) or lines (:meth:`add`, :meth:`end_file`); then read its facts."""
 
     def __init__(self) -> None:
         self.stories: dict[ProcessKey, ProcessStory] = {}
         self.nccl = NcclLogBuilder()
-        self.files: list[str] = []
+        self.facts = JobFacts()
+        self.files: list[FileRead] = []
         self.lines = 0
         self.local_ranks: set[tuple[str, int]] = set()  # (node, local rank) of every line named so: nproc per node
         self._summary: _Summary | None = None
+        self._tracebacks: dict[ProcessKey, int] = {}  # open tracebacks and stack dumps: lines read of each
+        self._dumps: set[ProcessKey] = set()  # which of them are stack dumps of a live process
         self._frame_indent: int | None = None  # the indentation of the last line if it was a ``File "..."`` frame
         self._after_last_error = False  # the last line was torch's "Last error:", NCCL's text follows
 
-    def end_file(self, path: str) -> None:
-        self.files.append(path)
+    # ---------------------------------------------------------------------------------------- reading
+
+    def read_file(self, path: Path) -> None:
+        """Every line of one text file (a binary file raises :class:`UnusableInput`)."""
+        base = who_from_path(path)
+        name = str(path)
+        with open_regular(path) as stream:
+            if not is_text(stream.read(SNIFF_BYTES)):
+                raise UnusableInput(f"{path}: a binary file, not a log")
+            stream.seek(0)
+
+            def read(number: int, raw: bytes) -> None:
+                if b"NCCL INFO" in raw and not self.waiting():
+                    if b" via " not in raw:  # a connection's transport: each block's are counted in _block
+                        self._nccl_info(LogLine(name, number, *strip_prefixes(text_of(raw), base)))
+                    return
+                text, who = strip_prefixes(_after_carriage_return(text_of(raw)), base)
+                self.add(LogLine(name, number, text, who))
+
+            scanned = scan(stream, ANCHORS, read, self.waiting, self._block)
+        last = [LogLine(name, n, *strip_prefixes(text, base)) for n, text in scanned.last_lines()]
+        self.end_file(name, scanned.lines, last)
+
+    def waiting(self) -> bool:
+        """Whether the next line must be read whatever it holds (a traceback, a summary block, NCCL's last error)."""
+        return bool(self._tracebacks) or self._summary is not None or self._after_last_error
+
+    def _block(self, block: bytes, lowered: bytes) -> None:
+        vias = self.facts.vias
+        if len(vias) < VIAS_KEPT and b" via " in block:
+            vias.update(via.decode("ascii", "replace").strip() for via in set(_VIA.findall(block)))
+        written = self.facts.ranks_written
+        if len(written) < SET_LIMIT:
+            written.update(int(a or b) for a, b in _WRITTEN_RANK.findall(lowered))
+        if len(self.local_ranks) < SET_LIMIT:
+            self.local_ranks.update((task.decode(), int(local)) for task, local in _WRITTEN_LOCAL.findall(lowered))
+
+    def _nccl_info(self, line: LogLine) -> None:
+        """An NCCL INFO line: what NCCL says of itself (versions, init, interfaces, plugins), never a failure.
+
+        Except that an NCCL built without the GPU's architecture says so at INFO level (2.25).
+        """
+        text = line.text
+        self.nccl.feed_line(text)
+        process = process_of(text)
+        if process is not None:
+            if len(self.facts.hosts) < SET_LIMIT:
+                self.facts.hosts.add(process[0])
+            line = LogLine(line.path, line.number, text, line.who.merged(Who(host=process[0], pid=process[1])))
+        self._started_by(line)
+        self._where(line)
+        if "maxSharedMem" in text:
+            self._read(self._story(line.who, line.path), line)
+
+    def end_file(self, path: str, lines: int, last: list[LogLine] | None = None) -> None:
+        self.lines += lines
+        self.files.append(FileRead(path, lines, last or []))
         self.nccl.end_source()
         self._summary = None
+        self._tracebacks.clear()
+        self._dumps.clear()
         self._frame_indent = None
         self._after_last_error = False
 
     def add(self, line: LogLine) -> None:
-        self.lines += 1
+        """One line of the current file (its writer's prefixes already taken off)."""
         text = line.text
         if line.who.local_rank is not None and line.who.rank is None:
             self.local_ranks.add((node_of(line.who), line.who.local_rank))
-        if self._quiet(text):
-            return
         who = self._who(line)
         process = process_of(text)
         if process is not None:
             who = who.merged(Who(host=process[0], pid=process[1]))
-        if "NCCL" in text:
+        if who.rank is None and (m := TORCH_RANK.match(text)) is not None:
+            who = who.merged(Who(rank=int(m["rank"])))
+        if "NCCL" in text or " WARN" in text:
             self.nccl.feed_line(text)
         story = self._story(who, line.path)
         stamp = line_time(text) if self._summary is None else self._summary.time
         if stamp is not None:
             story.clock = stamp
-        self._read(story, LogLine(line.path, line.number, text, who))
+        line = LogLine(line.path, line.number, text, who)
+        self._job_facts(line)
+        self._read(story, line)
 
-    def _quiet(self, text: str) -> bool:
-        """Whether a line can say nothing here (no state waits on it and it names nothing)."""
-        waiting = self._summary is not None or self._frame_indent is not None or self._after_last_error
-        return not waiting and MAY_MATTER.search(text) is None
+    # ---------------------------------------------------------------------------------------- writers
 
     def _who(self, line: LogLine) -> Who:
         """The writer of a line; inside a launcher summary, the failed process it describes."""
@@ -233,13 +354,14 @@ class JobEvidence:
         summary = self._summary
         if summary is None:
             return line.who
+        summary.lines += 1
         if (m := SUMMARY_HOST.match(text)) is not None:
             summary.host = m["host"]
         elif (m := SUMMARY_RANK.match(text)) is not None:
             summary.rank, summary.local = int(m["rank"]), int(m["local"])
         elif (m := SUMMARY_TIME.match(text)) is not None:
             summary.time = line_time(m["time"])
-        elif SUMMARY_END.match(text) and text.startswith("="):
+        elif (SUMMARY_END.match(text) and text.startswith("=")) or summary.lines > SUMMARY_LINES:
             self._summary = None
             return line.who
         elif SUMMARY_END.match(text):
@@ -256,30 +378,143 @@ class JobEvidence:
             story = self.stories[key] = ProcessStory(key, who)
         else:
             story.who = story.who.merged(who)
+        if who.host is not None and len(self.facts.hosts) < SET_LIMIT:
+            self.facts.hosts.add(who.host)
         return story
+
+    # ---------------------------------------------------------------------------------------- the job
+
+    def _started_by(self, line: LogLine) -> None:
+        if self.facts.started is None:
+            self.facts.started = line
+
+    def _job_facts(self, line: LogLine) -> None:
+        text, facts = line.text, self.facts
+        if "Init COMPLETE" in text or "Init START" in text or line.who.rank is not None or process_of(text):
+            self._started_by(line)
+        self._where(line)
+        for end in job_lines.NORMAL_ENDS:
+            if end.pattern.search(text) and len(facts.normal_ends) < FACTS_KEPT:
+                facts.normal_ends.append((end.what, line))
+        if (m := job_lines.MEMBER.search(text)) is not None:
+            self._stated_size(int(m["size"]), line)
+            rank = int(m["rank"])
+            if rank in facts.members or len(facts.members) < SET_LIMIT:
+                facts.members[rank] = facts.members.get(rank, 0) + 1
+        elif (m := job_lines.WORLD_SIZE.search(text)) is not None:
+            self._stated_size(job_lines.first_number(m), line)
+        if (m := job_lines.CLIENTS_JOINED.search(text) or job_lines.STORE_BARRIER.search(text)) is not None:
+            facts.joined = (int(m["joined"]), int(m["size"]), line)
+            self._stated_size(int(m["size"]), line)
+        if (m := job_lines.NNODES.search(text)) is not None:
+            facts.nnodes = facts.nnodes or (job_lines.first_number(m), line)
+        if (m := job_lines.NPROC.search(text)) is not None:
+            facts.nproc = facts.nproc or (job_lines.first_number(m), line)
+
+    def _where(self, line: LogLine) -> None:
+        """Where the job was: launched, dumped in a collective, exiting, stopped from outside; its plugins, its GPU."""
+        text, facts = line.text, self.facts
+        if facts.launched is None and job_lines.LAUNCHED.search(text):
+            facts.launched = line
+        if facts.no_destroy is None and "destroy_process_group" in text and job_lines.NO_DESTROY.search(text):
+            facts.no_destroy = line
+        if facts.stopped_outside is None and job_causes.STOPPED_FROM_OUTSIDE.search(text):
+            facts.stopped_outside = line
+        host = line.who.host
+        if "lugin" in text and host is not None and (m := job_lines.NET_PLUGIN.search(text)) is not None:
+            if host in facts.net_plugins or len(facts.net_plugins) < SET_LIMIT:
+                facts.net_plugins.setdefault(host, (job_lines.net_plugin(m), line))
+        if facts.gpu is None and _MAY_NAME_GPU.search(text) and (generation := cuda_errors.generation_in(text)):
+            facts.gpu = (generation, line)
+
+    def _stated_size(self, size: int, line: LogLine) -> None:
+        if size > 0 and (size in self.facts.sizes or len(self.facts.sizes) < SET_LIMIT):
+            self.facts.sizes.setdefault(size, line)
+
+    # ---------------------------------------------------------------------------------------- a process
 
     def _read(self, story: ProcessStory, line: LogLine) -> None:
         text = line.text
         indent = len(text) - len(text.lstrip())
         source_line = self._frame_indent is not None and indent > self._frame_indent
         self._frame_indent = indent if text.lstrip().startswith('File "') else None
-        if source_line:  # a traceback's source line (deeper than its frame) quotes code, not what happened
+        if source_line or self._in_traceback(story, line):  # a frame or its source line: code, not what happened
             return
-        found = self._exit(story, line) or self._sign(story, line) or self._exception(story, line)
-        if not found and (VICTIM_PATTERN.search(text) or job_causes.PEER_GONE.search(text)):
+        ended = self._traceback_end(story, line)
+        found = ended or self._exit(story, line) or self._sign(story, line) or self._exception(story, line)
+        if not found and _only_waited(text):
             found = _keep(story.victim_lines, line)
         last_error_text = self._after_last_error
         self._after_last_error = text.rstrip().endswith("Last error:")
-        names_cause = NCCL_WARN in text or "Last error:" in text or any(k.pattern.search(text) for k in KNOWN_CAUSES)
+        names_cause = is_warning(text) or "Last error:" in text or any(k.pattern.search(text) for k in KNOWN_CAUSES)
         if last_error_text or names_cause:
             story.warnings.append(line)
-        sequence = job_causes.WATCHDOG_SEQUENCE.search(text) or job_causes.TIMEOUT_AT_WORK.search(text)
-        if sequence is not None:
-            groups = sequence.groupdict()
-            story.last_sequence = (int(groups["seq"]), groups.get("op") or "", line)
+        self._collective(story, line)
         story.stopped = story.stopped or text.startswith(_STOPPED_START)
-        if found and story.first_time is None:
+        failed = self._failure(story, line, hard=ended)
+        if (found or failed) and story.first_time is None:
             story.first_time = story.clock
+
+    def _in_traceback(self, story: ProcessStory, line: LogLine) -> bool:
+        """Whether the line starts a Python traceback or a stack dump, or is inside one (frames, chained parts)."""
+        text = line.text.strip()
+        if text.startswith("Traceback (most recent call last)"):
+            self._tracebacks[story.key] = 0
+            self._failure(story, line, hard=True)
+            return True
+        if job_lines.STACK_DUMP.search(text):
+            self._tracebacks[story.key] = 0
+            self._dumps.add(story.key)
+            return True
+        read = self._tracebacks.get(story.key)
+        if read is None:
+            if job_lines.TRACEBACK_FRAME.match(line.text):  # a traceback whose first line is not in the log
+                self._failure(story, line, hard=True)
+            return False
+        if read < TRACEBACK_LINES and (line.text[:1].isspace() or not text or text.startswith(TRACEBACK_CONTINUES)):
+            self._tracebacks[story.key] = read + 1
+            if story.key in self._dumps and self.facts.stuck_in is None and job_lines.COLLECTIVE_FRAME.search(text):
+                self.facts.stuck_in = line
+            return True
+        return False
+
+    def _traceback_end(self, story: ProcessStory, line: LogLine) -> bool:
+        """The first line of a traceback back at the margin: its exception, whatever the exception's name."""
+        if self._tracebacks.pop(story.key, None) is None:
+            return False
+        if story.key in self._dumps:  # a stack dump ends in no exception
+            self._dumps.discard(story.key)
+            return False
+        text = line.text.strip()
+        m = TRACEBACK_END.match(text)
+        if m is None or not (EXCEPTION_LINE.match(text) or m["message"] is not None or "." in m["type"]):
+            return False  # not an exception line: read it as any other line
+        if not LAUNCHER_EXCEPTIONS.search(m["type"]):
+            self._sign(story, line) or self._exception(story, line, any_name=True)
+        return True
+
+    def _collective(self, story: ProcessStory, line: LogLine) -> None:
+        m = job_causes.WATCHDOG_SEQUENCE.search(line.text) or job_causes.TIMEOUT_AT_WORK.search(line.text)
+        if m is not None:
+            groups = m.groupdict()
+            numel = int(groups["numel"]) if groups.get("numel") else None
+            story.collective = Collective(int(groups["seq"]), groups.get("op") or "", numel, line)
+
+    def _failure(self, story: ProcessStory, line: LogLine, hard: bool) -> bool:
+        """Whether the line shows a failure (kept as the job's evidence that it failed)."""
+        text = line.text
+        if not hard:
+            hard = job_lines.NONZERO_EXIT.search(text) is not None or (
+                "Watchdog caught collective operation timeout" in text
+            )
+        soft = hard or _says_failure(text)
+        if hard:
+            self.facts.add_kept(self.facts.hard, line)
+        if soft:
+            self.facts.add_kept(self.facts.soft, line)
+            if not story.exceptions and line not in story.errors:
+                _keep(story.errors, line)
+        return soft
 
     def _exit(self, story: ProcessStory, line: LogLine) -> bool:
         m = SUMMARY_EXIT.match(line.text) if self._summary is not None else None
@@ -291,18 +526,68 @@ class JobEvidence:
         return code != 0
 
     def _sign(self, story: ProcessStory, line: LogLine) -> bool:
-        for sign in job_causes.LINE_SIGNS:
+        for index, sign in enumerate(job_causes.LINE_SIGNS):
             if sign.pattern.search(line.text):
                 kept = story.signs.setdefault(sign.failure.key, [])
                 if len(kept) < KEPT_PER_KIND:
-                    kept.append((sign, line))
+                    kept.append((index, line))
                 return sign.root
         return False
 
-    def _exception(self, story: ProcessStory, line: LogLine) -> bool:
-        m = EXCEPTION_LINE.match(line.text.strip())
+    def _exception(self, story: ProcessStory, line: LogLine, any_name: bool = False) -> bool:
+        m = (TRACEBACK_END if any_name else EXCEPTION_LINE).match(line.text.strip())
         if m is None or LAUNCHER_EXCEPTIONS.search(m["type"]):
             return False
-        if VICTIM_PATTERN.search(line.text) or job_causes.PEER_GONE.search(line.text):
+        if _only_waited(line.text):
             return _keep(story.victim_lines, line)
         return _keep(story.exceptions, line)
+
+    # ---------------------------------------------------------------------------------------- merging
+
+    def absorb(self, other: JobEvidence) -> None:
+        """Take in the evidence of other files of the same job (read in another process)."""
+        for key, story in other.stories.items():
+            if key in self.stories:
+                self.stories[key].absorb(story)
+            else:
+                self.stories[key] = story
+        self.nccl.absorb(other.nccl)
+        self.files += other.files
+        self.lines += other.lines
+        self.local_ranks |= other.local_ranks
+        mine, theirs = self.facts, other.facts
+        for name in ("hard", "soft", "normal_ends"):
+            getattr(mine, name).extend(getattr(theirs, name)[: FACTS_KEPT - len(getattr(mine, name))])
+        mine.started = mine.started or theirs.started
+        for size, line in theirs.sizes.items():
+            mine.sizes.setdefault(size, line)
+        mine.nnodes, mine.nproc = mine.nnodes or theirs.nnodes, mine.nproc or theirs.nproc
+        mine.joined = theirs.joined or mine.joined
+        for rank, count in theirs.members.items():
+            mine.members[rank] = mine.members.get(rank, 0) + count
+        for name in ("ranks_written", "hosts", "vias"):
+            getattr(mine, name).update(list(getattr(theirs, name))[: SET_LIMIT - len(getattr(mine, name))])
+        for name in ("launched", "stuck_in", "no_destroy", "stopped_outside", "gpu"):
+            setattr(mine, name, getattr(mine, name) or getattr(theirs, name))
+        for host, plugin in theirs.net_plugins.items():
+            mine.net_plugins.setdefault(host, plugin)
+
+
+def _only_waited(text: str) -> bool:
+    """A line of a rank that lost its peer, timed out waiting, or was stopped from outside: not a cause of its own."""
+    return any(p.search(text) for p in (VICTIM_PATTERN, job_causes.PEER_GONE, job_causes.STOPPED_FROM_OUTSIDE))
+
+
+def _says_failure(text: str) -> bool:
+    """Whether a line (not INFO, not a warning) says something failed; a benign NCCL warning never does."""
+    if is_warning(text):
+        return job_lines.BENIGN_NCCL_WARNING.search(text) is None
+    return job_lines.FAILURE_WORDS.search(text) is not None and job_lines.NOT_A_FAILURE.search(text) is None
+
+
+def _after_carriage_return(text: str) -> str:
+    """What a terminal shows of a line with carriage returns (a progress bar's updates): the part after the last."""
+    if "\r" not in text:
+        return text
+    shown = text.rsplit("\r", 1)[1]
+    return shown if shown.strip() else text.replace("\r", " ")

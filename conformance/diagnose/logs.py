@@ -1,38 +1,34 @@
-"""A failed job's logs, line by line, each line with the process that wrote it as far as the logs tell.
+"""A job's log files, line by line, fast and in bounded memory, each line with the process that wrote it.
 
-Input is what people have after a job failed: files or folders of torchrun's output, SLURM's
-``slurm-<job>.out``, ``NCCL_DEBUG_FILE`` files, elastic error files, this suite's run folders.
-Nothing is loaded whole: files are read a line at a time, and a line is cut at :data:`MAX_LINE`.
+**Reading.**  A file is read in blocks of :data:`BLOCK_BYTES`; a line longer than :data:`MAX_LINE`
+keeps its first and last :data:`HALF_LINE` bytes (so a line of any length, with or without a
+newline, costs at most a block and a line of memory).  Most lines of a big log say nothing a rule
+can use (training steps, NCCL's per-channel set-up): :func:`scan` hands on only the lines that
+contain one of the reader's anchor words (one compiled search per line) or that the reader waits
+for (the lines after a traceback's start), counts the rest, and keeps the file's last lines.
 
-Who wrote a line comes from, in order:
-
-* its own prefixes, stacked in any order: torch's ``[rank3]:`` (the global rank, torch >= 2.2,
-  torch/csrc/distributed/c10d/logging.h), torchrun's ``[default3]:`` (``--tee``/``--log-dir``:
-  role and local rank, torch/distributed/elastic/multiprocessing/api.py), srun ``--label``'s ``3:``
-  (the task id), Open MPI ``--tag-output``'s ``[1,3]<stderr>:`` (job, rank);
-* the file's path: ``rank3``/``rank_3``/``rank-3`` in any part, torchrun ``--log-dir``'s
-  ``attempt_0/3/stderr.log`` (local rank 3);
-* NCCL's ``host:pid:tid [dev]`` prefix: the pid's rank is resolved later from its init line
-  (:mod:`conformance.diagnose.evidence`).
+**Writers.**  Who wrote a line comes from its prefixes (:data:`WRITER_PREFIXES`, one table of the
+shapes launchers write, stacked in any order) and the file's path (:func:`who_from_path`); NCCL's
+``host:pid:tid [dev]`` prefix names a process whose rank its init line gives
+(:mod:`conformance.diagnose.evidence`).
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from conformance.verdict.nccl_log import MAX_LINE
 
+BLOCK_BYTES = 1 << 20
+HALF_LINE = MAX_LINE // 2
+CUT_MARK = b" [...] "  # where the middle of an over-long line was left out
+TAIL_LINES = 8  # the last lines of each file, kept to tell how the log ends
 SNIFF_BYTES = 8192  # read to decide whether a file is text
-LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".json", ".stderr", ".stdout")
-MAX_FILES = 10_000  # a folder with more is refused rather than read for hours
-
-
-class UnusableInput(Exception):
-    """Input that cannot be read as logs; the message names the path and why (exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -68,29 +64,87 @@ class LogLine:
         return f"{self.path}:{self.number}"
 
 
-_PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\[rank(\d{1,7})\]:\s?"), "rank"),
-    (re.compile(r"\[[A-Za-z_]{1,40}?(\d{1,5})\]:\s?"), "local_rank"),  # torchrun: [default3]: or [trainer3]:
-    (re.compile(r"\[\d{1,7},(\d{1,7})\]<std(?:out|err)>:\s?"), "rank"),
-    (re.compile(r"\s{0,4}(\d{1,5}): "), "task"),
+@dataclass(frozen=True)
+class WriterPrefix:
+    """One shape of line prefix a launcher writes, and what its groups say of the writer."""
+
+    launcher: str
+    pattern: re.Pattern[str]  # matched at the start of the line (after the prefixes already taken off)
+    fields: tuple[str, ...]  # Who's field for each group: rank, local_rank, task, host, pid
+
+
+# Every prefix shape, in one table.  Each is matched at the start of what is left of the line, so they stack
+# in any order (``0: [rank3]: ...``, ``(RayWorkerWrapper pid=7, ip=10.0.0.2) [rank1]: ...``).
+WRITER_PREFIXES: tuple[WriterPrefix, ...] = (
+    # torch's own distributed logging, torch >= 2.2: "[rank3]:" before every line a rank writes to stderr
+    # (torch/csrc/distributed/c10d/logging.h and torch/distributed/c10d_logger.py).
+    WriterPrefix("torch", re.compile(r"\[rank(\d{1,7})\]:\s?"), ("rank",)),
+    # torchrun --tee / --log-dir: "[default3]:" -- the role and the local rank
+    # (torch/distributed/elastic/multiprocessing/api.py, tail_logger's "[{role}{local_rank}]:").
+    WriterPrefix("torchrun", re.compile(r"\[[A-Za-z_]{1,40}?(\d{1,5})\]:\s?"), ("local_rank",)),
+    # Open MPI's mpirun --tag-output: "[1,3]<stderr>:" -- the job and the rank (orte/mca/iof/base).
+    WriterPrefix("mpirun", re.compile(r"\[\d{1,7},(\d{1,7})\]<std(?:out|err)>:\s?"), ("rank",)),
+    # SLURM's srun --label: "3: " -- the task id, right-aligned (src/srun/libsrun/... "%*d: ").
+    WriterPrefix("srun", re.compile(r"\s{0,4}(\d{1,5}): "), ("task",)),
+    # Ray's log monitor before every line of a worker: "(RayWorkerWrapper pid=2789, ip=10.0.0.2) ", "(pid=2789) "
+    # (ray/_private/worker.py print_worker_logs); vLLM's own workers: "(VllmWorkerProcess pid=8732) ",
+    # "(EngineCore_DP0 pid=511) " (vllm/executor/multiproc_worker_utils.py, v1/engine/core.py).
+    WriterPrefix(
+        "ray",
+        re.compile(r"\((?:[A-Za-z_][\w.:-]{0,80} )?pid=(\d{1,10})(?:, ip=([0-9A-Fa-f.:]{2,45}))?\)\s?"),
+        ("pid", "host"),
+    ),
+    # Lightning's rank_prefixed_message: "[rank: 1] " (lightning/fabric/utilities/rank_zero.py).
+    WriterPrefix("lightning", re.compile(r"\[rank: (\d{1,7})\]\s?"), ("rank",)),
+    # DeepSpeed's log_dist: "[Rank 0] " (deepspeed/utils/logging.py).
+    WriterPrefix("deepspeed", re.compile(r"\[Rank (\d{1,7})\]\s?"), ("rank",)),
+    # vLLM's log format before each line it logs, a traceback's lines included:
+    # "ERROR 08-27 05:12:18 worker_base.py:382] " (vllm/logger.py:
+    # "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S").
+    WriterPrefix(
+        "vllm",
+        re.compile(
+            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? [\w.-]{1,80}:\d{1,6}\] "
+        ),
+        (),
+    ),
+    # pdsh, DeepSpeed's multi-node runner, prefixes every line with the host: "worker-1: " (pdsh's "%s: ").  Only a
+    # lower-case name with a digit in it is taken for a host, so "RuntimeError: " or "INFO: " never is.
+    WriterPrefix("pdsh", re.compile(r"([a-z][a-z0-9_.-]{0,62}[0-9][a-z0-9_.-]{0,62}): (?=\S)"), ("host",)),
 )
-_PATH_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,7})(?:$|[^0-9])", re.IGNORECASE)
-_TORCHRUN_LOCAL = re.compile(r"attempt_\d+$")
+
+
+# Terminal colours a launcher puts around its prefixes (Ray: "\x1b[36m(RayWorkerWrapper pid=7)\x1b[0m"), with their
+# ESC or without it (lost when a log is pasted into an issue): formatting, not text.
+_COLOURS = re.compile(r"\x1b?\[[0-9;]{1,12}m")
+# Ray's de-duplication suffix (ray/_private/ray_logging.py): " [repeated 6x across cluster]".
+_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
 
 
 def strip_prefixes(line: str, who: Who) -> tuple[str, Who]:
-    """The line without its leading writer prefixes, and ``who`` with what they said."""
-    found: dict[str, int] = {}
+    """The line without its leading writer prefixes (nor colours, nor Ray's repeat count), and ``who`` with them."""
+    if "m" in line and "[" in line:
+        line = _COLOURS.sub("", line)
+    if line.endswith("cluster]"):
+        line = _REPEATED.sub("", line)
+    found: dict[str, int | str] = {}
     progress = True
     while progress:
         progress = False
-        for pattern, field_name in _PREFIXES:
-            m = pattern.match(line)
-            if m and field_name not in found:
-                found[field_name] = int(m.group(1))
-                line = line[m.end() :]
-                progress = True
+        for prefix in WRITER_PREFIXES:
+            m = prefix.pattern.match(line)
+            if m is None or any(name in found for name in prefix.fields):
+                continue
+            for name, value in zip(prefix.fields, m.groups(), strict=True):
+                if value is not None:
+                    found[name] = value if name == "host" else int(value)
+            line = line[m.end() :]
+            progress = True
     return line, replace(who, **found) if found else who  # type: ignore[arg-type]
+
+
+_PATH_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,7})(?:$|[^0-9])", re.IGNORECASE)
+_TORCHRUN_LOCAL = re.compile(r"attempt_\d+$")
 
 
 def who_from_path(path: Path) -> Who:
@@ -106,7 +160,8 @@ def who_from_path(path: Path) -> Who:
     return Who(rank=rank, local_rank=local)
 
 
-def _is_text(head: bytes) -> bool:
+def is_text(head: bytes) -> bool:
+    """Whether a file's first bytes are text (no NUL, UTF-8 up to a character cut at the end)."""
     if b"\0" in head:
         return False
     try:
@@ -116,37 +171,93 @@ def _is_text(head: bytes) -> bool:
     return True
 
 
-def read_lines(path: Path, who: Who | None = None) -> Iterator[LogLine]:
-    """Every line of one text file with its writer; a binary file raises :class:`UnusableInput`."""
-    base = who_from_path(path).merged(who or Who())
-    with path.open("rb") as stream:
-        if not _is_text(stream.read(SNIFF_BYTES)):
-            raise UnusableInput(f"{path}: a binary file, not a log")
-        stream.seek(0)
-        for number, raw in enumerate(stream, start=1):
-            text = raw[:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r\n")
-            stripped, line_who = strip_prefixes(text, base)
-            yield LogLine(str(path), number, stripped, line_who)
+def bounded(raw: bytes) -> bytes:
+    """A line of at most :data:`MAX_LINE` bytes (and the cut mark): its head and its tail."""
+    if len(raw) <= MAX_LINE:
+        return raw
+    return raw[:HALF_LINE] + CUT_MARK + raw[-HALF_LINE:]
 
 
-def log_files(paths: list[Path]) -> list[Path]:
-    """The files to read under ``paths`` (a folder: its text logs, recursively); bad paths raise."""
-    found: list[Path] = []
-    for path in paths:
-        if not path.exists():
-            raise UnusableInput(f"{path}: no such file or folder")
-        if path.is_file():
-            found.append(path)
+def text_of(raw: bytes) -> str:
+    return bounded(raw).decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _chunks(stream: BinaryIO) -> Iterator[bytes]:
+    """The stream's lines a block's worth at a time, joined (no trailing newline).
+
+    A line that runs on past a block keeps its head and tail (:func:`bounded`), so no chunk is longer
+    than two blocks, whatever the file holds.
+    """
+    carry = b""
+    while block := stream.read(BLOCK_BYTES):
+        last = block.rfind(b"\n")
+        if last == -1:
+            carry = bounded(carry + block)
             continue
-        inside = sorted(
-            Path(root) / name
-            for root, _, names in os.walk(path)
-            for name in names
-            if name.endswith(LOG_SUFFIXES) or name.startswith("slurm-")
-        )
-        if not inside:
-            raise UnusableInput(f"{path}: a folder with no log files (*.log, *.out, *.err, *.txt, slurm-*)")
-        found.extend(inside)
-        if len(found) > MAX_FILES:
-            raise UnusableInput(f"{path}: more than {MAX_FILES} log files; name the job's own folder")
-    return found
+        yield carry + block[:last]
+        carry = block[last + 1 :]
+    if carry:
+        yield carry
+
+
+def _line_starts(lowered: bytes, words: tuple[bytes, ...]) -> list[int]:
+    """Where each line holding one of ``words`` starts in ``lowered``, in order (one C search per word)."""
+    starts: set[int] = set()
+    for word in words:
+        found = lowered.find(word)
+        while found != -1:
+            starts.add(lowered.rfind(b"\n", 0, found) + 1)
+            end = lowered.find(b"\n", found)
+            found = -1 if end == -1 else lowered.find(word, end)
+    return sorted(starts)
+
+
+@dataclass
+class FileScan:
+    """What one file held beyond the lines handed on: how many lines, and the last of them."""
+
+    lines: int = 0
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    def last_lines(self) -> list[tuple[int, str]]:
+        """The file's last lines as (number, text), oldest first."""
+        first = self.lines - len(self.tail) + 1
+        return [(first + i, text_of(raw)) for i, raw in enumerate(self.tail)]
+
+
+def scan(
+    stream: BinaryIO,
+    words: tuple[bytes, ...],
+    reader: Callable[[int, bytes], None],
+    waiting: Callable[[], bool],
+    on_block: Callable[[bytes, bytes], None],
+) -> FileScan:
+    """Hand ``reader`` (line number, raw line) for each line worth reading; count the rest, keep the last.
+
+    Worth reading: a line whose lower-cased text holds one of ``words``, and every line after one
+    while ``waiting()`` says so.  ``on_block`` sees each block as it is and lower-cased (for what any line may say).
+    """
+    scanned = FileScan()
+    number = 0  # lines before this chunk
+    for chunk in _chunks(stream):
+        lowered = chunk.lower()
+        on_block(chunk, lowered)
+        counted, at = 0, 0  # newlines in chunk[:at]
+        handed_to = 0  # lines before this offset were handed on already
+        for start in _line_starts(lowered, words):
+            if start < handed_to:
+                continue
+            counted += chunk.count(b"\n", at, start)
+            at = start
+            while True:  # this line, then the next ones while the reader waits for them
+                end = chunk.find(b"\n", at)
+                reader(number + counted + 1, chunk[at : len(chunk) if end == -1 else end])
+                if end == -1 or not waiting():
+                    handed_to = len(chunk) if end == -1 else end + 1
+                    break
+                at, counted = end + 1, counted + 1
+        lines = chunk.count(b"\n") + 1
+        scanned.tail.extend(chunk.rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:])
+        number += lines
+    scanned.lines = number
+    return scanned

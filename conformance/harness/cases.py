@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from conformance.common import casefiles
+from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import simulated_gbps, slowest_link_gbps
 from conformance.harness import junit
@@ -89,4 +90,4 @@ def attach_logs(item: pytest.Item, result: CaseResult) -> None:
         for name in (casefiles.STDERR, casefiles.STDOUT):
             text = casefiles.tail(path / name)
             if text.strip():
-                item.add_report_section("call", f"rank {report.rank} {name}", text)
+                item.add_report_section("call", f"rank {report.rank} {name}", shown_lines(text))

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from conformance.common.families import inherited_variables
+from conformance.common.outside_text import shown
 from conformance.discover.topology import link_matrix_lines, link_note_lines
 from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext
@@ -104,21 +105,21 @@ def write_summary(run: RunContext, write: TerminalReporter) -> None:
     _write_answer(run, write, simulated)
     if outcome.end is not None and outcome.end.incomplete:
         line = f"{PREFIX}INCOMPLETE RUN ({outcome.end.incomplete}): what follows covers only what ran"
-        write.write_line(line, yellow=True, bold=True)
+        write.write_line(shown(line), yellow=True, bold=True)
     records = one_record_per_case(run.folder.own_records())
     if records or outcome.node_notes:
         write.write_sep("=", f"conformance summary{simulated}")
     for line in outcome.node_notes:
-        write.write_line(PREFIX + line)
+        write.write_line(shown(PREFIX + line))
     if records:
         for text, bad in summary_lines(records):
-            write.write_line(text, red=bad)
+            write.write_line(shown(text), red=bad)
         for line in ladder_summary_lines(records, run.plan.ladder, run.deadlines.step_deadline):
-            write.write_line(line)
+            write.write_line(shown(line))
         for line in collective_lines(records):
-            write.write_line(line)
+            write.write_line(shown(line))
     for line in outcome.conclusion.lines:
-        write.write_line(line)
+        write.write_line(shown(line))
 
 
 def _write_answer(run: RunContext, write: TerminalReporter, simulated: str) -> None:
@@ -128,4 +129,4 @@ def _write_answer(run: RunContext, write: TerminalReporter, simulated: str) -> N
         return
     write.write_sep("=", f"conformance: the answer{simulated}", **TONE_MARKUP[answer.tone], bold=True)
     for text, tone in answer.rows():
-        write.write_line(text, **TONE_MARKUP[tone], bold=tone != "plain")
+        write.write_line(shown(text), **TONE_MARKUP[tone], bold=tone != "plain")

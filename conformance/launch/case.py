@@ -13,6 +13,7 @@ from typing import Any
 from conformance.common import casefiles
 from conformance.common.casefiles import CaseFile, RankDevice, RankStatus, StoreAddress
 from conformance.common.deadlines import Deadlines
+from conformance.common.outside_text import shown, shown_lines
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device
 from conformance.launch.environment import device_id, rank_environments
@@ -309,7 +310,7 @@ def headline(result: CaseResult) -> str:
         words.append(f"in {place}")
     if result.simulated:
         words.append("[simulated]")
-    return " ".join(words) + ": " + " ".join(decision.summary.split())
+    return shown(" ".join(words) + ": " + " ".join(decision.summary.split()))
 
 
 def _stopped_at(decision: Decision) -> str:
@@ -345,8 +346,8 @@ def failure_text(result: CaseResult) -> str:
         )
     for r in result.unkillable:
         lines.append(f"rank {r.rank} (pid {r.pid}) would not die after SIGKILL: host may need to be recycled")
-    shown = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
-    for r in shown:
+    stacked = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
+    for r in stacked:
         lines.append(f"stack of rank {r.rank} at the deadline:\n{stack_excerpt(r.stack)}")
     for r in result.reports:
         if r.collectives is not None and (r.failed or r.stopped_by):
@@ -354,4 +355,4 @@ def failure_text(result: CaseResult) -> str:
     if root is not None and root.traceback and not root.stack:
         lines.append(f"traceback of rank {root.rank}:\n{traceback_excerpt(root.traceback)}")
     lines.append(f"rank logs: {result.case_dir}")
-    return "\n".join(lines)
+    return shown_lines("\n".join(lines))  # rank messages, causes and stacks quote what the ranks wrote

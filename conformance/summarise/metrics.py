@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
+from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import pair_link_gbps
 from conformance.plan.transport import PCIE_PATHS_NEAREST_FIRST
@@ -112,7 +113,7 @@ def escape_help(text: str) -> str:
 
 
 def escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return shown_lines(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def label_text(labels: Labels) -> str:

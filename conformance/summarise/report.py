@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.common.casefiles import read_json
+from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import FAILURES, SEVERITY, Verdict
 from conformance.discover.topology import Topology
 from conformance.record.records import HOST_SET_KIND, CaseRecord, RootCause
@@ -90,9 +91,15 @@ def _templates() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        finalize=_outside_text_shown,
     )
     templates.filters.update(text=as_text, vclass=verdict_class, meaning=lambda v: VERDICT_MEANING.get(v, v))
     return templates
+
+
+def _outside_text_shown(value: object) -> object:
+    """Every text a template prints, its control and bidi characters shown (autoescape handles HTML after)."""
+    return shown_lines(value) if type(value) is str else value
 
 
 # --------------------------------------------------------------------------------------------

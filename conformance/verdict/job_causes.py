@@ -69,15 +69,17 @@ HOST_LIMIT = FailureClass(
 BARRIER_DEVICE = FailureClass(
     "barrier_device",
     "BARRIER ON ANOTHER RANK'S GPU",
-    "in the job's code: init_process_group(..., device_id=torch.device('cuda', local_rank)) or "
-    "dist.barrier(device_ids=[local_rank]); no environment variable changes torch's guess",
+    "in the job's code, each rank on its own GPU: torch.cuda.set_device(local_rank) before any CUDA or NCCL call, "
+    "and init_process_group(..., device_id=torch.device('cuda', local_rank)) or dist.barrier(device_ids=[local_rank]) "
+    "(with a GPU list: LOCAL_RANK indexes it in order); no environment variable changes torch's guess",
     _suite("barrier_first", "each rank's first barrier on its own GPU, for every GPU selection"),
 )
 RENDEZVOUS = FailureClass(
     "rendezvous",
     "PROCESSES DISAGREE BEFORE NCCL",
-    "every node must start the same job with the same --nnodes, --nproc-per-node (one per GPU it has) and "
-    "rendezvous endpoint; a node that is missing or late makes the others time out waiting for it",
+    "every node must start the same job with the same --nnodes, --nproc-per-node (one per GPU it has), its own "
+    "node rank and the same rendezvous endpoint (MASTER_ADDR:MASTER_PORT, reachable from every node); a node that "
+    "is missing or late makes the others time out waiting for it",
     _suite("across_nodes or gpu_inventory", "every node's GPU count and the nodes' rendezvous"),
 )
 TRANSPORT = FailureClass(
@@ -98,9 +100,10 @@ NETWORK_INTERFACE = FailureClass(
 DESYNC = FailureClass(
     "desync",
     "RANKS TOOK DIFFERENT CODE PATHS",
-    "a collective that only some ranks called: the ranks' collective sequence numbers differ; find the rank "
-    "whose number differs and the branch it took (TORCH_NCCL_DESYNC_DEBUG=1 and the flight recorder, "
-    "TORCH_NCCL_TRACE_BUFFER_SIZE=2000, name the collective); not the machine's fault",
+    "a collective that only some ranks called, or called with another operation or tensor shape: the ranks' "
+    "collectives differ (sequence number, operation, size); find the rank that differs and the branch or the "
+    "data it took (TORCH_DISTRIBUTED_DEBUG=DETAIL names the shapes, TORCH_NCCL_DESYNC_DEBUG=1 and the flight "
+    "recorder, TORCH_NCCL_TRACE_BUFFER_SIZE=2000, name the collective); not the machine's fault",
     "",
 )
 VERSION_MISMATCH = FailureClass(
@@ -144,6 +147,15 @@ HANG = FailureClass(
     "test every GPU pair with the suite, and rerun the job with NCCL_DEBUG=INFO",
     _suite("pair_exchange or all_reduce", "the ladder names the setting under which the pairs pass"),
 )
+# A failure the logs show that no rule here names: the answer quotes its lines and says what to collect next.
+UNRECOGNISED = FailureClass(
+    "unrecognised",
+    "UNRECOGNISED FAILURE",
+    "the logs show a failure no rule here knows (its lines are quoted above): rerun with NCCL_DEBUG=INFO "
+    "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and give every node's and rank's log "
+    "(torchrun --log-dir, srun --output=%N-%t.out)",
+    _suite("", "the whole suite: the machine's health, every GPU pair and collective"),
+)
 CLASSES: tuple[FailureClass, ...] = (
     OOM,
     KILLED,
@@ -160,6 +172,7 @@ CLASSES: tuple[FailureClass, ...] = (
     WRONG_DATA,
     RANK_ERROR,
     HANG,
+    UNRECOGNISED,
 )
 
 
@@ -177,6 +190,24 @@ def _any(*alternatives: str) -> re.Pattern[str]:
 
 
 LINE_SIGNS: tuple[LineSign, ...] = (
+    # The host ran out of memory and something killed a rank for it (first: Ray calls its kill an OutOfMemoryError):
+    # Ray's memory monitor ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory",
+    # "2 worker(s) were killed due to the node running low on memory", "... which exceeds the memory usage threshold",
+    # then "Top 10 memory users:" and its table "PID MEM(GB) COMMAND"; docs.ray.io, Out-Of-Memory Prevention),
+    # Kubernetes ("OOMKilled"), the kernel ("Out of memory: Killed process 1234", mm/oom_kill.c), SLURM's slurmstepd
+    # ("Detected 1 oom_kill event in StepId=...").
+    LineSign(
+        KILLED,
+        _any(
+            r"ray\.exceptions\.OutOfMemoryError",
+            r"running low on memory",
+            r"exceeds the memory usage threshold",
+            r"^PID\s+MEM\(GB\)\s+COMMAND",
+            r"\bOOMKilled\b",
+            r"Out of memory: Killed process",
+            r"Detected \d+ oom[_-]kill events?",
+        ),
+    ),
     # c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate ..." raised as
     # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError before 2.1); CUDA's own cudaErrorMemoryAllocation
     # string is "out of memory" ("CUDA error: out of memory").
@@ -188,8 +219,11 @@ LINE_SIGNS: tuple[LineSign, ...] = (
     # collectives on ranks. Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=485, OpType=ALLREDUCE,
     # ...), but Rank 0 is running collective: ...".
     LineSign(DESYNC, _any(r"Detected mismatch between collectives on ranks")),
-    # NCCL src/init.cc: WARN("Mismatched NCCL version detected : rank %d version %d rank %d version %d").
-    LineSign(VERSION_MISMATCH, _any(r"Mismatched NCCL version detected")),
+    # NCCL src/init.cc: WARN("Mismatched NCCL version detected : rank %d version %d rank %d version %d").  NCCL
+    # src/misc/socket.cc: "ncclSocketInit: connecting to address %s with family %d is neither AF_INET(%d) nor
+    # AF_INET6(%d)": an address of family 0 comes only from a peer whose bootstrap message has another layout,
+    # another NCCL (or net plugin) than this rank's.
+    LineSign(VERSION_MISMATCH, _any(r"Mismatched NCCL version detected", r"with family 0 is neither AF_INET")),
     # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (HeartbeatMonitor): "ProcessGroupNCCL's watchdog got stuck
     # for %d seconds without making progress in monitoring enqueued collectives", "Heartbeat monitor timed out!".
     LineSign(WATCHDOG_STUCK, _any(r"watchdog got stuck for", r"Heartbeat monitor timed out")),
@@ -205,6 +239,10 @@ LINE_SIGNS: tuple[LineSign, ...] = (
             r"RendezvousClosedError",
             r"Rendezvous .{0,80}(?:timed out|closed)",
             r"DistStoreError",
+            # torch/csrc/distributed/c10d/socket.cpp, the TCPStore client: "The client socket has failed to connect
+            # to any network address of (<MASTER_ADDR>, <MASTER_PORT>)", raised as DistNetworkError.
+            r"client socket has failed to connect to",
+            r"DistNetworkError",
         ),
     ),
     # NCCL src/misc/socket.cc and src/bootstrap.cc: "Bootstrap : no socket interface found",
@@ -218,6 +256,11 @@ LINE_SIGNS: tuple[LineSign, ...] = (
             r"no usable listening interface",
             r"socketStartConnect: Connect to \S+ failed",
             r"connectFullMesh failed",
+            # A socket that cannot even be made or routed, by errno (strerror's texts, as NCCL's socket.cc and gloo
+            # print them after "Call to socket failed :", "socket creation failed", "Connect to ... failed :"):
+            # EAFNOSUPPORT (IPv6 off, or no network in a container), ENETUNREACH, EHOSTUNREACH, EADDRNOTAVAIL.
+            r"(?:socket|connect|bootstrap|net/)[^\n]{0,200}(?:Address family not supported by protocol|Network is "
+            r"unreachable|No route to host|Cannot assign requested address)",
         ),
     ),
     # NCCL src/transport/net_ib.cc: "NET/IB : Got completion from peer <addr> with status=<n> opcode=...
@@ -234,8 +277,10 @@ LINE_SIGNS: tuple[LineSign, ...] = (
             r"transport/(?:p2p|shm|net_ib|net_socket)\.cc:\d+ NCCL WARN",
         ),
     ),
-    # This suite's own rank result (conformance/common/casefiles.py RankStatus.FAIL), as diagnose.sources quotes it.
-    LineSign(WRONG_DATA, _any(r"^wrong data received: ")),
+    # This suite's own rank result (conformance/common/casefiles.py RankStatus.FAIL), as diagnose.sources quotes it;
+    # nccl-tests' own check of every element (src/common.cu: PRINT("# Out of bounds values : %d %s\n", errors,
+    # errors ? "FAILED" : "OK")).
+    LineSign(WRONG_DATA, _any(r"^wrong data received: ", r"Out of bounds values : [1-9]\d* FAILED")),
     # A launcher's word that a rank died of a signal: torch/distributed/elastic/multiprocessing/errors/__init__.py
     # ("Signal 9 (SIGKILL) received by PID 123"); SLURM's srun ("srun: error: node3: task 5: Killed") and
     # slurmstepd ("Detected 1 oom_kill event in StepId=..."); the C library's "Segmentation fault (core dumped)";
@@ -244,10 +289,19 @@ LINE_SIGNS: tuple[LineSign, ...] = (
         KILLED,
         _any(
             r"Signal \d+ \(SIG\w+\) received by PID",
-            r"srun: error: \S+: tasks? [\d,-]+: (?:Killed|Segmentation fault|Aborted|Bus error)",
-            r"Detected \d+ oom[_-]kill events?",
-            r"^Segmentation fault",
-            r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted)",
+            r"srun: error: \S+: tasks? [\d,-]+: (?:Killed|Segmentation fault|Aborted|Bus error|Floating point)",
+            # A fatal signal as a shell ("Segmentation fault (core dumped)", "Floating point exception (core
+            # dumped)", bash's "line 1: 1234 Killed"), CPython's faulthandler ("Fatal Python error: Segmentation
+            # fault", "... Floating point exception", "... Illegal instruction") or Open MPI ("exited on signal 11")
+            # reports it: every fatal signal, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGKILL (signal(7)).
+            r"^(?:Segmentation fault|Bus error|Floating point exception|Illegal instruction|Aborted)\b",
+            r"\b(?:Segmentation fault|Bus error|Floating point exception|Illegal instruction|Aborted) \(core dumped\)",
+            r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instr)",
+            r"^(?:bash|sh|/bin/\w+): line \d+: +\d+ (?:Killed|Segmentation fault|Bus error|Aborted)",
+            r"exited on signal (?:4|6|7|8|9|11)\b",
+            # CPython's subprocess.CalledProcessError.__str__ (accelerate's and DeepSpeed's launchers raise it):
+            # "Command '[...]' died with <Signals.SIGKILL: 9>."
+            r"died with <Signals\.SIG\w+",
         ),
     ),
     # torch/distributed/distributed_c10d.py barrier(): "Rank {rank} using GPU {gpu} to perform barrier as devices
@@ -274,7 +328,9 @@ PEER_GONE = re.compile(r"remote process exited or there was a network error|nccl
 # timeout: WorkNCCL(SeqNum=14863, OpType=ALLREDUCE, NumelIn=..., Timeout(ms)=1800000) ran for 1800048
 # milliseconds before timing out."; with the flight recorder (torch >= 2.3): "[Rank 1] Timeout at NCCL work:
 # 14863, last enqueued NCCL work: 14863, last completed NCCL work: 14862."
-WATCHDOG_SEQUENCE = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})", re.ASCII)
+WATCHDOG_SEQUENCE = re.compile(
+    r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})(?:, NumelIn=(?P<numel>\d{1,15}))?", re.ASCII
+)
 TIMEOUT_AT_WORK = re.compile(r"Timeout at NCCL work: (?P<seq>\d{1,12})", re.ASCII)
 
 # Interfaces no other node can reach through: NCCL picks the first it finds unless NCCL_SOCKET_IFNAME says
@@ -282,6 +338,15 @@ TIMEOUT_AT_WORK = re.compile(r"Timeout at NCCL work: (?P<seq>\d{1,12})", re.ASCI
 # a container without --network host, or a bridge named otherwise, still gets chosen).
 # The causes of stderr_causes.KNOWN_CAUSES that are not NCCL's own: the class diagnose files them under.
 HOST_LIMIT_CAUSES = (FILE_TABLE_FULL, DESCRIPTORS_EXHAUSTED, LOCKED_MEMORY_TOO_LOW)
+
 RENDEZVOUS_CAUSES = (ADDRESS_IN_USE,)  # the store's port, MASTER_PORT, is the port a job binds first
 
 UNREACHABLE_INTERFACES = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|cni\d*|flannel\S*|tailscale\d*)$")
+
+# The job stopped from outside, not by a fault of its own: a user's Ctrl-C (Python's KeyboardInterrupt), torchrun's
+# agent receiving SIGTERM/SIGINT (torch/distributed/elastic/multiprocessing/api.py SignalException: "Process %d got
+# signal: %d"), SLURM cancelling the job ("slurmstepd: error: *** JOB 42 ON node1 CANCELLED AT ... DUE TO TIME LIMIT
+# ***", src/slurmd/slurmstepd/req.c).  Often after a hang: what the job was doing before it is the story.
+STOPPED_FROM_OUTSIDE = re.compile(
+    r"\bKeyboardInterrupt\b|SignalException|got signal: (?:2|15)\b|\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT"
+)

@@ -44,6 +44,11 @@ from conformance.verdict.nccl_transport import classify
 # NCCL formats each line into a buffer of about 1 KiB (debug.cc); what lies past this is not NCCL's and would
 # only make the searches slow (a line with many partial matches costs time quadratic in its length).
 MAX_LINE = 4096
+# Lines a builder keeps of each kind (connections, warnings, communicators): a log of any length parses in bounded
+# memory; a job with more than this many channel lines or communicators keeps the first ones.
+MAX_KEPT = 100_000
+MAX_DISTINCT = 256  # distinct versions, interfaces, devices kept
+MAX_REUSES = 64  # uses of one communicator pointer told apart
 
 # --------------------------------------------------------------------------------------------
 # Line patterns, compiled once.  Every number is bounded so that no match can feed int() a
@@ -104,8 +109,9 @@ _INIT = re.compile(
 # transport/nvls.cc (>= 2.17): "NVLS comm 0x55d0 headRank 0 nHeads 4 ..." -- NVLS prints no per-channel line.
 _NVLS_COMM = re.compile(r"\bNVLS comm (?P<comm>0x[0-9a-fA-F]{1,16})\b", re.ASCII)
 
-# debug.cc, every era: "host:pid:tid [dev] misc/socket.cc:484 NCCL WARN <message>".
-_WARN = re.compile(r"\bNCCL WARN ?(?P<message>.*)")
+# debug.cc: "host:pid:tid [dev] misc/socket.cc:484 NCCL WARN <message>"; NCCL 2.3 and older printed no "NCCL" there:
+# "host:pid:tid [dev] include/socket.h:311 WARN Socket creation failed : ..." (the source file and line before WARN).
+_WARN = re.compile(r"(?:\bNCCL|\.(?:cc|cu|h):\d{1,5}) WARN ?(?P<message>.*)")
 
 # The transport line of every era (see the module docstring):
 #   "Ring 00 : 0[0] -> 1[1] via P2P/IPC", "Ring 00 : 15 -> 0 [send] via NET/Socket/0",
@@ -168,8 +174,12 @@ class _InitState:
 _Identity = tuple[int, str | None, int | None]  # (file number, host, pid)
 
 
+def _extend_bounded(items: list[Any], more: list[Any]) -> None:
+    items.extend(more[: MAX_KEPT - len(items)])
+
+
 def _append_new(items: list[str], item: str) -> None:
-    if item not in items:
+    if len(items) < MAX_DISTINCT and item not in items:
         items.append(item)
 
 
@@ -202,11 +212,31 @@ class NcclLogBuilder:
         """One line of the current source (streamed readers feed a file line by line, then :meth:`end_source`)."""
         line = whole[:MAX_LINE]
         for needles, handler in _HANDLERS:
-            if any(needle in line for needle in needles):
-                handler(self, line)
+            for needle in needles:
+                if needle in line:
+                    handler(self, line)
+                    break
 
     def end_source(self) -> None:
         self.source += 1
+
+    def absorb(self, other: NcclLogBuilder) -> None:
+        """Take in what another builder read from later sources (another process read them)."""
+        for name in ("versions", "bootstrap", "net_interfaces", "ib_devices", "nvls_comms"):
+            for item in getattr(other, name):
+                _append_new(getattr(self, name), item)
+        self.cuda = self.cuda or other.cuda
+        self.cuda_driver = self.cuda_driver or other.cuda_driver
+        self.network = self.network or other.network
+        for var, value in other.env.items():
+            self.env.setdefault(var, value)
+        _extend_bounded(self.connections, other.connections)
+        _extend_bounded(self.p2p_warnings, other.p2p_warnings)
+        _extend_bounded(self.warnings, other.warnings)
+        for (identity, comm), states in other.inits.items():
+            if len(self.inits) < MAX_KEPT:
+                self.inits[((identity[0] + self.source, *identity[1:]), comm)] = states
+        self.source += other.source
 
     def build(self, files: list[str], skipped: list[str]) -> NcclLog:
         return NcclLog(
@@ -309,7 +339,7 @@ def _on_env(b: NcclLogBuilder, line: str) -> None:
 def _on_p2p_warning(b: NcclLogBuilder, line: str) -> None:
     m = _P2P_WARNING.search(line)
     if m:
-        b.p2p_warnings.append(m.group(0).strip())
+        _extend_bounded(b.p2p_warnings, [m.group(0).strip()])
 
 
 def _on_init(b: NcclLogBuilder, line: str) -> None:
@@ -320,8 +350,10 @@ def _on_init(b: NcclLogBuilder, line: str) -> None:
     host = prefix["host"] if prefix else None
     pid = int(prefix["pid"]) if prefix else None
     identity: _Identity = (b.source, host, pid)
+    if (identity, m["comm"]) not in b.inits and len(b.inits) >= MAX_KEPT:
+        return
     uses = b.inits.setdefault((identity, m["comm"]), [])
-    if not uses or m["event"] in uses[-1].events:  # a second START (or COMPLETE): the pointer was reused
+    if not uses or (m["event"] in uses[-1].events and len(uses) < MAX_REUSES):  # a second START: the pointer reused
         uses.append(_InitState(m["comm"], host, pid))
     state = uses[-1]
     state.events.add(m["event"])
@@ -345,6 +377,11 @@ def process_of(line: str) -> tuple[str, int] | None:
     return (m["host"], int(m["pid"])) if m else None
 
 
+def is_warning(line: str) -> bool:
+    """Whether a line is one of NCCL's WARN lines (of any era)."""
+    return " WARN" in line and _WARN.search(line[:MAX_LINE]) is not None
+
+
 def warning_text(line: str) -> str | None:
     """The message of an ``NCCL WARN`` line (None for any other line)."""
     m = _WARN.search(line[:MAX_LINE])
@@ -354,18 +391,18 @@ def warning_text(line: str) -> str | None:
 def _on_warn(b: NcclLogBuilder, line: str) -> None:
     message = warning_text(line)
     if message is not None:
-        b.warnings.append(message)
+        _extend_bounded(b.warnings, [message])
 
 
 def _on_via(b: NcclLogBuilder, line: str) -> None:
     m = _CONNECTION.search(line)
     if m:
-        b.connections.append(_connection(m, int(m["src"]), int(m["dst"])))
+        _extend_bounded(b.connections, [_connection(m, int(m["src"]), int(m["dst"]))])
         return
     m = _COLLNET_CONNECTION.search(line)
     if m:
         rank = int(m["rank"])
-        b.connections.append(_connection(m, rank, rank))
+        _extend_bounded(b.connections, [_connection(m, rank, rank)])
 
 
 # (substrings, any of which sends the line to the handler); a line may go to several handlers.
@@ -379,7 +416,7 @@ _HANDLERS: tuple[tuple[tuple[str, ...], Callable[[NcclLogBuilder, str], None]], 
     (("P2P", "peer query failed", "Legacy IPC"), _on_p2p_warning),
     (("comm 0x",), _on_init),
     (("NVLS comm",), _on_nvls),
-    (("NCCL WARN",), _on_warn),
+    ((" WARN",), _on_warn),
     ((" via ",), _on_via),
 )
 

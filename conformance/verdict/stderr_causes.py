@@ -53,6 +53,13 @@ class KnownCause:
 FILE_TABLE_FULL = Cause("Too many open files in system", "the host's file table is full; raise `sysctl fs.file-max`")
 DESCRIPTORS_EXHAUSTED = Cause("Too many open files", "file descriptors exhausted; raise `ulimit -n`")
 SHM_FULL = Cause("/dev/shm is full", "free it or enlarge it: docker `--shm-size` or `--ipc=host`")
+# NCCL's "Call to shm_open failed : Permission denied" (src/misc/shmutils.cc, include/shm.h in older releases):
+# strerror(EACCES), not a full /dev/shm -- a different fix (NVIDIA/nccl#328: `chmod 1777 /dev/shm`).
+SHM_DENIED = Cause(
+    "/dev/shm is not writable (Permission denied)",
+    "make /dev/shm writable by every user, as a tmpfs with mode 1777 (`mount -o remount,mode=1777 /dev/shm`), "
+    "or give the container its own (docker `--ipc=host` or `--shm-size`)",
+)
 ADDRESS_IN_USE = Cause(
     "Address already in use",
     "a port the rank binds is taken, often by a process left from an earlier run or another job's MASTER_PORT "
@@ -86,11 +93,13 @@ def _any_of(*alternatives: str) -> re.Pattern[str]:
 KNOWN_CAUSES: tuple[KnownCause, ...] = (
     KnownCause(_any_of(r"too many open files in system", r"\bENFILE\b"), FILE_TABLE_FULL),
     KnownCause(_any_of(r"too many open files", r"\bEMFILE\b"), DESCRIPTORS_EXHAUSTED),
+    KnownCause(_any_of(r"shm[^\n]*permission denied", r"permission denied[^\n]*/dev/shm"), SHM_DENIED),
     KnownCause(
         _any_of(
             r"no space left on device[^\n]*shm",
             r"shm[^\n]*no space left on device",
             r"error while creating shared memory segment",
+            r"failed to extend /dev/shm",  # NCCL src/misc/shmutils.cc (2.12 and later): ftruncate of its segment
             r"unable to allocate shared memory",
             r"insufficient shared memory",
         ),
@@ -157,7 +166,7 @@ def rank_cause(rank_path: Path) -> Cause | None:
     Only its WARN lines are read; its INFO lines narrate retries that succeeded.
     """
     nccl = casefiles.tail(rank_path / casefiles.NCCL_LOG, TAIL_LINES, TAIL_BYTES)
-    warnings = [line for line in nccl.splitlines() if "NCCL WARN" in line]
+    warnings = [line for line in nccl.splitlines() if nccl_log.is_warning(line)]
     stderr = casefiles.tail(rank_path / casefiles.STDERR, TAIL_LINES, TAIL_BYTES)
     return recognise("\n".join([*warnings, stderr]))
 
