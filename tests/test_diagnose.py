@@ -248,7 +248,9 @@ def test_a_log_without_a_normal_end_is_never_no_failure(tmp_path: Path, capsys: 
     """The same job's log cut before its end: the ranks ran, nothing says they finished."""
     log = write(
         tmp_path / "cut.log",
-        "node1:11:11 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n[rank0]:Epoch 1: loss 0.31\n[rank1]:Epoch 1: loss 0.30\n",
+        "node1:11:11 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+        "[rank0]:Epoch 1: loss 0.31\n"
+        "[rank1]:Epoch 1: loss 0.30\n",
     )
 
     status, answer = diagnose(capsys, log)

@@ -220,7 +220,8 @@ def _fill(answer: Diagnosis, found: Finding, victims: list[ProcessStory]) -> Dia
 
 def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> None:
     """The class the ranks' findings and the job's lines name, if any (``answer.failure`` stays None if none)."""
-    findings = {key: found for key, story in stories.items() if (found := finding(story)) is not None}
+    gpu = evidence.facts.gpu[1] if evidence.facts.gpu else None
+    findings = {key: found for key, story in stories.items() if (found := finding(story, gpu)) is not None}
     numbers = {key: index for index, key in enumerate(stories)}
     decision = decide([_report(numbers[key], stories[key], found) for key, found in findings.items()])
     by_number = {numbers[key]: key for key in findings}
@@ -229,7 +230,9 @@ def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Sto
     answer.victims = ranks_text(victims)
     job = job_cause(evidence, nccl, stories, victims)
     first_victim = [stories[k] for k in victims[:1]]
-    if job is not None and job.failure is job_causes.VERSION_MISMATCH:
+    if job is not None and job.decisive:
+        answer.root = ", ".join(_label(key, stories) for key in job.ranks)
+        answer.root_ranks = [key for key in job.ranks if isinstance(key, int)]
         _fill(answer, job, [])
     elif root_key is not None and findings[root_key].failure is not None:
         key = _most_specific(root_key, findings)
@@ -282,7 +285,7 @@ def _failure_lines(evidence: JobEvidence, stories: Stories) -> list[LogLine]:
 
 
 def _seen_note(evidence: JobEvidence, stories: Stories) -> str:
-    ranks = [str(key) for key in stories if isinstance(key, int)]
+    ranks = [str(key) for key in {*(key for key in stories if isinstance(key, int)), *evidence.facts.ranks_written}]
     hosts = sorted(evidence.facts.hosts)
     said = [f"ranks {compact(ranks)}" if ranks else "no rank named", f"nodes {', '.join(hosts[:8])}" if hosts else ""]
     return "seen in these logs: " + "; ".join(part for part in said if part)

@@ -274,8 +274,9 @@ class JobEvidence:
                     if b" via " not in raw:  # a connection's transport: each block's are counted in _block
                         self._nccl_info(LogLine(name, number, *strip_prefixes(text_of(raw), base)))
                     return
-                text, who = strip_prefixes(_after_carriage_return(text_of(raw)), base)
-                self.add(LogLine(name, number, text, who))
+                for segment in _segments(text_of(raw)):
+                    text, who = strip_prefixes(segment, base)
+                    self.add(LogLine(name, number, text, who))
 
             scanned = scan(stream, ANCHORS, read, self.waiting, self._block)
         last = [LogLine(name, n, *strip_prefixes(text, base)) for n, text in scanned.last_lines()]
@@ -451,7 +452,7 @@ class JobEvidence:
             story.warnings.append(line)
         self._collective(story, line)
         story.stopped = story.stopped or text.startswith(_STOPPED_START)
-        failed = self._failure(story, line, hard=ended)
+        failed = self._failure(story, line, hard=found and not is_warning(text))  # a WARN, however telling, is soft
         if (found or failed) and story.first_time is None:
             story.first_time = story.clock
 
@@ -585,9 +586,12 @@ def _says_failure(text: str) -> bool:
     return job_lines.FAILURE_WORDS.search(text) is not None and job_lines.NOT_A_FAILURE.search(text) is None
 
 
-def _after_carriage_return(text: str) -> str:
-    """What a terminal shows of a line with carriage returns (a progress bar's updates): the part after the last."""
+def _segments(text: str) -> list[str]:
+    """A line's parts between carriage returns, each read as a line of its own (one number for them all).
+
+    A progress bar rewrites its line with ``\r`` and the next message may follow on the same line; a forged
+    "answer" may hide behind one.  Either way every part is read, none hides another.
+    """
     if "\r" not in text:
-        return text
-    shown = text.rsplit("\r", 1)[1]
-    return shown if shown.strip() else text.replace("\r", " ")
+        return [text]
+    return [part for part in text.split("\r") if part.strip()] or [text.replace("\r", " ")]

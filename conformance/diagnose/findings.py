@@ -53,6 +53,7 @@ class Finding:
     status: RankStatus
     ranks: tuple[int | str, ...] = ()  # a job-wide finding's ranks at fault, where it names them
     specific: bool = True  # False: it names no cause of its own (an NCCL error without NCCL's warning)
+    decisive: bool = False  # a job-wide finding that is the cause whatever the ranks said (versions, the launch)
 
 
 def _said(story: ProcessStory) -> list[LogLine]:
@@ -71,14 +72,18 @@ def _machine_fault(story: ProcessStory) -> Finding | None:
     return None
 
 
-def too_old_for_gpu(lines: list[LogLine]) -> Finding | None:
-    """NCCL or torch built without the GPU's architecture: the first release that has it, from NCCL's history."""
+def too_old_for_gpu(lines: list[LogLine], gpu: LogLine | None = None) -> Finding | None:
+    """NCCL or torch built without the GPU's architecture: the first release that has it, from NCCL's history.
+
+    ``gpu``: a line of the job's naming its GPU (a model, ``sm_90``), where the rank's own lines name none.
+    """
+    named = [*lines, *([gpu] if gpu else [])]
     for line in lines:
         error = cuda_errors.cuda_error_in(line.text)
         no_kernel = error is not None and error.code in (98, 209)
         if not (no_kernel or TOO_OLD_FOR_GPU.search(line.text)):
             continue
-        generation = next((g for other in lines if (g := cuda_errors.generation_in(other.text))), None)
+        generation = next((g for other in named if (g := cuda_errors.generation_in(other.text))), None)
         failure = job_causes.VERSION_MISMATCH
         if generation is None:
             title = "NCCL OR TORCH TOO OLD FOR THIS GPU (built without its architecture)"
@@ -166,12 +171,12 @@ def _exception(story: ProcessStory) -> Finding | None:
     return Finding(failure, failure.title, failure.fix, tuple(story.exceptions), RankStatus.ERROR)
 
 
-def finding(story: ProcessStory) -> Finding | None:
-    """The most telling thing one process said; None when it said nothing wrong."""
+def finding(story: ProcessStory, gpu: LogLine | None = None) -> Finding | None:
+    """The most telling thing one process said; None when it said nothing wrong (``gpu``: the job's GPU line)."""
     said = _said(story)
     found = (
         _machine_fault(story)
-        or too_old_for_gpu(said)
+        or too_old_for_gpu(said, gpu)
         or _oom(story)
         or _named_cause(story)
         or _sign(story)

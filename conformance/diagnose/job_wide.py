@@ -127,13 +127,24 @@ def launch(evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> Launch:
     size = max(sizes, default=None)
     seen = {key for key in stories if isinstance(key, int)} | facts.ranks_written | set(facts.members)
     seen |= {init.rank for init in nccl.inits.values() if init.rank is not None and init.nranks == size}
-    counts = Counter(facts.members.values())
-    usual = counts.most_common(1)[0][0] if counts else 1
-    twice = {rank for rank, times in facts.members.items() if times > usual} | _claimed_twice(nccl)
+    twice = _announced_twice(facts.members, size) | _claimed_twice(nccl)
     missing: list[int] = []
     if size is not None and 1 < size <= RANK_LIST_LIMIT and seen:
         missing = [rank for rank in range(size) if rank not in seen]
     return Launch(size, sizes.get(size) if size else None, seen, missing, sorted(twice), facts.joined)
+
+
+def _announced_twice(members: dict[int, int], size: int | None) -> set[int]:
+    """Ranks that announced themselves more often than others did (a rank of the job never seen: 0 times).
+
+    Every rank twice is a restart, not a duplicate; ranks 0-3 twice while ranks 4-7 never is two nodes
+    started as the same node.
+    """
+    if not members:
+        return set()
+    everyone = range(size) if size is not None and size <= RANK_LIST_LIMIT else members
+    usual = min(members.get(rank, 0) for rank in everyone)
+    return {rank for rank, times in members.items() if times > max(usual, 1)}
 
 
 def _claimed_twice(nccl: NcclLog) -> set[int]:
@@ -169,11 +180,11 @@ def _launch_mismatch(found: Launch) -> Finding | None:
     failure = job_causes.RENDEZVOUS
     if found.twice:
         title = f"{failure.title}: rank {compact([str(r) for r in found.twice])} given to more than one process"
-        return Finding(failure, title, failure.fix, (), RankStatus.ERROR, tuple(found.twice))
+        return Finding(failure, title, failure.fix, (), RankStatus.ERROR, tuple(found.twice), decisive=True)
     if found.joined is not None and found.joined[0] < found.joined[1]:
         joined, size, line = found.joined
         title = f"{failure.title}: only {joined} of {size} processes reached the store"
-        return Finding(failure, title, failure.fix, (line,), RankStatus.ERROR)
+        return Finding(failure, title, failure.fix, (line,), RankStatus.ERROR, decisive=True)
     return None
 
 
@@ -189,7 +200,9 @@ def _all_signs(stories: Stories, failure: FailureClass) -> list[tuple[int | str,
 def _job_finding(
     failure: FailureClass, lines: list[LogLine], title: str = "", ranks: tuple[int | str, ...] = ()
 ) -> Finding:
-    return Finding(failure, title or failure.title, failure.fix, tuple(lines[:EVIDENCE_LINES]), RankStatus.ERROR, ranks)
+    lines_kept = tuple(lines[:EVIDENCE_LINES])
+    decisive = failure is job_causes.VERSION_MISMATCH  # processes that disagree on NCCL: nothing else matters first
+    return Finding(failure, title or failure.title, failure.fix, lines_kept, RankStatus.ERROR, ranks, decisive=decisive)
 
 
 def transports(evidence: JobEvidence, nccl: NcclLog) -> list[str]:
@@ -221,7 +234,7 @@ def _versions(evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> Finding
             f"NCCL {nccl.version} IS OLDER THAN {generation.name.upper()} (sm_{generation.sm}) NEEDS: {generation.nccl}"
         )
         fix = f"upgrade NCCL to {generation.nccl} or later ({generation.source}); {failure.fix}"
-        return Finding(failure, title, fix, (gpu[1],), RankStatus.ERROR)
+        return Finding(failure, title, fix, (gpu[1],), RankStatus.ERROR, decisive=True)
     return None
 
 
