@@ -48,8 +48,9 @@ def test_escape_sequences_and_bidi_overrides_are_shown_not_acted_on(tmp_path: Pa
 
 
 def test_a_forged_answer_line_stays_a_quoted_line(tmp_path: Path) -> None:
-    """A line that erases the line above and prints 'no failure found' after a carriage return: the real answer
-    comes first, the exception is quoted escaped, and no line of the output reads 'no failure'.
+    """A line that erases the line above and prints 'no failure found' after a carriage return.
+
+    The real answer comes first, the exception is quoted escaped, and no line of the output reads 'no failure'.
     """
     forged = "\x1b[1A\x1b[2K\rno failure found: the job ended normally (1 file, 1 lines read)"
     log = tmp_path / "job.log"
