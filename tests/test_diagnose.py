@@ -311,3 +311,28 @@ def test_a_large_log_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
     assert done.stdout.startswith("OUT OF MEMORY on rank 1")
     peak_mb = int(done.stdout.rsplit("peak", 1)[1]) / 1024
     assert peak_mb < MEMORY_LIMIT_MB, peak_mb
+
+
+def test_files_read_in_parallel_give_the_answer_read_in_turn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several processes read shares of the files; their evidence, merged in file order, answers as one reader."""
+    from conformance.diagnose import sources
+
+    for rank in range(6):
+        said = [f"[rank{rank}]:step {step} loss 0.{step}" for step in range(200)]
+        if rank == 4:
+            said.append("[rank4]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+        else:
+            said.append(WATCHDOG.format(r=rank, s=30 + rank, seq=88, op="ALLREDUCE"))
+        write(tmp_path / f"rank{rank}.log", "\n".join(said) + "\n")
+
+    monkeypatch.setattr(sources, "PARALLEL_BYTES", 1 << 40)
+    in_turn = diagnose(capsys, tmp_path)
+    monkeypatch.setattr(sources, "PARALLEL_BYTES", 1)
+    monkeypatch.setattr(sources.os, "sched_getaffinity", lambda _pid: {0, 1, 2}, raising=False)
+    in_parallel = diagnose(capsys, tmp_path)
+
+    assert sources._workers(sorted(tmp_path.iterdir())) == 3  # the second run did read in three processes
+    assert in_parallel == in_turn
+    assert in_turn[1]["class"] == "oom" and in_turn[1]["root_ranks"] == [4], in_turn

@@ -181,6 +181,15 @@ WHERE_THE_LOG_STOPS = {
         "hang",
         "inside a collective",
     ),
+    "after torch guessed the barrier's GPU": (
+        lines(
+            "[rank1]:UserWarning: barrier(): using the device under current context. You can specify `device_id` "
+            "in `init_process_group` to mute this warning.",
+            "[rank1]:step 0",
+        ),
+        "barrier_device",
+        "guessed",
+    ),
     "after the launcher's start only": (
         lines(
             "WARNING:torch.distributed.run:",
@@ -443,6 +452,45 @@ BY_CODE = {
         "host memory",
     ),
     "nccl-tests' wrong data": ("# Out of bounds values : 12 FAILED", "wrong_data", "NCCL_P2P_LEVEL"),
+    "cuBLAS's workspace": (
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "oom",
+        "allocate less",
+    ),
+    "gloo's interface missing": (
+        "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:83] ifa != nullptr. "
+        "Unable to find address for: eth1",
+        "network_interface",
+        "GLOO_SOCKET_IFNAME",
+    ),
+    "a host name resolving to loopback": (
+        "RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] Connect to 127.0.1.1:41823 failed: "
+        "Connection refused",
+        "network_interface",
+        "NCCL_SOCKET_IFNAME",
+    ),
+    "shared tensors out of descriptors": (
+        "RuntimeError: received 0 items of ancdata",
+        "host_limit",
+        "ulimit -n",
+    ),
+    "EFA memory registration": (
+        "h:1:1 [0] ofi_util.c:88 NCCL WARN fi_mr_reg failed: Cannot allocate memory",
+        "host_limit",
+        "ulimit -l",
+    ),
+    "an Xid in the kernel log": (
+        "[Tue Nov 12 10:01:02 2024] NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, name=python, An uncorrectable double bit "
+        "error (DBE) has been detected on GPU in the framebuffer at partition 1, subpartition 0.",
+        "machine_fault",
+        "Xid catalogue",
+    ),
+    "the store never answered": (
+        "torch.distributed.DistNetworkError: The client socket has timed out after 1800s while trying to connect "
+        "to (10.0.0.1, 29500).",
+        "rendezvous",
+        "MASTER_PORT",
+    ),
 }
 
 

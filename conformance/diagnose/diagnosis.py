@@ -32,6 +32,7 @@ from conformance.diagnose.inputs import Skipped
 from conformance.diagnose.job_wide import (
     EVIDENCE_LINES,
     Stories,
+    all_signs,
     compact,
     job_cause,
     label,
@@ -330,6 +331,14 @@ def _hang_like(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories:
         hang = job_causes.HANG
         title = f"{hang.title}: a stack dump shows the job inside a collective"
         _fill(answer, Finding(hang, title, hang.fix, (facts.stuck_in,), RankStatus.STOPPED), [])
+    elif (guessed := all_signs(stories, job_causes.BARRIER_DEVICE)) and (facts.started or facts.ranks_written):
+        # torch's own warning (distributed_c10d.py barrier()): a barrier on a guessed GPU "can potentially cause a
+        # hang if this rank to GPU mapping is incorrect" (failure-modes F03); the log then stops with no error.
+        barrier = job_causes.BARRIER_DEVICE
+        title = f"{barrier.title}: torch guessed each rank's barrier GPU, then the job stopped"
+        _fill(
+            answer, Finding(barrier, title, barrier.fix, tuple(line for _, line in guessed[:2]), RankStatus.STOPPED), []
+        )
     elif _in_nccl_setup(tail) and (facts.started is not None or nccl.inits):
         transport = job_causes.TRANSPORT
         # failure-modes F07/F08 (NVIDIA/nccl#257, #606, #631; pytorch/pytorch#84803): a P2P path that the IOMMU or

@@ -27,6 +27,7 @@ from conformance.diagnose.inputs import UnusableInput, open_regular
 from conformance.diagnose.logs import SNIFF_BYTES, LogLine, Who, is_text, scan, strip_prefixes, text_of, who_from_path
 from conformance.verdict import cuda_errors, job_causes
 from conformance.verdict.decision import VICTIM_PATTERN
+from conformance.verdict.machine_faults import ANY_MACHINE_FAULT
 from conformance.verdict.nccl_log import NcclLogBuilder, is_warning, process_of
 from conformance.verdict.stderr_causes import KNOWN_CAUSES
 
@@ -64,7 +65,7 @@ ANCHOR_WORDS = (
     "after training is done", "is ok (global rank",
     # where the job was: launched, a stack dump, the exit, plugins, the GPU model, stopped from outside
     "omp_num_threads", "elastic_operator", "(active", "(idle", "most recent call first", "destroy_process_group",
-    "plugin", "nvidia", "cancelled", "mem(gb)",
+    "plugin", "nvidia", "cancelled", "mem(gb)", "cudnn", "unable to find", "ancdata", "memlock", "nvrm",
 )  # fmt: skip
 ANCHORS = tuple(word.encode() for word in ANCHOR_WORDS)
 # Writers named on any line, searched in each lower-cased block (a line need hold no anchor word to count): global
@@ -505,8 +506,10 @@ class JobEvidence:
         """Whether the line shows a failure (kept as the job's evidence that it failed)."""
         text = line.text
         if not hard:
-            hard = job_lines.NONZERO_EXIT.search(text) is not None or (
-                "Watchdog caught collective operation timeout" in text
+            hard = (
+                job_lines.NONZERO_EXIT.search(text) is not None
+                or "Watchdog caught collective operation timeout" in text
+                or ANY_MACHINE_FAULT.search(text) is not None
             )
         soft = hard or _says_failure(text)
         if hard:

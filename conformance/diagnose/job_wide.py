@@ -193,7 +193,7 @@ def _launch_mismatch(found: Launch) -> Finding | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _all_signs(stories: Stories, failure: FailureClass) -> list[tuple[int | str, LogLine]]:
+def all_signs(stories: Stories, failure: FailureClass) -> list[tuple[int | str, LogLine]]:
     return [(key, line) for key, s in stories.items() for _, line in s.signs.get(failure.key, [])]
 
 
@@ -215,7 +215,7 @@ def transports(evidence: JobEvidence, nccl: NcclLog) -> list[str]:
 def _versions(evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> Finding | None:
     """NCCL versions or network plugins that differ between processes, or an NCCL older than the GPU it runs on."""
     failure = job_causes.VERSION_MISMATCH
-    mismatch = _all_signs(stories, failure)
+    mismatch = all_signs(stories, failure)
     if len(nccl.versions) > 1:
         return _job_finding(
             failure, [line for _, line in mismatch], f"NCCL VERSIONS DIFFER: {', '.join(nccl.versions)}"
@@ -240,7 +240,7 @@ def _versions(evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> Finding
 
 def _named_by_lines(stories: Stories) -> Finding | None:
     for failure in (job_causes.RENDEZVOUS, job_causes.NETWORK_INTERFACE):
-        signs = _all_signs(stories, failure)
+        signs = all_signs(stories, failure)
         if signs:
             return _job_finding(failure, [line for _, line in signs])
     return None
@@ -258,7 +258,7 @@ def _unreachable_interface(evidence: JobEvidence, nccl: NcclLog, victims: list[i
 def _waiting_on(stories: Stories, victims: list[int | str]) -> Finding | None:
     """A stuck watchdog or an unpinned barrier, where ranks waited."""
     for failure in (job_causes.WATCHDOG_STUCK, job_causes.BARRIER_DEVICE):
-        signs = _all_signs(stories, failure)
+        signs = all_signs(stories, failure)
         if signs and victims:
             return _job_finding(failure, [line for _, line in signs])
     return None

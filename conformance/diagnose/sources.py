@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -159,7 +160,9 @@ def gather(paths: list[Path]) -> Gathered:
     if workers == 1:
         shares = [_read_share(files)]
     else:
-        context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+        # fork costs nothing and copies the imports, but only a process with one thread may fork safely
+        alone = os.name == "posix" and threading.active_count() == 1
+        context = multiprocessing.get_context("fork" if alone else "spawn")
         with ProcessPoolExecutor(workers, mp_context=context) as pool:
             shares = list(pool.map(_read_share, _shares(files, workers)))
     gathered = Gathered(shares[0].evidence, skipped + shares[0].skipped)

@@ -211,7 +211,19 @@ LINE_SIGNS: tuple[LineSign, ...] = (
     # c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate ..." raised as
     # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError before 2.1); CUDA's own cudaErrorMemoryAllocation
     # string is "out of memory" ("CUDA error: out of memory").
-    LineSign(OOM, _any(r"CUDA out of memory", r"\bOutOfMemoryError\b", r"CUDA error: out of memory")),
+    # cuBLAS and cuDNN failing to allocate their workspace is the same (CUBLAS_STATUS_ALLOC_FAILED,
+    # CUDNN_STATUS_ALLOC_FAILED, cublas_api.h / cudnn.h), as is ROCm's "HIP out of memory" (c10/hip).
+    LineSign(
+        OOM,
+        _any(
+            r"CUDA out of memory",
+            r"\bOutOfMemoryError\b",
+            r"CUDA error: out of memory",
+            r"CUBLAS_STATUS_ALLOC_FAILED",
+            r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)",
+            r"HIP out of memory",
+        ),
+    ),
     # NCCL src/init.cc (initTransportsRank):
     # WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx").
     LineSign(BARRIER_DEVICE, _any(r"Duplicate GPU detected")),
@@ -242,7 +254,9 @@ LINE_SIGNS: tuple[LineSign, ...] = (
             # torch/csrc/distributed/c10d/socket.cpp, the TCPStore client: "The client socket has failed to connect
             # to any network address of (<MASTER_ADDR>, <MASTER_PORT>)", raised as DistNetworkError.
             r"client socket has failed to connect to",
+            r"client socket has timed out after",
             r"DistNetworkError",
+            r"Rendezvous\w*Error",
         ),
     ),
     # NCCL src/misc/socket.cc and src/bootstrap.cc: "Bootstrap : no socket interface found",
@@ -261,6 +275,11 @@ LINE_SIGNS: tuple[LineSign, ...] = (
             # EAFNOSUPPORT (IPv6 off, or no network in a container), ENETUNREACH, EHOSTUNREACH, EADDRNOTAVAIL.
             r"(?:socket|connect|bootstrap|net/)[^\n]{0,200}(?:Address family not supported by protocol|Network is "
             r"unreachable|No route to host|Cannot assign requested address)",
+            # gloo naming an interface it cannot find (gloo/transport/tcp/device.cc: "Unable to find address for:
+            # <GLOO_SOCKET_IFNAME>"), or connecting to a loopback address across nodes: a host name that resolves to
+            # 127.0.1.1 (Debian's /etc/hosts) sends the peers to themselves.
+            r"Unable to find address for",
+            r"connect\w*\W[^\n]{0,80}\b127\.\d{1,3}\.\d{1,3}\.\d{1,3}\b[^\n]{0,80}(?:refused|failed|timed out)",
         ),
     ),
     # NCCL src/transport/net_ib.cc: "NET/IB : Got completion from peer <addr> with status=<n> opcode=...

@@ -68,6 +68,14 @@ MACHINE_FAULTS: tuple[MachineFault, ...] = (
         "the GPU fell off the bus (Xid 79: `dmesg | grep -i xid`): reset it or reboot; one that stays lost is a "
         "hardware case",
     ),
+    # The driver's own report in the kernel log, pasted with a job's log: "NVRM: Xid (PCI:0000:3b:00): 79, pid=...,
+    # GPU has fallen off the bus." (NVIDIA's XID errors catalogue: every Xid is the driver's, none a setting's).
+    MachineFault(
+        "GPU XID ERROR IN THE KERNEL LOG",
+        re.compile(r"NVRM: Xid \(", re.IGNORECASE),
+        "look the Xid up in NVIDIA's Xid catalogue (https://docs.nvidia.com/deploy/xid-errors/); `nvidia-smi -q` "
+        "for the GPU's state; reset the GPU or reboot, and replace it if the Xid recurs",
+    ),
     MachineFault(
         "CUDA UNKNOWN ERROR (a GPU lost after Xid 79 answers so)",
         re.compile(r"CUDA error: unknown error", re.IGNORECASE),
@@ -94,6 +102,10 @@ MACHINE_FAULTS: tuple[MachineFault, ...] = (
         "this GPU or its virtualisation (vGPU, MIG) does not support what the rank asked of CUDA",
     ),
 )
+
+
+# Any of them, in one search: a line that names a machine fault shows a failure whatever else it says.
+ANY_MACHINE_FAULT = re.compile("|".join(f"(?:{fault.pattern.pattern})" for fault in MACHINE_FAULTS), re.IGNORECASE)
 
 
 def machine_fault(verdict: str, message: str) -> MachineFault | None:

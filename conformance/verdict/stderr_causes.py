@@ -92,7 +92,9 @@ def _any_of(*alternatives: str) -> re.Pattern[str]:
 # The first row found anywhere in the tail wins, so the more specific rows come first.
 KNOWN_CAUSES: tuple[KnownCause, ...] = (
     KnownCause(_any_of(r"too many open files in system", r"\bENFILE\b"), FILE_TABLE_FULL),
-    KnownCause(_any_of(r"too many open files", r"\bEMFILE\b"), DESCRIPTORS_EXHAUSTED),
+    # torch.multiprocessing's file_descriptor sharing strategy out of descriptors: "received 0 items of ancdata"
+    # (torch/multiprocessing/reductions.py; the torch.multiprocessing docs name ulimit -n as its fix).
+    KnownCause(_any_of(r"too many open files", r"\bEMFILE\b", r"received 0 items of ancdata"), DESCRIPTORS_EXHAUSTED),
     KnownCause(_any_of(r"shm[^\n]*permission denied", r"permission denied[^\n]*/dev/shm"), SHM_DENIED),
     KnownCause(
         _any_of(
@@ -115,7 +117,12 @@ KNOWN_CAUSES: tuple[KnownCause, ...] = (
     KnownCause(
         _any_of(r"shm\.cc[^\n]*cuda failure 217", r"shm\.cc[^\n]*peer access is not supported"), CUMEM_HOST_FAILED
     ),
-    KnownCause(_any_of(r"ibv_reg_mr\w*[^\n]*cannot allocate memory"), LOCKED_MEMORY_TOO_LOW),
+    # Registering memory for RDMA under a low locked-memory limit: verbs' ibv_reg_mr, libfabric's fi_mr_reg (EFA),
+    # and the limit named as such (RLIMIT_MEMLOCK, "memlock").
+    KnownCause(
+        _any_of(r"(?:ibv_reg_mr|fi_mr_reg)\w*[^\n]*cannot allocate memory", r"RLIMIT_MEMLOCK", r"\bmemlock\b"),
+        LOCKED_MEMORY_TOO_LOW,
+    ),
     KnownCause(
         _any_of(
             r"unhandled system error",
