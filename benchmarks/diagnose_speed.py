@@ -1,6 +1,6 @@
 """How fast ``conformance diagnose`` reads a big log, against one compiled-regex pass over the same file.
 
-    python benchmarks/diagnose_speed.py [--sizes 20,200] [--kinds nccl,train] [--repeat 3] [--keep DIR]
+    python benchmarks/diagnose_speed.py [--sizes 20,200] [--kinds nccl,train] [--repeat 3] [--keep DIR] [--files 4]
 
 For each size (MB) and kind it writes a synthetic log of one failed 64-GPU job (8 nodes of 8 ranks):
 
@@ -18,6 +18,8 @@ Then, in one process, one after the other so both see the same machine load:
 * its peak memory over the baseline's (``VmHWM`` of a child process each).
 
 It prints seconds, MB/s and the ratio diagnose / baseline for each.  Best of ``--repeat`` runs each.
+With ``--files N`` it also splits each log into N files (a job's per-node logs) and times diagnose
+reading them in one process and in parallel (one share per core, ``conformance.diagnose.sources``).
 """
 
 from __future__ import annotations
@@ -157,6 +159,41 @@ def diagnose_answer(path: Path) -> dict[str, object]:
     return json.loads(out.getvalue())  # type: ignore[no-any-return]
 
 
+def split_log(path: Path, files: int) -> Path:
+    """The log cut into ``files`` files of whole lines, in a folder of their own."""
+    folder = path.with_suffix(f".{files}files")
+    if folder.is_dir():
+        return folder
+    folder.mkdir()
+    size = path.stat().st_size
+    with path.open("rb") as source:
+        for index in range(files):
+            chunk = source.read(size // files if index < files - 1 else size)
+            rest = source.readline() if index < files - 1 else b""
+            (folder / f"node{index}.log").write_bytes(chunk + rest)
+    return folder
+
+
+def parallel(folder: Path, repeat: int) -> None:
+    from conformance.diagnose import sources
+
+    limit = sources.PARALLEL_BYTES
+    try:
+        sources.PARALLEL_BYTES = 1 << 62
+        alone = best_of(repeat, lambda: diagnose_answer(folder))
+        sources.PARALLEL_BYTES = 1
+        shared = best_of(repeat, lambda: diagnose_answer(folder))
+        workers = sources._workers(sorted(folder.iterdir()))
+    finally:
+        sources.PARALLEL_BYTES = limit
+    files = len(list(folder.iterdir()))
+    print(
+        f"      {files} files: one process {alone:7.2f} s, {workers} processes {shared:7.2f} s "
+        f"(speed-up {alone / shared:4.2f}x)",
+        flush=True,
+    )
+
+
 def best_of(repeat: int, run: object) -> float:
     times = []
     for _ in range(repeat):
@@ -179,7 +216,7 @@ def peak_mb(function: str, path: Path) -> float:
     return int(done.stdout.split()[-1]) / 1024
 
 
-def measure(folder: Path, kind: str, megabytes: int, repeat: int) -> None:
+def measure(folder: Path, kind: str, megabytes: int, repeat: int, files: int = 1) -> None:
     path = folder / f"{kind}-{megabytes}mb.log"
     if not path.exists():
         write_log(path, kind, megabytes)
@@ -195,6 +232,8 @@ def measure(folder: Path, kind: str, megabytes: int, repeat: int) -> None:
         f"  answer {'right' if right else 'WRONG: ' + str(answer['class']) + ' ' + str(answer['root_ranks'])}",
         flush=True,
     )
+    if files > 1:
+        parallel(split_log(path, files), repeat)
 
 
 def main() -> int:
@@ -203,13 +242,14 @@ def main() -> int:
     parser.add_argument("--kinds", default="nccl,train", help="nccl, train or both")
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs each")
     parser.add_argument("--keep", type=Path, help="write the logs here and keep them (reused when present)")
+    parser.add_argument("--files", type=int, default=1, help="also read each log cut into this many files")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         folder = args.keep or Path(temporary)
         folder.mkdir(parents=True, exist_ok=True)
         for megabytes in (int(s) for s in args.sizes.split(",")):
             for kind in args.kinds.split(","):
-                measure(folder, kind, megabytes, args.repeat if megabytes <= 50 else 1)
+                measure(folder, kind, megabytes, args.repeat if megabytes <= 50 else 1, args.files)
     return 0
 
 

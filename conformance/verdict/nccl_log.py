@@ -48,7 +48,7 @@ MAX_LINE = 4096
 # memory; a job with more than this many channel lines or communicators keeps the first ones.
 MAX_KEPT = 100_000
 MAX_DISTINCT = 256  # distinct versions, interfaces, devices kept
-MAX_REUSES = 64  # uses of one communicator pointer told apart
+MAX_REUSES = 16  # uses of one communicator pointer told apart
 
 # --------------------------------------------------------------------------------------------
 # Line patterns, compiled once.  Every number is bounded so that no match can feed int() a
