@@ -8,7 +8,7 @@ read the logs.  ``split.toml`` names the third set aside before any rule was wri
 half set aside, one line per class, then the false answers that matter most: "no failure" on a
 failed job's log.  Cases are listed one per line for the developed half only (``--all`` lists both).
 
-    python benchmarks/diagnose_real_logs.py [--all] [FOLDER]
+    python benchmarks/diagnose_real_logs.py [--all] [--markdown] [FOLDER]
 """
 
 from __future__ import annotations
@@ -71,7 +71,30 @@ def held_out(folder: Path) -> set[str]:
     return set(tomllib.loads(split.read_text())["held_out"]) if split.is_file() else set()
 
 
-def print_scores(folder: Path, list_all: bool = False) -> int:
+def _cells(counts: Counter[str]) -> str:
+    n = counts["cases"]
+    return f"{n} | {counts['class']} | {counts['root']} | {counts['fix']}" if n else "0 | | |"
+
+
+def print_markdown(per_class: dict[tuple[str, str], Counter[str]], totals: dict[str, Counter[str]]) -> None:
+    """The per-class table for docs/diagnose.md: each half's cases, class, root and fix right."""
+    print("| thread's class | developed on: cases | class | root | fix | set aside: cases | class | root | fix |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in sorted({name for name, _ in per_class}):
+        row = " | ".join(_cells(per_class.get((name, half), Counter())) for half in HALVES)
+        print(f"| `{name}` | {row} |")
+    shares = []
+    for half in HALVES:
+        t = totals[half]
+        shares.append(
+            " | ".join(
+                [f"**{t['cases']}**", *(f"**{t[k]} ({t[k] / t['cases']:.0%})**" for k in ("class", "root", "fix"))]
+            )
+        )
+    print(f"| **all** | {' | '.join(shares)} |")
+
+
+def print_scores(folder: Path, list_all: bool = False, markdown: bool = False) -> int:
     aside = held_out(folder)
     totals = {half: Counter[str]() for half in HALVES}
     per_class: dict[tuple[str, str], Counter[str]] = {}
@@ -90,10 +113,13 @@ def print_scores(folder: Path, list_all: bool = False) -> int:
             false_green.append(f"{case.name} ({half})")
         if labels["class"] != "none" and answer["verdict"] == "not judged":
             totals[half]["not judged"] += 1
-        if half == HALVES[0] or list_all:
+        if (half == HALVES[0] or list_all) and not markdown:
             marks = " ".join("ok " if ok else "-- " for ok in right)
             got = answer["class"] or answer["verdict"]
             print(f"{marks} {case.name:52} expected {labels['class']:18} got {got}")
+    if markdown:
+        print_markdown(per_class, totals)
+        return 0
     print(f"\n{'class':18} {'half':13} cases  class  root  fix")
     for (name, half), counts in sorted(per_class.items()):
         print(f"{name:18} {half:13} {counts['cases']:5}  {counts['class']:5}  {counts['root']:4}  {counts['fix']:3}")
@@ -112,5 +138,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", nargs="?", type=Path, default=DATA)
     parser.add_argument("--all", action="store_true", help="list the set-aside cases one by one too")
+    parser.add_argument("--markdown", action="store_true", help="print the per-class table for the docs")
     arguments = parser.parse_args()
-    sys.exit(print_scores(arguments.folder, arguments.all))
+    sys.exit(print_scores(arguments.folder, arguments.all, arguments.markdown))

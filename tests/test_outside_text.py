@@ -8,6 +8,7 @@ is read (bidi overrides), and check that every such character arrives as a visib
 from __future__ import annotations
 
 import re
+from xml.etree import ElementTree
 
 import pytest
 
@@ -61,12 +62,16 @@ def test_a_ranks_message_reaches_the_terminal_escaped(pytester: pytest.Pytester,
     pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce"))
     scenario = pytester.makefile(".toml", scen=scenario_text(f'effect = "error"\nranks = [1]\nmessage = "{message}"'))
 
-    result = run_suite(f"--scenario={scenario}", "--virtual-devices=2", "--step-timeout=30")
+    junit = pytester.path / "junit.xml"
+    result = run_suite(f"--scenario={scenario}", "--virtual-devices=2", "--step-timeout=30", f"--junitxml={junit}")
 
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
     assert RAW.search(output.replace("\n", "")) is None, [line for line in result.outlines if RAW.search(line)]
     assert "SimulatedError: ok\\x1b]0;pwned\\x07" in output
+    written = junit.read_text(encoding="utf-8")
+    ElementTree.fromstring(written)  # well-formed: XML 1.0 holds no control character
+    assert RAW.search(written.replace("\n", "")) is None
 
 
 def test_the_html_report_shows_outside_text_escaped() -> None:

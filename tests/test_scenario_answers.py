@@ -155,13 +155,14 @@ ANSWERS = {
         "last_half_all_visible sets: HANG on inherited (barrier_no_device_ids 1/1); no rung passed (tried "
         f"inherited, *): {NO_SETTING}",
         "  FIRST BARRIER ON ANOTHER RANK'S GPU: rank 0, 1, 2, 3 in barrier_no_device_ids: rank 0 uses GPU 4 but ran "
-        "its first barrier on GPU 0 (a guess: global rank 0 % 8 devices) -> fix: in the job's code: "
+        "its first barrier on GPU 0 (a guess: global rank 0 % 8 devices) -> fix: in the job's code, each rank on its "
+        "own GPU: torch.cuda.set_device(local_rank) before any CUDA or NCCL call, and "
         "init_process_group(..., device_id=torch.device('cuda', local_rank)) or "
         "dist.barrier(device_ids=[local_rank])*",
         "reversed sets: HANG on inherited (barrier_no_device_ids 1/1); no rung passed (tried inherited, *): "
         + NO_SETTING,
         "  FIRST BARRIER ON ANOTHER RANK'S GPU: rank 0, 1, 2, 3, 4, 5, 6, 7 in barrier_no_device_ids: rank 0 uses "
-        "GPU 7 but ran its first barrier on GPU 0 * -> fix: in the job's code: *device_id=*",
+        "GPU 7 but ran its first barrier on GPU 0 * -> fix: in the job's code, *device_id=*",
         "passed as they are: NV18 pairs, all sets, every_other sets, last_half sets, single sets",
     ],
     "oom-at-checkpoint": [

@@ -116,7 +116,10 @@ class Diagnosis:
             lines.append("  ended normally, as these lines show:")
             lines += [f"    {line.where} ({what}): {line.text.strip()[:QUOTE_CHARS]}" for what, line in self.ended]
         if self.victims:
-            lines.append(f"  victims (only waited): ranks {compact(self.victims)}")
+            ranks = [v for v in self.victims if v.isdigit()]
+            others = [v for v in self.victims if not v.isdigit()]
+            said = ([f"ranks {compact(ranks)}"] if ranks else []) + [f"the process writing {v}" for v in others]
+            lines.append(f"  victims (only waited): {', '.join(said)}")
         lines += [f"  note: {note}" for note in self.notes]
         lines += [f"  not read: {skipped.path}: {skipped.why}" for skipped in self.skipped]
         if self.fix:
@@ -183,6 +186,13 @@ def _label(key: int | str, stories: Stories) -> str:
 TWO_RANKS_NAMED = re.compile(r"\brank \d+ and rank \d+", re.IGNORECASE)
 
 
+def _who_all(keys: list[int | str], stories: Stories) -> str:
+    """``ranks 0-3``, or the processes by name where the logs give no rank."""
+    ranks = [str(key) for key in keys if isinstance(key, int)]
+    named = [_label(key, stories) for key in keys if not isinstance(key, int)]
+    return ", ".join(([f"ranks {compact(ranks)}"] if ranks else []) + named)
+
+
 def _most_specific(root: int | str, findings: dict[int | str, Finding]) -> int | str:
     """The root, unless it names no cause of its own and another rank's finding does (NCCL's warning elsewhere)."""
     if findings[root].specific:
@@ -244,8 +254,12 @@ def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Sto
         answer.root_ranks = [key] if isinstance(key, int) and named else []
         _fill(answer, found, first_victim)
         if len(alike) > 1:
-            answer.notes.append(f"ranks {compact(ranks_text(alike))} all failed alike: no single rank is the cause")
-        others = [by_number[r.rank] for r in decision.victims if findings[by_number[r.rank]].failure is not None]
+            answer.notes.append(f"{_who_all(alike, stories)} all failed alike: no single rank is the cause")
+        others = [
+            by_number[r.rank]
+            for r in decision.victims
+            if findings[by_number[r.rank]].failure is not None and by_number[r.rank] not in alike
+        ]
         if others:
             answer.notes.append(f"also failed, after it: {', '.join(label(k, stories[k]) for k in others[:8])}")
     elif root_key is not None and (job is None or (job.failure in (job_causes.HANG, job_causes.TRANSPORT))):
@@ -292,7 +306,7 @@ def _seen_note(evidence: JobEvidence, stories: Stories) -> str:
     return "seen in these logs: " + "; ".join(part for part in said if part)
 
 
-SUCCESS_WORDS = re.compile(r"\b(?:success(?:ful(?:ly)?)?|succeeded|completed?|finished|done|passed|ok)\b", re.I)
+SUCCESS_WORDS = re.compile(r"\b(?:success(?:ful(?:ly)?)?|succeeded|completed?|finished|passed)\b", re.I)
 NCCL_TESTS_HEADER = re.compile(r"^#\s+(?:Rank\s+\d+|nThread|Using devices)")  # nccl-tests' own set-up lines
 
 

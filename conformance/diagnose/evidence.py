@@ -133,7 +133,7 @@ def process_key(who: Who, path: str) -> ProcessKey:
     if who.local_rank is not None:
         return ("local", f"{node_of(who)}/{who.local_rank}")
     if who.pid is not None:
-        return ("pid", f"{who.host}:{who.pid}")
+        return ("pid", f"{who.host}:{who.pid}" if who.host else f"pid {who.pid}")
     if who.task is not None:
         return ("task", str(who.task))
     return ("file", path)
@@ -277,7 +277,7 @@ class JobEvidence:
                     return
                 for segment in _segments(text_of(raw)):
                     text, who = strip_prefixes(segment, base)
-                    self.add(LogLine(name, number, text, who))
+                    self.add(LogLine(name, number, text, who), line_time(segment))  # before a timestamp is stripped
 
             scanned = scan(stream, ANCHORS, read, self.waiting, self._block)
         last = [LogLine(name, n, *strip_prefixes(text, base)) for n, text in scanned.last_lines()]
@@ -324,8 +324,8 @@ class JobEvidence:
         self._frame_indent = None
         self._after_last_error = False
 
-    def add(self, line: LogLine) -> None:
-        """One line of the current file (its writer's prefixes already taken off)."""
+    def add(self, line: LogLine, stamp: float | None = None) -> None:
+        """One line of the current file (its writer's prefixes already taken off; ``stamp``: its time, if known)."""
         text = line.text
         if line.who.local_rank is not None and line.who.rank is None:
             self.local_ranks.add((node_of(line.who), line.who.local_rank))
@@ -338,7 +338,7 @@ class JobEvidence:
         if "NCCL" in text or " WARN" in text:
             self.nccl.feed_line(text)
         story = self._story(who, line.path)
-        stamp = line_time(text) if self._summary is None else self._summary.time
+        stamp = (stamp if stamp is not None else line_time(text)) if self._summary is None else self._summary.time
         if stamp is not None:
             story.clock = stamp
         line = LogLine(line.path, line.number, text, who)

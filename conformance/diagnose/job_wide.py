@@ -97,8 +97,10 @@ def ranked_stories(evidence: JobEvidence, nccl: NcclLog) -> Stories:
 
 
 def label(key: int | str, story: ProcessStory) -> str:
-    host = f" (node {story.who.host})" if story.who.host else ""
-    return f"rank {key}{host}" if isinstance(key, int) else f"the process writing {key}{host}"
+    host = f" (node {story.who.host})" if story.who.host and story.who.host not in str(key) else ""
+    if isinstance(key, int):
+        return f"rank {key}{host}"
+    return f"process {key}{host}" if story.key[0] == "pid" else f"the process writing {key}{host}"
 
 
 # --------------------------------------------------------------------------------------------

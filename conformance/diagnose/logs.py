@@ -108,6 +108,16 @@ WRITER_PREFIXES: tuple[WriterPrefix, ...] = (
         ),
         (),
     ),
+    # A logging library's timestamp before the line ("2024-04-29 06:01:12.977 ", "[2024-04-29 06:01:12,977] ",
+    # "2024-04-29T06:01:12.977Z "): formatting, like a workflow tool's "[177/train/578 (pid 28936)] " (Metaflow's
+    # "[<task> (pid <pid>)]") and a run's UUID ("[09c561ee-a44c-4795-967c-7183a83b3160] ").
+    WriterPrefix(
+        "timestamp",
+        re.compile(r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?\]? "),
+        (),
+    ),
+    WriterPrefix("task", re.compile(r"\[[\w/.-]{1,80} \(pid (\d{1,10})\)\] "), ("pid",)),
+    WriterPrefix("uuid", re.compile(r"\[[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\] "), ()),
     # pdsh, DeepSpeed's multi-node runner, prefixes every line with the host: "worker-1: " (pdsh's "%s: ").  Only a
     # lower-case name with a digit in it is taken for a host, so "RuntimeError: " or "INFO: " never is.
     WriterPrefix("pdsh", re.compile(r"([a-z][a-z0-9_.-]{0,62}[0-9][a-z0-9_.-]{0,62}): (?=\S)"), ("host",)),

@@ -32,6 +32,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from conformance.common.outside_text import shown_lines
 from conformance.harness.pytest_private import junit_writer
 from conformance.record.records import JUNIT_PREFIX, JunitRun
 
@@ -127,7 +128,7 @@ def _add_properties(suite: ElementTree.Element, properties: Sequence[tuple[str, 
         holder = ElementTree.Element("properties")
         suite.insert(0, holder)
     for name, value in properties:
-        ElementTree.SubElement(holder, "property", {"name": name, "value": value})
+        ElementTree.SubElement(holder, "property", {"name": name, "value": shown_lines(value)})
 
 
 def _add_findings(suite: ElementTree.Element, findings: Sequence[tuple[str, str]]) -> None:
@@ -136,6 +137,7 @@ def _add_findings(suite: ElementTree.Element, findings: Sequence[tuple[str, str]
     place = list(suite).index(out) if out is not None else len(suite)
     for offset, (name, message) in enumerate(findings):
         case = ElementTree.Element("testcase", {"classname": SUITE_NAME, "name": name, "time": "0"})
+        message = shown_lines(message)  # XML 1.0 has no control characters; a rank's words may hold them
         ElementTree.SubElement(case, "failure", {"message": message}).text = message
         suite.insert(place + offset, case)
     for count in ("tests", "failures"):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from conformance.verdict.stderr_causes import (
     ADDRESS_IN_USE,
     DESCRIPTORS_EXHAUSTED,
+    DISK_FULL,
     FILE_TABLE_FULL,
     LOCKED_MEMORY_TOO_LOW,
 )
@@ -144,7 +145,8 @@ HANG = FailureClass(
     "hang",
     "HANG",
     "every rank waited in the same collective and none named a cause: a transport hang is likeliest; "
-    "test every GPU pair with the suite, and rerun the job with NCCL_DEBUG=INFO",
+    "test every GPU pair with the suite, and rerun the job with NCCL_DEBUG=INFO; a hang in NCCL or torch itself "
+    "is fixed in a later release (their release notes name it): upgrade",
     _suite("pair_exchange or all_reduce", "the ladder names the setting under which the pairs pass"),
 )
 # A failure the logs show that no rule here names: the answer quotes its lines and says what to collect next.
@@ -356,7 +358,7 @@ TIMEOUT_AT_WORK = re.compile(r"Timeout at NCCL work: (?P<seq>\d{1,12})", re.ASCI
 # otherwise (src/misc/socket.cc, ncclFindInterfaces prefers "ib" then anything but "docker" and "lo";
 # a container without --network host, or a bridge named otherwise, still gets chosen).
 # The causes of stderr_causes.KNOWN_CAUSES that are not NCCL's own: the class diagnose files them under.
-HOST_LIMIT_CAUSES = (FILE_TABLE_FULL, DESCRIPTORS_EXHAUSTED, LOCKED_MEMORY_TOO_LOW)
+HOST_LIMIT_CAUSES = (FILE_TABLE_FULL, DESCRIPTORS_EXHAUSTED, LOCKED_MEMORY_TOO_LOW, DISK_FULL)
 
 RENDEZVOUS_CAUSES = (ADDRESS_IN_USE,)  # the store's port, MASTER_PORT, is the port a job binds first
 

@@ -65,6 +65,12 @@ ADDRESS_IN_USE = Cause(
     "a port the rank binds is taken, often by a process left from an earlier run or another job's MASTER_PORT "
     "(the rendezvous store's port on the first node)",
 )
+# ENOSPC (errno 28) where no /dev/shm is named: the disk a job writes to (checkpoints, the cache, /tmp) is full.
+DISK_FULL = Cause(
+    "No space left on device (a disk is full)",
+    "free disk space where the job writes (checkpoints, /tmp, the dataset and model caches: `df -h`), or write "
+    "checkpoints elsewhere",
+)
 LOCKED_MEMORY_TOO_LOW = Cause(
     "InfiniBand memory registration failed", "the locked-memory limit is too low; `ulimit -l unlimited`"
 )
@@ -107,6 +113,7 @@ KNOWN_CAUSES: tuple[KnownCause, ...] = (
         ),
         SHM_FULL,
     ),
+    KnownCause(_any_of(r"no space left on device", r"\bENOSPC\b", r"\[Errno 28\]"), DISK_FULL),  # after the shm rows
     KnownCause(_any_of(r"address already in use", r"\bEADDRINUSE\b"), ADDRESS_IN_USE),
     # Every WARN of NCCL's src/transport/nvls.cc is a failure to set NVLS up (v2.30.7-1: "Cuda failure" of the
     # multicast calls, which Fabric Manager serves; NVIDIA/nccl#1488: "transport/nvls.cc:244 NCCL WARN Cuda failure").
