@@ -147,6 +147,29 @@ def scenario_text(*rules: str, name: str = "test scenario") -> str:
     return f'[scenario]\nname = "{name}"\n{body}'
 
 
+PEAK_PROBE = (
+    "import re, sys\nfrom pathlib import Path\nfrom conformance.cli.main import main\n"
+    "status = main(['diagnose', sys.argv[1]])\n"
+    "print('peak', re.search(r'VmHWM:\\s*(\\d+) kB', Path('/proc/self/status').read_text())[1])\n"
+    "sys.exit(status)"
+)
+
+
+def diagnose_peak(log: Path, timeout: float = 1200) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``conformance diagnose LOG`` in a process of its own, and that process's peak resident memory in MB.
+
+    The process's own peak (VmHWM, its address space's since exec), not getrusage's ru_maxrss: that one is
+    kept across fork and exec, so it would count the pytest worker that started the process.
+    """
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_PROBE, str(log)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    peak = done.stdout.rsplit("peak", 1)
+    return done, int(peak[1]) / 1024 if len(peak) == 2 else float("inf")
+
+
 COLLECTIVE_TEST = """
 from conformance.plan.matrix import DeviceSet
 

@@ -7,13 +7,12 @@ and conformance/diagnose/logs.py); each test is one failure class as a job's log
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.cli.main import main
+from conftest import diagnose_peak
 
 WATCHDOG = (
     "[rank{r}]:[E1218 20:27:{s}.426415540 ProcessGroupNCCL.cpp:629] [Rank {r}] Watchdog caught collective operation "
@@ -297,19 +296,10 @@ def test_a_large_log_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
         for _ in range(LARGE_LOG_MB * 1024 * 1024 // len(block)):
             out.write(block)
         out.write(b"[rank1]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
-    # The process's own peak (VmHWM, its address space's since exec), not getrusage's ru_maxrss: that one is
-    # kept across fork and exec, so it would count the pytest worker that started the process.
-    code = (
-        "import re, sys\nfrom pathlib import Path\nfrom conformance.cli.main import main\n"
-        "status = main(['diagnose', sys.argv[1]])\n"
-        "print('peak', re.search(r'VmHWM:\\s*(\\d+) kB', Path('/proc/self/status').read_text())[1])\n"
-        "sys.exit(status)"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=1200)
+    done, peak_mb = diagnose_peak(log)
 
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("OUT OF MEMORY on rank 1")
-    peak_mb = int(done.stdout.rsplit("peak", 1)[1]) / 1024
     assert peak_mb < MEMORY_LIMIT_MB, peak_mb
 
 

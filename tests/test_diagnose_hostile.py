@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import diagnose_peak
+
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 OOM = "[rank1]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 RUN_LIMIT = 120  # seconds: diagnose of a few lines takes one; a FIFO opened for reading would block forever
@@ -123,17 +125,8 @@ def test_a_line_of_any_length_is_read_in_bounded_memory(tmp_path: Path) -> None:
         for _ in range(LONG_LINE_MB):  # one line of 300 MB, no newline in it
             out.write(block)
         out.write(b"\n" + OOM.encode() + b"\n")
-    # The process's own peak (VmHWM, its address space's since exec), not getrusage's ru_maxrss: that one is
-    # kept across fork and exec, so it would count the pytest worker that started the process.
-    code = (
-        "import re, sys\nfrom pathlib import Path\nfrom conformance.cli.main import main\n"
-        "status = main(['diagnose', sys.argv[1]])\n"
-        "print('peak', re.search(r'VmHWM:\\s*(\\d+) kB', Path('/proc/self/status').read_text())[1])\n"
-        "sys.exit(status)"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=1200)
+    done, peak_mb = diagnose_peak(log)
 
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("OUT OF MEMORY on rank 1")
-    peak_mb = int(done.stdout.rsplit("peak", 1)[1]) / 1024
     assert peak_mb < MEMORY_LIMIT_MB, peak_mb
