@@ -203,6 +203,11 @@ ALSO = {
     ],
 }
 
+# Healthy machines the suite must not call broken: every test passes, exit 0, one green line.
+PASSES = {
+    "nvswitch-iommu-passthrough": ["everything passed: 79 cases in 7 classes; nothing to set"],
+}
+
 # Machines no case may run on: the run stops before any case, exit 4, with one line.
 STOPS = {
     "nvml-driver-mismatch": "ERROR: conformance: simulated (*nvml-driver-mismatch-8gpu.json): this machine has NVIDIA "
@@ -235,7 +240,15 @@ def answer_lines(result: pytest.RunResult) -> list[str]:
 
 
 def test_every_shipped_scenario_has_its_expected_answer() -> None:
-    assert sorted([*ANSWERS, *STOPS]) == shipped_scenarios()
+    assert sorted([*ANSWERS, *STOPS, *PASSES]) == shipped_scenarios()
+
+
+@pytest.mark.parametrize("name", sorted(PASSES))
+def test_a_shipped_healthy_machine_passes(pytester: pytest.Pytester, run_suite: RunSuite, name: str) -> None:
+    files = copy_suites(pytester, *SUITE_FILES)
+    result = run_suite(*header_command(name), *files, timeout=240)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert answer_lines(result) == PASSES[name]
 
 
 @pytest.mark.parametrize("name", sorted(STOPS))
