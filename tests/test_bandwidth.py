@@ -15,7 +15,7 @@ from conformance.discover.link_rate import pair_rate_gbps, pcie_gbps
 from conformance.harness.junit import JunitSummary, complete
 from conformance.rank.scenario import ScenarioError, parse_rule
 from conformance.record.records import CaseRecord, JunitRun
-from conformance.summarise.bandwidth import slow_lines, slow_pairs
+from conformance.summarise.bandwidth import SlowCauses, slow_lines, slow_pairs
 from conftest import copy_suites
 from test_junit_schema import PYTEST_FILE, schema_errors
 from test_scenario_answers import answer_lines
@@ -59,6 +59,50 @@ def test_a_floor_judges_a_pair_even_alone_in_its_class() -> None:
     (slow,) = slow_pairs([pair("gpu0-gpu1", 30.0, link="PIX")], 0.6, {"PIX": 40.0})
     assert slow.figure_text() == "gpu0-gpu1 30 GB/s (below the floor 40)"
     assert slow_pairs([pair("gpu0-gpu1", 30.0, link="PIX")], 0.6, {}) == []  # no peers, no floor: not judged
+
+
+LINK_RATE = {"link_gbps": 31.5}
+
+
+def test_a_whole_class_below_its_links_floor_is_slow_and_a_healthy_one_is_not() -> None:
+    """An IOMMU that translates every P2P transaction slows every switch pair alike: no pair is slow to its peers."""
+    slowed = [pair(f"gpu{i}-gpu{i + 1}", 1.26, link="PIX", metrics=LINK_RATE) for i in (0, 2, 4, 6)]
+    found = slow_pairs(slowed, 0.6, {})
+    assert [p.pair for p in found] == ["gpu0-gpu1", "gpu2-gpu3", "gpu4-gpu5", "gpu6-gpu7"]
+    assert found[0].figure_text() == "gpu0-gpu1 1.26 GB/s (0.04 of its link's 31.5, below the floor 0.15)"
+    causes = SlowCauses({"a PCIe switch": "the IOMMU translates the GPUs' DMA"})
+    assert slow_lines(found[:1], causes)[0].startswith(
+        "SLOW: PIX pairs' pair_exchange on inherited, below the floor for their link: gpu0-gpu1 1.26 GB/s (0.04 of "
+        "its link's 31.5, below the floor 0.15) -> likely cause: the IOMMU translates the GPUs' DMA; check the pair"
+    )
+    healthy = [pair(f"gpu{i}-gpu{i + 1}", 24.0, link="PIX", metrics=LINK_RATE) for i in (0, 2)]  # 0.76 of the link
+    assert slow_pairs(healthy, 0.6, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("probe", "link", "rate", "floor"),
+    [
+        ("pair_exchange", "NV18", 450.0, 0.10),
+        ("pair_exchange", "PXB", 31.5, 0.15),
+        ("pair_exchange", "SYS", 31.5, 0.08),
+        ("peer_copy", "NV18", 450.0, 0.30),
+        ("peer_copy", "PIX", 31.5, 0.25),
+        ("peer_copy", "NODE", 31.5, 0.15),
+    ],
+)
+def test_each_probe_and_link_kind_has_its_floor(probe: str, link: str, rate: float, floor: float) -> None:
+    def judged(share: float) -> list[str]:
+        record = pair("gpu0-gpu1", round(rate * share, 3), link=link, probe=probe, metrics={"link_gbps": rate})
+        return [p.pair for p in slow_pairs([record], 0.6, {})]
+
+    assert judged(floor * 0.9) == ["gpu0-gpu1"]
+    assert judged(floor * 1.1) == []
+
+
+def test_a_sites_floor_replaces_the_default_for_its_class() -> None:
+    record = pair("gpu0-gpu1", 1.26, link="PIX", metrics=LINK_RATE)  # 0.04 of the link: below the default floor
+    assert slow_pairs([record], 0.6, {"PIX": 1.0}) == []  # the site says 1 GB/s is enough here
+    assert [p.pair for p in slow_pairs([record], 0.6, {"PIX": 2.0})] == ["gpu0-gpu1"]
 
 
 def test_only_figures_that_measure_a_gpu_link_are_judged() -> None:

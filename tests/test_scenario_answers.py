@@ -112,7 +112,7 @@ ANSWERS = {
         "(reseat the card or its riser, clean the contacts; `nvidia-smi -q -d PCIE`)",
         *(
             f"SLOW: {link} pairs' {probe} on inherited, below 0.6 of their class's median or its floor: {pairs} -> "
-            "check the pair's path: *"
+            "likely cause: gpu5 PCIe link x8, the GPU and slot allow x16; check the pair's path: *"
             for probe in ("pair_exchange", "peer_copy")
             for link, pairs in (
                 ("PIX", "gpu4-gpu5 12.6 GB/s (0.50 of the median 25.2, 0.80 of its link's 15.75)"),
@@ -150,6 +150,17 @@ ANSWERS = {
     "hang-ignores-sigterm": [
         f"all sets: HANG on inherited (all_reduce 1/1); no rung passed (tried inherited, *): {NO_SETTING}",
         "passed as they are: CPU pairs, every_other sets, last_half sets, single sets",
+    ],
+    "iommu-slow-p2p": [  # a whole class slow alike: judged against its link, not its peers
+        *(
+            f"SLOW: {link} pairs' {probe} on inherited, below the floor for their link: {first} 1.26 GB/s (0.04 of "
+            f"its link's 31.5, below the floor {floor}); * -> likely cause: the IOMMU translates the GPUs' DMA "
+            "(intel_iommu=on); the bridges' ACS control could not be read here (read it as root: *"
+            for probe, floor in (("pair_exchange", "0.15"), ("peer_copy", "0.25"))
+            for link, first in (("PIX", "gpu0-gpu1"), ("PXB", "gpu0-gpu2"))
+        ),
+        "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
     ],
     "noncontiguous-barrier": [
         "last_half_all_visible sets: HANG on inherited (barrier_no_device_ids 1/1); no rung passed (tried "

@@ -12,6 +12,7 @@ from conformance.discover.topology import link_matrix_lines, link_note_lines
 from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext
 from conformance.summarise.answer import Tone
+from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
 from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
 
@@ -60,6 +61,8 @@ def header_lines(run: RunContext) -> list[str]:
     lines.extend(f"  {line}" for line in link_matrix_lines(t))
     lines.extend(link_note_lines(t))
     lines.append(f"matrix {run.plan.mode}, rungs: {', '.join(r.name for r in run.plan.rungs)}")
+    if t.kind == "gpu":
+        lines.append(floors_text())
     inherited = inherited_variables()
     if inherited:
         lines.append("inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))

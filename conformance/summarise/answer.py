@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
@@ -21,7 +21,14 @@ from conformance.plan.matrix import Rung
 from conformance.plan.transport import PCIE_PATHS, transport_surprise
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
-from conformance.summarise.bandwidth import DEFAULT_SLOW_RATIO, SlowPair, slow_lines, slow_pairs
+from conformance.summarise.bandwidth import (
+    DEFAULT_SLOW_RATIO,
+    SlowCauses,
+    SlowPair,
+    slow_causes,
+    slow_lines,
+    slow_pairs,
+)
 from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.recommend import ClassAdvice, Recommendation
 from conformance.summarise.summary import (
@@ -81,7 +88,8 @@ class Answer:
     incomplete: str | None
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
-    slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them (``bandwidth.py``)
+    slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them or their link (``bandwidth.py``)
+    slow_causes: SlowCauses = field(default_factory=SlowCauses)  # what the machine's facts say slows its links
     warnings: tuple[str, ...] = ()  # passing host checks' warnings (another user's processes on a GPU)
     watched: tuple[WatchFinding, ...] = ()  # what NVML saw during the run (``discover/watch.py``)
     failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed: the run failed here too
@@ -149,7 +157,7 @@ class Answer:
         rows: list[tuple[str, Tone]] = [(line, "bad") for line in self.others]
         rows += [(f"DURING THE RUN: {f.text}", "bad") for f in self.machine_watched]
         rows += [(line, "bad") for line in self._fault_lines()]
-        rows += [(line, "bad") for line in slow_lines(self.slow)]
+        rows += [(line, "bad") for line in slow_lines(self.slow, self.slow_causes)]
         rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
         if self.passed:
             rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
@@ -307,6 +315,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         harness_errors=recommendation.harness_errors,
         cpu_only=run.facts.cpu_only,
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
+        slow_causes=slow_causes(run.machine),
         warnings=(
             *([f"WARNING {run.facts.nccl_warning}"] if run.facts.nccl_warning else []),
             *_host_warnings(run.usable_records),
