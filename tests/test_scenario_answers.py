@@ -29,6 +29,7 @@ PCIE_8GPU_PASSED = (
 FM_DOWN = (
     "MACHINE FAULT, no setting changes it: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)"
 )
+NVLINK_P2P = "NVLINK P2P DISABLED BY THE HARDWARE (NCCL: 'probably due to a hardware issue')"
 NVLS_FIXED = "passes with NCCL_NVLS_ENABLE=0 -> export NCCL_NVLS_ENABLE=0"  # not NCCL_CUMEM_ENABLE=0: narrowest first
 NVLS_CAUSE = "NVLink SHARP (NVLS) multicast failed: "
 NVLS_FIX = "-> fix: Fabric Manager or the NVSwitches are misconfigured; `export NCCL_NVLS_ENABLE=0` avoids NVLS"
@@ -161,6 +162,24 @@ ANSWERS = {
         ),
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
+    ],
+    "nvlink-p2p-disabled": [  # NCCL's own word on a broken NVLink: the GPUs' fault, never NCCL_P2P_DISABLE=1
+        "host check host:nvlink_p2p: ERROR: gpu2-gpu5 (NV18): NVML reports P2P read NOT_SUPPORTED, write "
+        "NOT_SUPPORTED, so NCCL refuses every communicator with both GPUs (*) -> the GPUs it names have NVLink but "
+        "NVML reports no P2P between them: reset them *",
+        "DURING THE RUN: gpu2: link error counters grew during the run (nvlink4 recovery +3, nvlink4 replay +12): *",
+        f"MACHINE FAULT: {NVLINK_P2P} in 3 classes (NV18 pairs, all sets, reversed sets) -> fix: *never "
+        "NCCL_P2P_DISABLE=1, which slows every pair of the class to hide one",
+        f"NV18 pairs: ERROR on inherited (pair_exchange 1/28); MACHINE FAULT, no setting changes it: {NVLINK_P2P}",
+        "  graph/paths.cc:396 NCCL WARN P2P is disabled between NVLINK connected GPUs 2 and 5. *: rank 0 (gpu2) in "
+        "init of pair_exchange: *",
+        "all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); MACHINE FAULT, no setting changes it: {NVLINK_P2P}",
+        "  graph/paths.cc:396 NCCL WARN P2P is disabled between NVLINK connected GPUs 2 and 5. *",
+        f"reversed sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); MACHINE FAULT, no setting "
+        f"changes it: {NVLINK_P2P}",
+        "  graph/paths.cc:396 NCCL WARN P2P is disabled between NVLINK connected GPUs 2 and 5. *",
+        "passed as they are: every_other sets, last_half sets, last_half_all_visible sets, single sets",
     ],
     "noncontiguous-barrier": [
         "last_half_all_visible sets: HANG on inherited (barrier_no_device_ids 1/1); no rung passed (tried "

@@ -12,6 +12,7 @@ import os
 import sys
 import types
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -728,3 +729,13 @@ def test_deadlines_text_counts_confirmed_hangs_apart() -> None:
     assert deadlines_text(stopped("stalled", "confirm", "confirm", "deadline")) == (
         "deadlines paid: 2 (1 at the whole-case limit); 2 hang(s) confirmed sooner, stuck where their class hung"
     )
+
+
+def test_a_rule_for_cases_nccl_refuses_fires_only_there() -> None:
+    """``refused``: NCCL's own rule refuses a pair of the case (P2P disabled in NVML over NVLink), under its env."""
+    rule = parse_rule({"effect": "error", "phase": "init", "refused": True, "message": "m"}, "f rule 1")
+    refused = Placement(0, "gpu2", "pair_exchange", "pair", ("NV18",), ("NV18",), refused=True)
+    assert rule.applies(refused, "init", {})
+    assert not rule.applies(replace(refused, refused=False), "init", {})
+    with pytest.raises(ScenarioError, match="refused"):
+        parse_rule({"effect": "error", "refused": "yes"}, "f rule 1")

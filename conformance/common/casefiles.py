@@ -122,6 +122,7 @@ class CaseFile:
     links: tuple[str, ...] = ()
     store_file: str = ""  # the case's FileStore (local_store_path); "" in older case files: <case dir>/store
     p2p_links: tuple[str, ...] = ()  # the link classes NCCL would use P2P over here (plan/transport.py)
+    refused: bool = False  # NCCL's own rule refuses a pair of the case (P2P disabled between NVLink GPUs)
     visible: tuple[str, ...] = ()  # the GPUs the ranks see, in order (UUIDs)
     params: Mapping[str, Any] = field(default_factory=dict)  # the probe's own parameters (JSON)
     rank_env: tuple[Mapping[str, str], ...] = ()  # every variable each local rank sets (launch.environment)

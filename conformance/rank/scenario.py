@@ -19,6 +19,9 @@
                                #   those links under the case's environment, by NCCL's own rule
                                #   (plan/transport.py: default level PXB, SYS on AMD with <= 2 GPUs;
                                #   NVML's P2P status; NCCL_P2P_DISABLE and NCCL_P2P_LEVEL)
+    refused = true             # optional: only when NCCL's own rule refuses a pair of the case: P2P
+                               #   disabled in NVML between NVLink-connected GPUs (plan/transport.py,
+                               #   NCCL's graph/paths.cc), under the case's environment
     when_env = { NCCL_P2P_DISABLE = "0" }    # optional: only when every variable has this value
     unless_env = { NCCL_P2P_DISABLE = "1" }  # optional: not when every variable has this value
     ignore_sigterm = true      # hang only
@@ -76,8 +79,8 @@ EFFECT_FIELDS = {
 # slow_link is read in the parent, where no rank's environment or barrier exists: it selects by these only
 PARENT_SIDE_FILTERS = {"devices", "links", "probes", "sets"}
 COMMON_FIELDS = {
-    "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "wrong_barrier_device", "when_env",
-    "unless_env",
+    "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "refused", "wrong_barrier_device",
+    "when_env", "unless_env",
 }  # fmt: skip
 ALL_EFFECT_FIELDS = set().union(*EFFECT_FIELDS.values())
 
@@ -97,6 +100,7 @@ class Placement:
     links: tuple[str, ...] = ()
     p2p_links: tuple[str, ...] = ()  # the links NCCL would use P2P over (the parent predicts it: transport.py)
     wrong_barrier_device: bool | None = None  # known only while a barrier probe is about to run one
+    refused: bool = False  # NCCL's own rule refuses a pair of the case (the parent predicts it: transport.py)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class Rule:
     sets: tuple[str, ...] | None = None
     p2p: bool | None = None
     wrong_barrier_device: bool | None = None
+    refused: bool | None = None
     when_env: Mapping[str, str] = field(default_factory=dict)
     unless_env: Mapping[str, str] = field(default_factory=dict)
     ignore_sigterm: bool = False
@@ -126,6 +131,8 @@ class Rule:
             if not links or any(link in where.p2p_links for link in links) != self.p2p:
                 return False
         if self.wrong_barrier_device is not None and where.wrong_barrier_device != self.wrong_barrier_device:
+            return False
+        if self.refused is not None and where.refused != self.refused:
             return False
         if any(environ.get(k) != v for k, v in self.when_env.items()):
             return False
@@ -267,6 +274,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
         sets=_string_list(raw["sets"], f"{where} sets", str) if "sets" in raw else None,
         p2p=_optional_bool(raw, "p2p", where),
         wrong_barrier_device=_optional_bool(raw, "wrong_barrier_device", where),
+        refused=_optional_bool(raw, "refused", where),
         when_env=_env_table(raw.get("when_env", {}), f"{where} when_env"),
         unless_env=_env_table(raw.get("unless_env", {}), f"{where} unless_env"),
         fraction=float(raw.get("fraction", 1.0)),

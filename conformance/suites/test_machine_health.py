@@ -22,6 +22,8 @@ from conformance.discover.watch import kernel_xid_problems
 from conformance.harness.context import RunContext
 from conformance.harness.host_checks import WARNING, HostMetric
 from conformance.plan.acs import judge_acs
+from conformance.plan.transport import NVLINK as NVLINK_CLASS
+from conformance.verdict.machine_faults import MACHINE_FAULTS
 
 PCIE = ("pcie_width", "pcie_max_width", "pcie_gen", "pcie_max_gen")
 NVLINK = ("nvlinks",)
@@ -31,6 +33,7 @@ MODES = ("persistence", "compute_mode")
 CLOCKS = ("slowdowns",)
 PROCESSES = ("processes",)
 KERNEL_XIDS = ("kernel_xids",)
+NVLINK_P2P_FIX = next(f.fix for f in MACHINE_FAULTS if f.name.startswith("NVLINK P2P DISABLED"))
 
 
 def _facts(
@@ -126,6 +129,35 @@ def _process_owner(pid: int) -> str | None:
         return str(psutil.Process(pid).username())
     except (psutil.Error, KeyError):  # gone, another container's, or a uid without a name
         return None
+
+
+@pytest.mark.host_check("nvlink_p2p")
+def test_p2p_enabled_between_nvlink_connected_gpus(conformance: RunContext, host_metric: HostMetric) -> None:
+    """NVML reports P2P read and write OK between every pair of GPUs NVLink joins.
+
+    NCCL refuses any communicator with a pair that is not (src/graph/paths.cc, v2.18-v2.30: "P2P is
+    disabled between NVLINK connected GPUs ... probably due to a hardware issue"), and
+    NCCL_P2P_DISABLE=1 would slow every pair to hide one: the GPUs or the link are at fault.
+    """
+    topology = conformance.topology
+    pairs = [(a, b) for a, b in topology.pairs() if NVLINK_CLASS.fullmatch(topology.link(a, b))]
+    if topology.kind != "gpu" or not pairs:
+        pytest.skip("no NVLink between the GPUs")
+    statuses = {f"{a.name}-{b.name}": topology.p2p_status(a, b) for a, b in pairs}
+    host_metric("p2p", {pair: dict(status) for pair, status in statuses.items() if status})
+    if not any(statuses.values()):
+        pytest.skip("NVML gave no P2P status for the NVLink pairs")
+    refused = {
+        pair: status
+        for pair, status in statuses.items()
+        if status and (status.get("read") != "OK" or status.get("write") != "OK")
+    }
+    assert not refused, "; ".join(
+        f"{pair} ({topology.link(*topology.by_name(pair.split('-')))}): NVML reports P2P read {status.get('read')}, "
+        f"write {status.get('write')}, so NCCL refuses every communicator with both GPUs ('P2P is disabled between "
+        f"NVLINK connected GPUs ... probably due to a hardware issue') -> {NVLINK_P2P_FIX}"
+        for pair, status in refused.items()
+    )
 
 
 @pytest.mark.host_check("p2p_path")

@@ -68,6 +68,18 @@ MACHINE_FAULTS: tuple[MachineFault, ...] = (
         "the GPU fell off the bus (Xid 79: `dmesg | grep -i xid`): reset it or reboot; one that stays lost is a "
         "hardware case",
     ),
+    # NCCL's own word (src/graph/paths.cc, v2.18.3-1 .. v2.30.7-1): NVML reports P2P read or write not OK between
+    # GPUs joined by NVLink, and NCCL refuses the communicator: "P2P is disabled between NVLINK connected GPUs %d
+    # and %d. This should not be the case given their connectivity, and is probably due to a hardware issue."
+    # NCCL_P2P_DISABLE=1 only hides it, for every pair of the class: the GPUs' or the link's fault.
+    MachineFault(
+        "NVLINK P2P DISABLED BY THE HARDWARE (NCCL: 'probably due to a hardware issue')",
+        _said("P2P is disabled between NVLINK connected GPUs"),
+        "the GPUs it names have NVLink but NVML reports no P2P between them: reset them (`nvidia-smi -r -i <gpu>`) "
+        "or reboot; check their links (`nvidia-smi nvlink -s -i <gpu>`, errors: `nvidia-smi nvlink -e -i <gpu>`); "
+        "a pair that stays so needs the board serviced, or one GPU left out (CUDA_VISIBLE_DEVICES); never "
+        "NCCL_P2P_DISABLE=1, which slows every pair of the class to hide one",
+    ),
     # The driver's own report in the kernel log, pasted with a job's log: "NVRM: Xid (PCI:0000:3b:00): 79, pid=...,
     # GPU has fallen off the bus." (NVIDIA's XID errors catalogue: every Xid is the driver's, none a setting's).
     MachineFault(
