@@ -111,6 +111,7 @@ class FakeGpu:
     bus_id: str  # as NVML spells it: 00000000:1B:00.0
     memory_mib: int
     numa: int | None  # None: nvmlDeviceGetNumaNodeId is not supported (older drivers)
+    capability: tuple[int, int] = (9, 0)  # CUDA compute capability (major, minor): H100's
     nvlinks: list[NvLink] | None = None  # None: no NVLink at all (NotSupported on link 0)
     mig: tuple[int, int] | None = (MIG_DISABLE, MIG_DISABLE)  # (current, pending); None: no MIG
     migs: list[FakeMig | None] = field(default_factory=list)  # MIG instances by slot
@@ -167,7 +168,7 @@ class FakeMachine:
 def _gpu_from_dict(data: dict[str, Any]) -> FakeGpu:
     nvlinks = data.pop("nvlinks")
     mig = data.pop("mig")
-    for name in ("pcie", "remapped_rows", "fabric"):  # tuples, as JSON lists
+    for name in ("pcie", "remapped_rows", "fabric", "capability"):  # tuples, as JSON lists
         data[name] = None if data.get(name) is None else tuple(data[name])
     data["processes"] = [tuple(p) for p in data.get("processes", [])]
     return FakeGpu(
@@ -278,6 +279,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlDeviceGetName": (_device, _buffer, _uint),
     "nvmlDeviceGetPciInfo_v3": (_device, _PCI_OUT),
     "nvmlDeviceGetNumaNodeId": (_device, _out(ctypes.c_uint, ctypes.c_int)),
+    "nvmlDeviceGetCudaComputeCapability": (_device, _out(ctypes.c_int), _out(ctypes.c_int)),
     "nvmlDeviceGetMemoryInfo": (_device, _out(pynvml.c_nvmlMemory_t)),
     "nvmlDeviceGetMigMode": (_device, _UINT_OUT, _UINT_OUT),
     "nvmlDeviceGetNvLinkState": (_device, _uint, _UINT_OUT),
@@ -464,6 +466,9 @@ class FakeNvmlLibrary:
         if numa is None:
             raise _Return(ERROR_NOT_SUPPORTED)
         node.value = numa
+
+    def _nvmlDeviceGetCudaComputeCapability(self, device: int, major: ctypes.c_int, minor: ctypes.c_int) -> None:  # noqa: N802
+        major.value, minor.value = self.gpu(device)[1].capability
 
     def _nvmlDeviceGetMemoryInfo(self, device: int, memory: Any) -> None:  # noqa: N802
         total = self.gpu_or_mig(device).memory_mib * 1024 * 1024

@@ -21,6 +21,7 @@ from conformance.discover.health import GpuHealth, HealthError, health_from_json
 from conformance.discover.inventory import HostPaths
 from conformance.discover.topology import Topology
 from conformance.discover.topology_source import discover
+from conformance.verdict.cuda_errors import nccl_too_old
 from conftest import copy_suites, read_records
 from fake_nvml import Failure, FakeMachine
 from test_scenario_answers import answer_lines
@@ -182,8 +183,9 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult], reports_dir: Path
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
-    healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), *files)
-    assert healthy.parseoutcomes() == {"passed": 9}, healthy.stdout.str()  # every health check, p2p_path too
+    healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), "-rs", *files)
+    assert healthy.parseoutcomes() == {"passed": 10, "skipped": 1}, healthy.stdout.str()  # p2p_path too
+    healthy.stdout.fnmatch_lines(['*: NCCL\'s version is not known: the simulated machine names no "nccl"'])
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
     assert records["host:fabric_manager"]["metrics"]["gpu0"] == {
@@ -192,17 +194,17 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     }
 
     pcie = run_suite("--topology-file", str(TOPOLOGIES / "pcie-2socket-8gpu.json"), "-rs", *files)
-    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 3}  # no NVLink, fabric or iommu facts on this box
+    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 5}  # no NVLink, fabric, iommu or capability facts
     pcie.stdout.fnmatch_lines(["*: no NVLink: NVML reports none on these GPUs", "*: no NVSwitch fabric: NVML *"])
 
     bare = pytester.path / "bare.json"  # a topology file from before health facts: nothing to judge, said
     bare.write_text(json.dumps({k: v for k, v in json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text()).items()
                                 if k != "health"}))  # fmt: skip
     unknown = run_suite("--topology-file", str(bare), "-rs", *files)
-    assert unknown.parseoutcomes() == {"skipped": 9}
+    assert unknown.parseoutcomes() == {"skipped": 11}
     unknown.stdout.fnmatch_lines(["*no GPU's health says pcie_width, pcie_max_width, pcie_gen, pcie_max_gen*"])
     cpu = run_suite("-rs", *files)
-    assert cpu.parseoutcomes() == {"skipped": 9}
+    assert cpu.parseoutcomes() == {"skipped": 11}
     cpu.stdout.fnmatch_lines(["*GPU-only check: no GPU: *"])
 
 
@@ -221,3 +223,19 @@ def test_another_users_process_on_a_gpu_is_a_warning_line_not_a_failure(
         "WARNING host check host:gpu_processes: gpu3: pid 999999999 (another container or user) 30000 MiB",
         "everything passed: 0 cases in 0 classes; nothing to set",
     ]
+
+
+def test_the_first_nccl_release_for_each_gpu_generation() -> None:
+    """NCCL's release history (verdict/cuda_errors.py): the GPU's generation, not its exact capability."""
+    blackwell = nccl_too_old("2.21.5", "10.0")
+    assert blackwell is not None and (blackwell.sm, blackwell.nccl) == (100, "2.25.1")
+    assert nccl_too_old("2.21.5", "10.3") == blackwell  # B300: the sm_100 family
+    assert nccl_too_old("2.25.1", "10.0") is None
+    consumer = nccl_too_old("2.25.1 (nvidia-nccl-cu12)", "12.0")  # pip's spelling of the version
+    assert consumer is not None and consumer.nccl == "2.26.2"
+    assert nccl_too_old("2.26.2", "12.0") is None
+    hopper = nccl_too_old("2.14.3", "9.0")
+    assert hopper is not None and hopper.nccl == "2.15.1"
+    assert nccl_too_old("2.14.3", "8.9") is None  # Ada runs Ampere's kernels
+    assert nccl_too_old("2.3.7", "7.0") is None  # older than every generation in the table: not judged
+    assert nccl_too_old("", "10.0") is None and nccl_too_old("2.21.5", "ten") is None  # unknown: never a fault

@@ -29,6 +29,8 @@ PCIE_8GPU_PASSED = (
 FM_DOWN = (
     "MACHINE FAULT, no setting changes it: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)"
 )
+TOO_OLD = "NCCL OR TORCH TOO OLD FOR THIS GPU (built without its architecture)"
+NO_KERNEL = "  Cuda failure 'invalid device function': rank * in probe of "
 NVLINK_P2P = "NVLINK P2P DISABLED BY THE HARDWARE (NCCL: 'probably due to a hardware issue')"
 NVLS_FIXED = "passes with NCCL_NVLS_ENABLE=0 -> export NCCL_NVLS_ENABLE=0"  # not NCCL_CUMEM_ENABLE=0: narrowest first
 NVLS_CAUSE = "NVLink SHARP (NVLS) multicast failed: "
@@ -53,9 +55,9 @@ ANSWERS = {
     ],
     "cumem-host-shm": [
         f"NODE pairs: ERROR on inherited (pair_exchange 4/4); {CUMEM_HOST_FIXED}",
-        *(f"{CUMEM_HOST_CAUSE}(gpu{gpu}) in probe of pair_exchange: *Cuda failure 217 *" for gpu in (0, 1)),
+        f"{CUMEM_HOST_CAUSE}(gpu0), rank 0 (gpu1) in probe of pair_exchange: *Cuda failure 217 *",  # one line a cause
         f"PIX pairs: ERROR on inherited (pair_exchange 2/2); {CUMEM_HOST_FIXED}",
-        *(f"{CUMEM_HOST_CAUSE}(gpu{gpu}) in probe of pair_exchange: *Cuda failure 217 *" for gpu in (0, 2)),
+        f"{CUMEM_HOST_CAUSE}(gpu0), rank 0 (gpu2) in probe of pair_exchange: *Cuda failure 217 *",
         f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
         f"broadcast 1/1, reduce_scatter 1/1); {CUMEM_HOST_FIXED}",
         f"{CUMEM_HOST_CAUSE}(gpu0) in probe of all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, "
@@ -91,6 +93,41 @@ ANSWERS = {
             for name in ("every_other", "last_half", "last_half_all_visible", "reversed")
         ),
         f"single sets: ERROR on inherited (all_reduce 8/8, environment 1/1); {FM_DOWN}",
+    ],
+    "nccl-too-old-b200": [  # no NCCL kernel for the GPU: upgrade, no ladder, no export
+        "host check host:nccl_gpu: ERROR: gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7: NCCL 2.21.5 is too old for "
+        "NVIDIA B200 (compute capability 10.0): upgrade NCCL or torch to one with NCCL >= 2.25.1 (NCCL 2.25.1-1 "
+        "release: Add Blackwell/SM100 support)",
+        f"MACHINE FAULT: {TOO_OLD} in 7 classes (NV18 pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets) -> fix: upgrade NCCL or torch to a release built for "
+        "this GPU's compute capability *",
+        f"NV18 pairs: ERROR on inherited (pair_exchange 28/28); MACHINE FAULT, no setting changes it: {TOO_OLD}",
+        f"{NO_KERNEL}pair_exchange: SimulatedError: NCCL error in: *",
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); MACHINE FAULT, no setting changes it: {TOO_OLD}",
+        f"{NO_KERNEL}all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, reduce_scatter: *",
+        *(
+            line
+            for name in ("every_other", "last_half")
+            for line in (
+                f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); MACHINE FAULT, no setting "
+                f"changes it: {TOO_OLD}",
+                f"{NO_KERNEL}barrier, barrier_no_device_ids: *",
+            )
+        ),
+        *(
+            line
+            for name, ranks in (("last_half_all_visible", "0, 1, 2, 3"), ("reversed", "0, 1, 2, 3, 4, 5, 6, 7"))
+            for line in (
+                f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); MACHINE FAULT, no setting "
+                f"changes it: {TOO_OLD}",
+                f"{NO_KERNEL}barrier: *",
+                f"  FIRST BARRIER ON ANOTHER RANK'S GPU: rank {ranks} in barrier_no_device_ids: *",
+            )
+        ),
+        f"single sets: ERROR on inherited (all_reduce 8/8, environment 1/1); MACHINE FAULT, no setting changes it: "
+        f"{TOO_OLD}",
+        f"{NO_KERNEL}all_reduce, environment: *",
     ],
     "nvls-broken": [
         f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "

@@ -111,6 +111,7 @@ WRAPPER_SYMBOLS = [
     ("nvmlDeviceGetName", "nvmlDeviceGetName"),
     ("nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3"),
     ("nvmlDeviceGetNumaNodeId", "nvmlDeviceGetNumaNodeId"),
+    ("nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetCudaComputeCapability"),
     ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo"),
     ("nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode"),
     ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkState"),
@@ -388,7 +389,8 @@ def test_nvswitch_box(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     first = found.devices[0]
     assert first == Device("gpu0", 0, "gpu", "GPU-a1b2c3d0-5e6f-7a8b-9c0d-1e2f3a4b5c60", "NVIDIA H100 80GB HBM3",
-                           "00000000:18:00.0", numa_node=0, memory_mib=81559, mig=False, nvml_index=0)  # fmt: skip
+                           "00000000:18:00.0", numa_node=0, memory_mib=81559, mig=False, nvml_index=0,
+                           compute_capability="9.0")  # fmt: skip
     assert len(found.links) == 28 and set(found.links.values()) == {"NV18"}
     assert found.links["gpu3-gpu4"] == "NV18"  # across the sockets too: NVLink beats SYS
     assert len(found.p2p) == 28 and all(status == ALL_OK for status in found.p2p.values())
@@ -696,9 +698,10 @@ def test_older_driver_without_some_functions(monkeypatch: pytest.MonkeyPatch, no
     (no_sysfs / "0000:18:00.0").mkdir()
     (no_sysfs / "0000:18:00.0" / "numa_node").write_text("1\n")
     machine = without(nv.nvswitch_box(), "nvmlDeviceGetNumaNodeId", "nvmlSystemGetCudaDriverVersion",
-                      "nvmlDeviceGetMigMode")  # fmt: skip
+                      "nvmlDeviceGetMigMode", "nvmlDeviceGetCudaComputeCapability")  # fmt: skip
     found, _ = discovered(monkeypatch, machine)
     assert [d.numa_node for d in found.devices] == [1, None, None, None, None, None, None, None]
+    assert {d.compute_capability for d in found.devices} == {None}  # not known: the check nccl_gpu skips
     assert set(found.links.values()) == {"NV18"}
     assert (found.driver, found.cuda_driver) == ("550.54.15", None)
 

@@ -67,7 +67,7 @@ def _machine_fault(story: ProcessStory) -> Finding | None:
     for fault in MACHINE_FAULTS:
         lines = tuple(dict.fromkeys(line for line in said if fault.pattern.search(line.text)))
         if lines:
-            failure = job_causes.VERSION_MISMATCH if "DRIVER TOO OLD" in fault.name else job_causes.MACHINE_FAULT
+            failure = job_causes.VERSION_MISMATCH if "TOO OLD" in fault.name else job_causes.MACHINE_FAULT
             return Finding(failure, fault.name, fault.fix, lines, RankStatus.ERROR)
     return None
 
@@ -175,8 +175,8 @@ def finding(story: ProcessStory, gpu: LogLine | None = None) -> Finding | None:
     """The most telling thing one process said; None when it said nothing wrong (``gpu``: the job's GPU line)."""
     said = _said(story)
     found = (
-        _machine_fault(story)
-        or too_old_for_gpu(said, gpu)
+        too_old_for_gpu(said, gpu)  # before the machine faults, whose row for it cannot name the generation
+        or _machine_fault(story)
         or _oom(story)
         or _named_cause(story)
         or _sign(story)

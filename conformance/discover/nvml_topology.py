@@ -309,7 +309,11 @@ class _NvmlReader:
         uuid = self.identity("nvmlDeviceGetUUID", i, handle)
         model = self.identity("nvmlDeviceGetName", i, handle)
         bus_id = self.identity("nvmlDeviceGetPciInfo", i, handle).busId
-        return Device(f"gpu{i}", i, "gpu", uuid, model, bus_id, nvml_index=i)
+        capability = ask(self.nvml, lambda: self.nvml.nvmlDeviceGetCudaComputeCapability(handle))
+        return Device(
+            f"gpu{i}", i, "gpu", uuid, model, bus_id, nvml_index=i,
+            compute_capability=f"{capability[0]}.{capability[1]}" if capability else None,
+        )  # fmt: skip
 
     def mig_parent(self, gpus: Sequence[Device], mig_uuid: str) -> Device | None:
         """The listed GPU whose MIG instances include ``mig_uuid`` (or its legacy ``MIG-GPU-<uuid>/..`` form)."""

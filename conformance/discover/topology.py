@@ -41,6 +41,7 @@ class Device:
     memory_mib: int | None = None
     mig: bool = False
     nvml_index: int | None = None  # NVML's own number (by PCI bus), before CUDA_VISIBLE_DEVICES
+    compute_capability: str | None = None  # "9.0" (nvmlDeviceGetCudaComputeCapability); None: not known
 
 
 class TopologyError(ValueError):
@@ -80,6 +81,7 @@ class Topology:
     kernel_log: str = ""  # why the kernel log's Xids were not read ("" when they were, or not asked for)
     watch: RunWatch | None = None  # a simulated machine's facts during the run (watch.py); None on a real one
     cpu: str = ""  # the host CPU as NCCL classifies it (discover/cpu.py: intel, amd, ...); "" unknown
+    nccl: str | None = None  # a simulated machine's NCCL ("2.21.5"); a real run reads the one torch loads
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":

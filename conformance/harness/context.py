@@ -75,8 +75,7 @@ class RunContext:
         self.node_setup = inputs.node_setup
         self.backend = choose_backend(self.settings.backend, self.topology)
         self.deadlines = deadlines(self.settings, self.backend)
-        # The library torch loads, asked only on NCCL runs (importing torch here costs a second or two).
-        self.nccl = NcclVersions(loaded_nccl_version() if self.backend == "nccl" else None, nccl_wheel_version())
+        self.nccl = self._nccl_versions()
         self.nccl_host = NcclHost(self.topology.cpu, self.nccl.used, self.topology.cuda_driver)
         self.nodes: NodeGroup | None = None  # a multi-node run's group, once met
         self.start: StartCheck | None = None
@@ -116,6 +115,13 @@ class RunContext:
         """results.jsonl, in a run folder that exists."""
         self.ensure_run_dir()
         return self.results_path
+
+    def _nccl_versions(self) -> NcclVersions:
+        """The NCCL the run tests: a simulated machine's own (its topology file's "nccl"), else what torch loads."""
+        if self.simulated:  # never this host's wheel: the machine's answer must not depend on where it is played
+            return NcclVersions(self.topology.nccl, None)
+        # The library torch loads, asked only on NCCL runs (importing torch here costs a second or two).
+        return NcclVersions(loaded_nccl_version() if self.backend == "nccl" else None, nccl_wheel_version())
 
     @property
     def simulated(self) -> bool:

@@ -23,6 +23,7 @@ from conformance.harness.context import RunContext
 from conformance.harness.host_checks import WARNING, HostMetric
 from conformance.plan.acs import judge_acs
 from conformance.plan.transport import NVLINK as NVLINK_CLASS
+from conformance.verdict.cuda_errors import nccl_too_old
 from conformance.verdict.machine_faults import MACHINE_FAULTS
 
 PCIE = ("pcie_width", "pcie_max_width", "pcie_gen", "pcie_max_gen")
@@ -183,3 +184,33 @@ def test_no_acs_redirect_between_the_gpus(conformance: RunContext, host_metric: 
     judged = judge_acs(topology, conformance.nccl_host, os.environ)
     host_metric("not_judged", list(judged.recorded))
     assert not judged.problems, f"{'; '.join(judged.problems)}; {IOMMU_FIX}"
+
+
+@pytest.mark.host_check("nccl_gpu")
+def test_nccl_built_for_these_gpus(conformance: RunContext, host_metric: HostMetric) -> None:
+    """The NCCL the run loads is a release that runs on every GPU's architecture (compute capability).
+
+    An older one has no kernel for the GPU: every collective fails ("invalid device function", "no kernel
+    image is available"), under every NCCL variable (``verdict/cuda_errors.py`` GPU_GENERATIONS: the
+    first NCCL release for each architecture, from NCCL's own history).
+    """
+    topology = conformance.topology
+    if topology.kind != "gpu":
+        pytest.skip(f"GPU-only check: {topology.note or 'no GPU in this run'}")
+    capabilities = {d.name: d.compute_capability for d in topology.devices if d.compute_capability}
+    nccl = conformance.nccl.used
+    host_metric("compute_capability", capabilities)
+    host_metric("nccl", nccl)
+    if not capabilities:
+        pytest.skip("no GPU's compute capability is known (NVML did not say, or the topology file has none)")
+    if nccl is None:
+        why = 'the simulated machine names no "nccl"' if conformance.simulated else "torch loads no NCCL here"
+        pytest.skip(f"NCCL's version is not known: {why}")
+    models = {d.name: d.model for d in topology.devices}
+    problems = {
+        name: f"NCCL {nccl} is too old for {models[name]} (compute capability {capability}): upgrade NCCL or torch "
+        f"to one with NCCL >= {generation.nccl} ({generation.source})"
+        for name, capability in capabilities.items()
+        if (generation := nccl_too_old(nccl, capability))
+    }
+    _fail_on(problems)

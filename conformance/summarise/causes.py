@@ -18,7 +18,7 @@ One line per cause, rank and class, naming the probes it failed.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conformance.common.verdicts import Verdict
 from conformance.discover.iommu import IOMMU_FIX, IommuFacts
@@ -123,11 +123,30 @@ def p2p_path_line(records: Iterable[CaseRecord], iommu: IommuFacts) -> str | Non
     return f"  {P2P_THROUGH_ROOT}: {iommu.cause_text()} -> fix: {IOMMU_FIX} (the NCCL setting only avoids P2P)"
 
 
+NAMED_RANKS = 3  # a cause many ranks share names this many of them, then how many more
+
+
 def cause_lines(records: Iterable[CaseRecord]) -> list[str]:
-    """One line per recognised cause among ``records`` (one class's failing cases), naming its probes."""
+    """One line per recognised cause among ``records`` (one class's failing cases), naming its ranks and probes.
+
+    The same cause, phase and message on several ranks is one line: which rank of a pair fails first is a
+    race, so a line per rank would only repeat the cause (and vary from run to run).
+    """
+    ranks: dict[KnownCause, list[str]] = {}
     probes: dict[KnownCause, list[str]] = {}
     for record in records:
         cause = known_cause(record)
-        if cause is not None and record.probe not in probes.setdefault(cause, []):
-            probes[cause].append(record.probe)
-    return [cause.text(sorted(names)) for cause, names in probes.items()]
+        if cause is None:
+            continue
+        key = replace(cause, ranks="")
+        if cause.ranks not in ranks.setdefault(key, []):
+            ranks[key].append(cause.ranks)
+        if record.probe not in probes.setdefault(key, []):
+            probes[key].append(record.probe)
+    return [replace(key, ranks=_ranks_text(ranks[key])).text(sorted(probes[key])) for key in ranks]
+
+
+def _ranks_text(ranks: list[str]) -> str:
+    named = sorted(ranks)
+    more = len(named) - NAMED_RANKS
+    return ", ".join(named[:NAMED_RANKS]) + (f" and {more} more" if more > 0 else "")

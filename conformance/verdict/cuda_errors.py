@@ -217,5 +217,22 @@ def generation_in(text: str) -> GpuGeneration | None:
     return None
 
 
+def generation_of(compute_capability: str) -> GpuGeneration | None:
+    """The generation of a GPU of compute capability ``"10.0"`` (NVML's major.minor); None: older or unreadable."""
+    major, _, minor = compute_capability.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    return _generation(int(major) * 10 + int(minor))
+
+
+def nccl_too_old(nccl: str, compute_capability: str) -> GpuGeneration | None:
+    """The generation whose first NCCL release is newer than ``nccl`` ("2.21.5", pip's "2.21.5 (nvidia-...)")."""
+    generation = generation_of(compute_capability)
+    loaded = version_tuple(nccl.split(" ")[0])
+    if generation is None or not loaded or loaded >= version_tuple(generation.nccl):
+        return None
+    return generation
+
+
 def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".") if part.isdigit())

@@ -80,6 +80,23 @@ MACHINE_FAULTS: tuple[MachineFault, ...] = (
         "a pair that stays so needs the board serviced, or one GPU left out (CUDA_VISIBLE_DEVICES); never "
         "NCCL_P2P_DISABLE=1, which slows every pair of the class to hide one",
     ),
+    # A library built without the GPU's architecture: the CUDA runtime's cudaErrorInvalidDeviceFunction 98 "invalid
+    # device function" and cudaErrorNoKernelImageForDevice 209 "no kernel image is available for execution on the
+    # device", which NCCL prints as "Cuda failure '<text>'" (NVIDIA/nccl#932; pytorch/pytorch#164402); NCCL 2.25's
+    # "ncclMaxSharedMem ... exceeds device/fn maxSharedMem" on sm_120 (src/enqueue.cc). NCCL has no kernel for the
+    # GPU under any variable, so no rung runs: the host check nccl_gpu names the release needed. (torch's warning
+    # "... is not compatible with the current PyTorch installation" is only a warning: diagnose reads it as a sign.)
+    MachineFault(
+        "NCCL OR TORCH TOO OLD FOR THIS GPU (built without its architecture)",
+        _said(
+            "invalid device function",
+            "no kernel image is available for execution on the device",
+            "exceeds device/fn maxSharedMem",
+        ),
+        "upgrade NCCL or torch to a release built for this GPU's compute capability (the host check nccl_gpu names "
+        "the first NCCL that has it; `python -c 'import torch; print(torch.cuda.get_arch_list(), "
+        "torch.cuda.nccl.version())'`)",
+    ),
     # The driver's own report in the kernel log, pasted with a job's log: "NVRM: Xid (PCI:0000:3b:00): 79, pid=...,
     # GPU has fallen off the bus." (NVIDIA's XID errors catalogue: every Xid is the driver's, none a setting's).
     MachineFault(
