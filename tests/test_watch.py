@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,32 +44,74 @@ LOAD_MARGIN = 30.0  # seconds a busy machine may take to run the watch thread's 
 # --------------------------------------------------------------------------------------------
 
 KMSG = [
+    "4,1001,4123456,-;NVRM: Xid (PCI:0000:3a:00): 48, pid=1022, name=python, DBE (double-bit error) ...",
+    "6,1020,5023456,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  "
+    "(dvs-builder@U16-I3-B03-4-3)  Tue Feb 25 03:48:19 UTC 2025",
     "6,1021,5123456,-;nvidia-nvlink: Nvlink Core is being initialized",
     "4,1187,9123456,-;NVRM: Xid (PCI:0000:3a:00): 79, pid=2211, name=python, GPU has fallen off the bus.",
     " SUBSYSTEM=pci",
     "4,1190,9223456,-;NVRM: Xid (PCI:0000:18:00): 45, pid=2211, name=python, Ch 00000008",
     "4,1191,9323456,-;NVRM: Xid (PCI:0000:3a:00): 79, pid=2215, name=python, GPU has fallen off the bus.",
     "4,1192,9423456,-;NVRM: Xid (PCI:0000:77:00): 48, an NVIDIA GPU this run does not test",
+    "4,1193,9523456,-;NVRM: Xid (PCI:0000:5d:00): 63, pid=2300, name=python, Row Remapper: New row marked for "
+    "remapping, reset gpu to activate.",
+    "4,1194,9623456,-;NVRM: Xid (PCI:0000:5d:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU "
+    "Reset Required)",
+    "4,1195,9723456,-;NVRM: Xid (PCI:0000:5d:00): 171, a number the suite's table does not know",
 ]
 
 
-def test_the_kernel_logs_xids_name_their_gpu_by_bus_id(tmp_path: Path) -> None:
+def test_the_kernel_logs_xids_name_their_gpu_by_bus_id_and_the_drivers_load_resets_them(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("\n".join(KMSG) + "\n")
     lines, unread = kernel_log_lines(kmsg)
     assert unread == "" and lines is not None
-    assert lines[1] == "NVRM: Xid (PCI:0000:3a:00): 79, pid=2211, name=python, GPU has fallen off the bus."
+    assert lines[3] == "NVRM: Xid (PCI:0000:3a:00): 79, pid=2211, name=python, GPU has fallen off the bus."
     buses = {"gpu0": "00000000:18:00.0", "gpu1": "00000000:3A:00.0", "gpu2": "00000000:5D:00.0"}
     found = kernel_xids(lines, buses)
-    assert found == {"gpu0": (45,), "gpu1": (79, 79), "gpu2": ()}
-    health = {name: GpuHealth(kernel_xids=xids) for name, xids in found.items()}
-    machine, application = kernel_xid_problems(health)
-    assert machine == {
-        "gpu1": "Xid 79 (GPU has fallen off the bus) 2x since boot -> reboot; reseat the GPU and check its power "
-        "and riser"
+    assert found == {"gpu0": ((45,), ()), "gpu1": ((79, 79), (48,)), "gpu2": ((63, 154, 171), ())}
+    health = {
+        name: GpuHealth(kernel_xids=xids.since_load, kernel_xids_before_load=xids.before_load)
+        for name, xids in found.items()
     }
-    assert application == {"gpu0": "Xid 45 (preemptive cleanup after a process ended) 1x since boot -> none: a "
-                                   "process was killed"}  # fmt: skip
+    machine, warnings = kernel_xid_problems(health)
+    assert machine == {
+        "gpu1": "Xid 79 (GPU has fallen off the bus) 2x in the kernel log since the driver's last load -> reboot; "
+        "reseat the GPU and check its power and riser",
+        "gpu2": "Xid 63 (row remapping pending) 1x in the kernel log since the driver's last load -> reset the GPU "
+        "to apply the remap (`nvidia-smi -r`)",
+    }
+    assert warnings == {
+        "gpu0": "Xid 45 (preemptive cleanup after a process ended) 1x in the kernel log since the driver's last "
+        "load -> none: a process was killed",
+        "gpu1": "Xid 48 (double-bit ECC error) 1x before the driver's last load, which reset the GPU ('NVRM: "
+        "loading NVIDIA' in the kernel log)",
+        "gpu2": "Xid 154 (GPU recovery action changed) 1x in the kernel log since the driver's last load -> "
+        "informational: the action it names is for this GPU's other Xids; Xid 171 (not in this suite's table) 1x "
+        "in the kernel log since the driver's last load -> look it up in NVIDIA's Xid catalog "
+        "(https://docs.nvidia.com/deploy/xid-errors/)",
+    }
+
+
+def test_an_xid_of_the_gpus_memory_that_nvml_shows_reset_since_is_a_warning() -> None:
+    """A GPU reset prints nothing in the kernel log: NVML's state now says whether the fault was cleared."""
+    reset = GpuHealth(kernel_xids=(48, 63, 95), ecc_uncorrected=0, remap_pending=False)
+    machine, warnings = kernel_xid_problems({"gpu3": reset})
+    assert machine == {}
+    assert warnings["gpu3"].startswith(
+        "Xid 48 (double-bit ECC error) 1x in the kernel log since the driver's last load, cleared since: NVML's "
+        "volatile uncorrectable ECC count is 0 now"
+    )
+    assert (
+        "Xid 63 (row remapping pending) 1x in the kernel log since the driver's last load, cleared since: NVML "
+        "reports no row remapping pending now (a reset applied it)"
+    ) in warnings["gpu3"]
+    still = GpuHealth(kernel_xids=(48, 63, 74), ecc_uncorrected=2, remap_pending=True)
+    machine, _ = kernel_xid_problems({"gpu3": still})
+    assert re.findall(r"Xid (\d+) \(", machine["gpu3"]) == ["48", "63", "74"]
+    unknown = GpuHealth(kernel_xids=(48, 63))  # NVML said nothing of the memory: the Xid stands
+    machine, _ = kernel_xid_problems({"gpu3": unknown})
+    assert machine["gpu3"].startswith("Xid 48 (double-bit ECC error)")
 
 
 def test_an_unreadable_kernel_log_says_why(tmp_path: Path) -> None:
@@ -297,8 +340,11 @@ def test_the_kernel_logs_earlier_xids_are_a_host_check(
     (case,) = ElementTree.parse(junit).getroot().iter("testcase")
     assert case.get("name") == "test_no_gpu_fault_in_the_kernel_log" and case.find("failure") is not None
     (record,) = [r for r in read_records(reports_dir) if r["probe"] == "host:xid_log"]
-    assert record["verdict"] == "error" and record["metrics"]["gpu1"] == {"kernel_xids": [48, 79]}
-    assert record["summary"].startswith("gpu1: Xid 48 (double-bit ECC error) 1x since boot -> reset the GPU")
+    assert record["verdict"] == "error"
+    assert record["metrics"]["gpu1"] == {"kernel_xids": [48, 79], "kernel_xids_before_load": None}
+    assert record["summary"].startswith(
+        "gpu1: Xid 48 (double-bit ECC error) 1x in the kernel log since the driver's last load -> reset the GPU"
+    )
     assert record["metrics"]["warning"].startswith("gpu0: Xid 45")
     topology = with_watch(pytester, {}, kernel={"gpu0": [45]})
     application = run_suite("--topology-file", str(topology), *files, "-k", "kernel_log")

@@ -54,7 +54,8 @@ class GpuHealth:
     compute_mode: str | None = None  # default, exclusive_process, prohibited
     slowdowns: tuple[str, ...] | None = None  # hardware and thermal clock slowdowns active when read
     processes: tuple[tuple[int, int], ...] | None = None  # (pid, MiB) of compute processes holding the GPU
-    kernel_xids: tuple[int, ...] | None = None  # Xids the kernel log names for this GPU (None: log not read)
+    kernel_xids: tuple[int, ...] | None = None  # the kernel log's Xids of this GPU since the driver's last load
+    kernel_xids_before_load: tuple[int, ...] | None = None  # those before it: the reload reset the GPU
 
     def to_json(self) -> JsonDict:
         return asdict(self)

@@ -24,7 +24,7 @@ from conformance.discover.inventory import HostPaths, Inventory, broken_gpu_mach
 from conformance.discover.iommu import read_iommu
 from conformance.discover.nvml_topology import nvml_view, sysfs_bus_id
 from conformance.discover.topology import BrokenGpuMachine, Device, Topology, TopologyError, cpu_topology, pair_key
-from conformance.discover.watch import PlayedWatch, Watch, kernel_log_lines, kernel_xids, start_nvml_watch
+from conformance.discover.watch import KernelXids, PlayedWatch, Watch, kernel_log_lines, kernel_xids, start_nvml_watch
 
 
 def load_topology_file(path: Path, where: str) -> Topology:
@@ -194,7 +194,13 @@ def with_kernel_xids(topology: Topology, kmsg: Path) -> Topology:
     if lines is None:
         return replace(topology, kernel_log=unread)
     found = kernel_xids(lines, {d.name: d.pci_bus_id or "" for d in topology.devices if d.pci_bus_id})
-    health = {name: replace(h, kernel_xids=found.get(name, ())) for name, h in topology.health.items()}
+    none = KernelXids((), ())
+    health = {
+        name: replace(
+            h, kernel_xids=found.get(name, none).since_load, kernel_xids_before_load=found.get(name, none).before_load
+        )
+        for name, h in topology.health.items()
+    }
     return replace(topology, health=health)
 
 

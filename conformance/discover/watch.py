@@ -56,8 +56,12 @@ class XidKind(NamedTuple):
 
 
 RESET = "reset the GPU (`nvidia-smi -r`) or reboot; if it comes back, have the GPU serviced"
+CATALOG = "https://docs.nvidia.com/deploy/xid-errors/"
 # NVIDIA's Xid catalog: the Xids a conformance run meets, with their resolution bucket.  13, 31, 43
 # and 45 come from what an application did (45: a process killed, as the stop ladder kills a hung rank).
+# 109 "Context Switch Timeout Error": RESET_GPU (Meta's gcm counts it non-critical; the catalog wins).
+# 154 "GPU Recovery Action Changed": "informational only regarding another Xid" (it names the action
+# the other Xid needs: that Xid is judged).
 XIDS = {
     13: XidKind("graphics engine exception", False, "restart the application"),
     31: XidKind("GPU memory page fault", False, "restart the application"),
@@ -73,15 +77,19 @@ XIDS = {
     92: XidKind("high single-bit ECC error rate", True, RESET),
     94: XidKind("contained ECC error", True, "restart the application; reset the GPU when convenient"),
     95: XidKind("uncontained ECC error", True, RESET),
+    109: XidKind("context switch timeout", True, RESET),
     119: XidKind("GSP RPC timeout", True, RESET),
     120: XidKind("GSP error", True, RESET),
     140: XidKind("unrecovered ECC error", True, RESET),
+    154: XidKind(
+        "GPU recovery action changed", False, "informational: the action it names is for this GPU's other Xids"
+    ),
 }
 
 
 def xid_kind(xid: int) -> XidKind:
-    """An Xid's meaning; one the catalog above does not list counts as the machine's (unknown is never fine)."""
-    return XIDS.get(xid, XidKind("see NVIDIA's Xid catalog", True, "look the Xid up in NVIDIA's Xid catalog"))
+    """An Xid's meaning; one the table does not list is a WARNING to look up, not a verdict on a guess."""
+    return XIDS.get(xid, XidKind("not in this suite's table", False, f"look it up in NVIDIA's Xid catalog ({CATALOG})"))
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,11 @@ KMSG = Path("/dev/kmsg")
 # The driver's line (NVIDIA's Xid catalog): "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."
 KMSG_PREFIX = re.compile(r"^\d+,\d+,\d+,[^;]*;")  # /dev/kmsg's "priority,sequence,microseconds,flags;"
 KERNEL_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})[^)]*\): (\d+)")
+# The module prints "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  <version> ..." (or "... UNIX x86_64
+# Kernel Module ...", the proprietary one) once per load (open-gpu-kernel-modules 595.45.04, kernel-open/nvidia/nv.c,
+# nvidia_init_module; the string from utils.mk GENERATE_NVIDSTRING). A load initialises every GPU afresh; no line
+# marks a GPU reset (its prints are debug level, nv.c "Trigger FLR"), so NVML's state judges that (xid_cleared).
+DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX")
 
 
 def kernel_log_lines(kmsg: Path = KMSG) -> tuple[list[str] | None, str]:
@@ -193,28 +206,75 @@ def kernel_log_lines(kmsg: Path = KMSG) -> tuple[list[str] | None, str]:
         os.close(fd)
 
 
-def kernel_xids(lines: Iterable[str], bus_ids: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
-    """Per GPU name, the Xids the kernel log names for it; ``bus_ids``: GPU name -> its PCI bus id."""
+class KernelXids(NamedTuple):
+    """One GPU's Xids in the kernel log, split at the driver's last load (the log is in time order)."""
+
+    since_load: tuple[int, ...]
+    before_load: tuple[int, ...]
+
+
+def kernel_xids(lines: Iterable[str], bus_ids: Mapping[str, str]) -> dict[str, KernelXids]:
+    """Per GPU name, the Xids the kernel log names for it; ``bus_ids``: GPU name -> its PCI bus id.
+
+    Where the load line has left the ring buffer, every Xid in it came after the load.
+    """
     by_bus = {_short_bus(bus): name for name, bus in bus_ids.items()}
-    found: dict[str, list[int]] = {name: [] for name in bus_ids}
+    since: dict[str, list[int]] = {name: [] for name in bus_ids}
+    before: dict[str, list[int]] = {name: [] for name in bus_ids}
     for line in lines:
+        if DRIVER_LOAD.search(line):
+            for name, xids in since.items():
+                before[name] += xids
+                xids.clear()
+            continue
         match = KERNEL_XID.search(line)
         if match and _short_bus(match.group(1)) in by_bus:
-            found[by_bus[_short_bus(match.group(1))]].append(int(match.group(2)))
-    return {name: tuple(xids) for name, xids in found.items()}
+            since[by_bus[_short_bus(match.group(1))]].append(int(match.group(2)))
+    return {name: KernelXids(tuple(since[name]), tuple(before[name])) for name in bus_ids}
+
+
+ECC_XIDS = frozenset({48, 94, 95, 140})  # uncorrectable ECC errors: NVML's volatile uncorrectable count holds them
+
+
+def xid_cleared(xid: int, health: GpuHealth) -> str | None:
+    """How NVML's state now shows the GPU was reset since an Xid of its memory; None where it does not.
+
+    nvml.h (nvmlEccCounterType_t): "Volatile counts are reset each time the driver loads" (on Linux each
+    time the GPU is initialised afresh); a pending row remapping is applied by a GPU reset (NVIDIA's GPU
+    Memory Error Management). Any other Xid after the load stays the machine's until a reboot or reload.
+    """
+    if xid == 63 and health.remap_pending is False:
+        return "NVML reports no row remapping pending now (a reset applied it)"
+    if xid in ECC_XIDS and health.ecc_uncorrected == 0:
+        return "NVML's volatile uncorrectable ECC count is 0 now (it restarts when the GPU is initialised afresh)"
+    return None
 
 
 def kernel_xid_problems(health: Mapping[str, GpuHealth]) -> tuple[dict[str, str], dict[str, str]]:
-    """Per GPU, the kernel log's Xids of a fault of the machine, and those of what an application did."""
+    """Per GPU, the kernel log's Xids of a fault of the machine, and the WARNINGs.
+
+    A WARNING: an application's Xid, one the table does not know, one before the driver's last load
+    (which reset the GPU), and one of the GPU's memory that NVML shows cleared since.
+    """
     machine: dict[str, str] = {}
-    application: dict[str, str] = {}
+    warnings: dict[str, str] = {}
+
+    def add(found: dict[str, str], name: str, text: str) -> None:
+        found[name] = f"{found[name]}; {text}" if name in found else text
+
     for name, h in health.items():
         for xid, times in sorted(Counter(h.kernel_xids or ()).items()):
             kind = xid_kind(xid)
-            found = machine if kind.machine else application
-            text = f"Xid {xid} ({kind.meaning}) {times}x since boot -> {kind.fix}"
-            found[name] = f"{found[name]}; {text}" if name in found else text
-    return machine, application
+            said = f"Xid {xid} ({kind.meaning}) {times}x in the kernel log since the driver's last load"
+            cleared = xid_cleared(xid, h) if kind.machine else None
+            if cleared:
+                add(warnings, name, f"{said}, cleared since: {cleared}")
+            else:
+                add(machine if kind.machine else warnings, name, f"{said} -> {kind.fix}")
+        for xid, times in sorted(Counter(h.kernel_xids_before_load or ()).items()):
+            add(warnings, name, f"Xid {xid} ({xid_kind(xid).meaning}) {times}x before the driver's last load, which "
+                f"reset the GPU ('NVRM: loading NVIDIA' in the kernel log)")  # fmt: skip
+    return machine, warnings
 
 
 def _short_bus(bus: str) -> str:
