@@ -126,8 +126,9 @@ class FakeGpu:
     clock_reasons: int = CLOCKS_GPU_IDLE  # nvmlClocksEventReason* bits
     nvlink_version: int = NVLINK_VERSION_4_0  # answered where the GPU has NVLinks
     processes: list[tuple[int, int]] = field(default_factory=list)  # compute processes: (pid, MiB)
-    # per NVLink: [replay, recovery, CRC flit, CRC data] error counts (nvmlNvLinkErrorCounter_t order)
-    nvlink_errors: list[list[int]] | None = None  # None: NotSupported
+    # per NVLink: [replay, recovery, CRC flit, CRC data, ECC data] error counts (nvmlNvLinkErrorCounter_t order);
+    # a None count is NotSupported (H100: CRC data), as is the whole list's None
+    nvlink_errors: list[list[int | None]] | None = None
     pcie_replays: int | None = 0
 
 
@@ -611,9 +612,12 @@ class FakeNvmlLibrary:
         errors = self.gpu(device)[1].nvlink_errors
         if errors is None:
             raise _Return(ERROR_NOT_SUPPORTED)
-        if not 0 <= counter <= 3:
-            raise _Return(ERROR_INVALID_ARGUMENT)
-        value.value = errors[link][counter]
+        if not 0 <= counter < len(errors[link]):
+            raise _Return(ERROR_INVALID_ARGUMENT)  # past NVML_NVLINK_ERROR_COUNT
+        count = errors[link][counter]
+        if count is None:
+            raise _Return(ERROR_NOT_SUPPORTED)
+        value.value = count
 
     def _nvmlDeviceGetPcieReplayCounter(self, device: int, value: ctypes.c_uint) -> None:  # noqa: N802
         replays = self.gpu(device)[1].pcie_replays

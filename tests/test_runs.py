@@ -137,7 +137,7 @@ def test_machine_facts_read_what_reads_and_leave_the_rest_unknown() -> None:
     facts = MachineFacts.of(broken)
     assert facts.topology is None  # the devices do not read back as a Topology
     assert [d["name"] for d in facts.gpus] == ["gpu0"] and facts.nvml_gpus == ("00000000:17:00.0",)
-    assert (facts.driver, facts.iommu, facts.pcie_max_gen) == ("550.54", IommuFacts(), {})
+    assert (facts.driver, facts.iommu, facts.health) == ("550.54", IommuFacts(), {})
     assert MachineFacts.of(None) == MachineFacts.of([1, 2]) == MachineFacts()
 
 

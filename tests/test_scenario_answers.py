@@ -200,6 +200,13 @@ ANSWERS = {
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
     ],
+    "nvlink-errors": [  # DCGM's limits: a replay fails, Hopper's ECC data below 100 a second warns
+        "WARNING during the run: gpu1: link error counters grew during the run, below DCGM's failure rates (nvlink2 "
+        "ecc_data +25): watch them *",
+        "DURING THE RUN: gpu6: link error counters grew during the run (nvlink9 replay +1): reset the GPU; *",
+        "passed as they are: NV18 pairs, all sets, every_other sets, last_half sets, last_half_all_visible sets, "
+        "reversed sets, single sets",
+    ],
     "nvlink-p2p-disabled": [  # NCCL's own word on a broken NVLink: the GPUs' fault, never NCCL_P2P_DISABLE=1
         "host check host:nvlink_p2p: ERROR: gpu2-gpu5 (NV18): NVML reports P2P read NOT_SUPPORTED, write "
         "NOT_SUPPORTED, so NCCL refuses every communicator with both GPUs (*) -> the GPUs it names have NVLink but "

@@ -128,7 +128,8 @@ def test_an_unreadable_kernel_log_says_why(tmp_path: Path) -> None:
 def h100_box(errors: bool = True) -> nv.FakeMachine:
     machine = nv.nvswitch_box()
     for gpu in machine.gpus:
-        gpu.nvlink_errors = [[0, 0, 0, 0] for _ in range(18)] if errors else None
+        # Hopper: replay, recovery, CRC flit and ECC data; no CRC data counter (NotSupported)
+        gpu.nvlink_errors = [[0, 0, 0, None, 0] for _ in range(18)] if errors else None
     return machine
 
 
@@ -159,17 +160,21 @@ def test_the_watch_reads_xids_counters_and_the_generation_under_load(monkeypatch
     gpu3.pcie = (16, 16, 1, 5)  # idle again
     gpu3.nvlink_errors[2][2] = 4000  # type: ignore[index]
     gpu3.nvlink_errors[5][1] = 2  # type: ignore[index]
+    gpu3.nvlink_errors[7][4] = 9  # type: ignore[index]
     gpu3.pcie_replays = 3
     gpu3.clock_reasons = nv.CLOCKS_HW_THERMAL
     watched = watch.stop({"gpu3": [(begun, ended)]})
     assert library.initialised == 0  # NVML let go
     three, zero = watched.gpus["gpu3"], watched.gpus["gpu0"]
     assert three.pcie_gen_busy == 4 and zero.pcie_gen_busy is None  # gpu0 ran no case: its generation is not judged
-    assert three.grown() == {"nvlink2 crc_flit": 4000, "nvlink5 recovery": 2, "pcie replay": 3}
-    assert zero.grown() == {} and len(zero.errors_end or {}) == 18 * 4 + 1
+    assert three.grown() == {"nvlink2 crc_flit": 4000, "nvlink5 recovery": 2, "nvlink7 ecc_data": 9, "pcie replay": 3}
+    assert zero.grown() == {} and len(zero.errors_end or {}) == 18 * 4 + 1  # four counters on each of 18 links
+    asked = [c for c in library.calls if c == "nvmlDeviceGetNvLinkErrorCounter"]
+    assert len(asked) == 2 * 2 * 18 * 4 + 2  # each GPU asked CRC data once, at the start: not again
     assert [x.xid for x in three.xids] == [79] and begun <= (three.xids[0].time or 0) <= ended
     assert three.slowdowns == ("hw_thermal",) and zero.slowdowns == ()
-    assert watched.note == "" and watched.seconds is not None
+    assert watched.note == "NVLink crc_data counter NotSupported on gpu0, gpu3: not read"
+    assert watched.seconds is not None
 
 
 def test_what_nvml_refuses_is_unknown_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,22 +224,38 @@ def test_each_xid_names_the_case_running_on_its_gpu() -> None:
     assert findings[1].text.startswith("gpu3: Xid 74 (NVLink error) between cases -> reset the GPU")
 
 
+GEN5_X16 = GpuHealth(pcie_max_gen=5, pcie_max_width=16)
+
+
 @pytest.mark.parametrize(
-    ("grown", "seconds", "beyond"),
+    ("grown", "seconds", "failed", "warned"),
     [
-        ({"nvlink0 replay": 1, "nvlink0 recovery": 1}, 60.0, ""),  # DCGM: at most 1
-        ({"nvlink0 replay": 2}, 60.0, "nvlink0 replay +2"),
-        ({"nvlink3 crc_flit": 5000}, 60.0, ""),  # 83 a second: below DCGM's 100
-        ({"nvlink3 crc_data": 7000}, 60.0, "nvlink3 crc_data +7000"),
-        ({"pcie replay": 8}, 30.0, ""),  # a short run gets a minute's allowance
-        ({"pcie replay": 17}, 120.0, "pcie replay +17"),  # 8.5 a minute
+        ({"nvlink0 replay": 1}, 60.0, "nvlink0 replay +1", ""),  # DCGM: a replay or recovery error fails
+        ({"nvlink0 recovery": 3}, 600.0, "nvlink0 recovery +3", ""),
+        ({"nvlink3 crc_flit": 5000}, 60.0, "", "nvlink3 crc_flit +5000"),  # 83 a second: below DCGM's 100
+        ({"nvlink3 crc_data": 6000}, 60.0, "nvlink3 crc_data +6000", ""),  # 100 a second: DCGM fails it
+        ({"nvlink3 ecc_data": 7000}, 60.0, "nvlink3 ecc_data +7000", ""),  # Hopper's data errors, judged alike
+        ({"nvlink3 ecc_data": 40}, 60.0, "", "nvlink3 ecc_data +40"),
+        ({"pcie replay": 31}, 30.0, "", ""),  # Gen5 x16: ceil(1.92 x 16) = 31 a minute; a short run gets a minute
+        ({"pcie replay": 63}, 120.0, "", "pcie replay +63"),  # 31.5 a minute: DCGM warns
     ],
 )
-def test_error_counters_are_judged_by_dcgms_limits(grown: dict[str, int], seconds: float, beyond: str) -> None:
+def test_error_counters_are_judged_by_dcgms_limits(
+    grown: dict[str, int], seconds: float, failed: str, warned: str
+) -> None:
     watched = RunWatch({"gpu0": GpuWatch(errors_start=dict.fromkeys(grown, 10),
                                          errors_end={k: 10 + v for k, v in grown.items()})}, seconds)  # fmt: skip
-    findings = watch_findings(watched, {})
-    assert [f.text.split("(")[1].split(")")[0] for f in findings] == ([beyond] if beyond else [])
+    findings = watch_findings(watched, {"gpu0": GEN5_X16})
+    said = {f.kind: f.text.split("(")[1].split(")")[0] for f in findings}
+    assert (said.get("link_errors", ""), said.get("link_errors_low", "")) == (failed, warned)
+    assert all(f.machine == (f.kind == "link_errors") for f in findings)
+
+
+def test_pcie_replays_are_judged_by_the_links_generation_and_width() -> None:
+    watched = RunWatch({"gpu0": GpuWatch(errors_start={"pcie replay": 0}, errors_end={"pcie replay": 12})}, 60.0)
+    assert watch_findings(watched, {"gpu0": GEN5_X16}) == []
+    (gen3_x8,) = watch_findings(watched, {"gpu0": GpuHealth(pcie_max_gen=3, pcie_max_width=8)})  # 4 a minute
+    assert gen3_x8.kind == "link_errors_low" and not gen3_x8.machine
 
 
 def test_a_counter_reset_by_a_reboot_is_not_growth() -> None:
@@ -244,7 +265,7 @@ def test_a_counter_reset_by_a_reboot_is_not_growth() -> None:
 def test_the_generation_under_load_and_the_slowdowns_are_judged() -> None:
     watched = RunWatch({"gpu0": GpuWatch(pcie_gen_busy=3, slowdowns=("hw_slowdown",)),
                         "gpu1": GpuWatch(pcie_gen_busy=5, slowdowns=())}, 60.0)  # fmt: skip
-    findings = watch_findings(watched, {"gpu0": 5, "gpu1": 5})
+    findings = watch_findings(watched, {name: GpuHealth(pcie_max_gen=5) for name in ("gpu0", "gpu1")})
     assert [f.test_name for f in findings] == ["pcie_gen[gpu0]", "slowdown[gpu0]"]
     assert findings[0].text.startswith("gpu0: PCIe gen3 at most while its cases ran, where the GPU and slot allow gen5")
     assert watch_findings(watched, {}) == findings[1:]  # the GPU's highest generation unknown: not judged

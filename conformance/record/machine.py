@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from conformance.discover.health import HealthError, health_from_json
+from conformance.discover.health import GpuHealth, HealthError, health_from_json
 from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
 from conformance.discover.topology import Topology
 
@@ -23,7 +23,7 @@ class MachineFacts:
     cuda_driver: str | None = None
     nvml_gpus: tuple[str, ...] | None = None  # bus ids of every GPU NVML listed (None: not recorded)
     iommu: IommuFacts = field(default_factory=IommuFacts)
-    pcie_max_gen: Mapping[str, int | None] = field(default_factory=dict)  # by GPU name, from the health read
+    health: Mapping[str, GpuHealth] = field(default_factory=dict)  # by GPU name, as read when the run started
     topology: Topology | None = None  # the whole topology, where it reads back as one
 
     @property
@@ -44,7 +44,7 @@ class MachineFacts:
             cuda_driver=str(data["cuda_driver"]) if data.get("cuda_driver") else None,
             nvml_gpus=tuple(str(bus) for bus in listed) if isinstance(listed, list) else None,
             iommu=_iommu(data.get("iommu")),
-            pcie_max_gen=_pcie_max_gen(data.get("health")),
+            health=_health(data.get("health")),
             topology=_topology(data),
         )
 
@@ -56,9 +56,9 @@ def _iommu(data: object) -> IommuFacts:
         return IommuFacts()
 
 
-def _pcie_max_gen(data: object) -> dict[str, int | None]:
+def _health(data: object) -> dict[str, GpuHealth]:
     try:
-        return {name: h.pcie_max_gen for name, h in health_from_json(data).items()} if data else {}
+        return health_from_json(data) if data else {}
     except HealthError:
         return {}
 

@@ -14,4 +14,4 @@ def run_watch_findings(run: Run) -> list[WatchFinding]:
         watched = watch_from_json(run.facts.watch, "run.json watch")
     except WatchError as exc:
         return [WatchFinding("watch", "", f"run.json's watch does not read ({exc}): the run's GPUs are not judged")]
-    return watch_findings(watched, run.machine.pcie_max_gen)
+    return watch_findings(watched, run.machine.health)
