@@ -226,6 +226,12 @@ def _uint(value: object) -> int:
     raise FakeNvmlMisuse(f"expected an unsigned int, got {value!r}")
 
 
+def _char_p(value: object) -> bytes:
+    if not isinstance(value, ctypes.c_char_p) or value.value is None:
+        raise FakeNvmlMisuse(f"expected a char pointer, got {value!r}")
+    return value.value
+
+
 def _buffer(value: object) -> ctypes.Array[ctypes.c_char]:
     if not (isinstance(value, ctypes.Array) and value._type_ is ctypes.c_char):
         raise FakeNvmlMisuse(f"expected a char buffer, got {value!r}")
@@ -276,6 +282,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "nvmlSystemGetCudaDriverVersion": (_out(ctypes.c_int),),
     "nvmlDeviceGetCount_v2": (_UINT_OUT,),
     "nvmlDeviceGetHandleByIndex_v2": (_uint, _DEVICE_OUT),
+    "nvmlDeviceGetHandleByUUID": (_char_p, _DEVICE_OUT),
     "nvmlDeviceGetUUID": (_device, _buffer, _uint),
     "nvmlDeviceGetName": (_device, _buffer, _uint),
     "nvmlDeviceGetPciInfo_v3": (_device, _PCI_OUT),
@@ -451,6 +458,12 @@ class FakeNvmlLibrary:
     def _nvmlDeviceGetHandleByIndex_v2(self, index: int, device: Any) -> None:  # noqa: N802
         if index >= len(self.machine.gpus):
             raise _Return(ERROR_INVALID_ARGUMENT)
+        _set_pointer(device, handle_address(index))
+
+    def _nvmlDeviceGetHandleByUUID(self, uuid: bytes, device: Any) -> None:  # noqa: N802
+        index = next((i for i, gpu in enumerate(self.machine.gpus) if gpu.uuid.encode() == uuid), None)
+        if index is None:
+            raise _Return(ERROR_NOT_FOUND)
         _set_pointer(device, handle_address(index))
 
     def _nvmlDeviceGetUUID(self, device: int, buffer: ctypes.Array[ctypes.c_char], length: int) -> None:  # noqa: N802

@@ -107,6 +107,7 @@ WRAPPER_SYMBOLS = [
     ("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion"),
     ("nvmlDeviceGetCount", "nvmlDeviceGetCount_v2"),
     ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2"),
+    ("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByUUID"),
     ("nvmlDeviceGetUUID", "nvmlDeviceGetUUID"),
     ("nvmlDeviceGetName", "nvmlDeviceGetName"),
     ("nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3"),
@@ -150,6 +151,7 @@ def call_wrapper(name: str) -> Any:
     events = EVENTS.setdefault("set", pynvml.nvmlEventSetCreate())
     arguments: dict[str, tuple[Any, ...]] = {
         "nvmlDeviceGetHandleByIndex": (0,),
+        "nvmlDeviceGetHandleByUUID": (nv.bridged_box().gpus[0].uuid,),
         "nvmlDeviceGetNvLinkState": (gpu3, 0),
         "nvmlDeviceGetNvLinkRemoteDeviceType": (gpu3, 0),
         "nvmlDeviceGetNvLinkRemotePciInfo": (gpu3, 0),

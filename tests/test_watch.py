@@ -13,8 +13,10 @@ from xml.etree import ElementTree
 
 import pynvml
 import pytest
+import torch
 
 import fake_nvml as nv
+from conformance.common.casefiles import TRANSFER_GENERATIONS
 from conformance.discover.health import GpuHealth
 from conformance.discover.watch import (
     CaseSpan,
@@ -24,13 +26,16 @@ from conformance.discover.watch import (
     WatchError,
     XidEvent,
     attribute_xids,
-    busy_windows,
     kernel_log_lines,
     kernel_xid_problems,
     kernel_xids,
     watch_findings,
     watch_from_json,
 )
+from conformance.rank.link_gen import LinkGenerations
+from conformance.rank.probes import LINK_READ_ITERATIONS, timed
+from conformance.record.records import CaseRecord
+from conformance.record.run_folder import transfer_generations
 from conftest import copy_suites, read_records
 from test_junit_schema import schema_errors
 from test_scenario_answers import answer_lines
@@ -147,26 +152,26 @@ def wait_until(condition: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
-def test_the_watch_reads_xids_counters_and_the_generation_under_load(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_watch_reads_xids_counters_and_slowdowns_and_keeps_the_ranks_generations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     machine = h100_box()
     watch, library = start(monkeypatch, machine)
     gpu3 = machine.gpus[3]
-    gpu3.pcie = (16, 16, 4, 5)  # a case runs: the link wakes up, to gen4 only
     begun = time.time()
-    wait_until(lambda: sum(s.gpu == "gpu3" and s.pcie_gen == 4 for s in watch.samples) >= 2)
     machine.xid_events.append((3, 79))
     wait_until(lambda: bool(watch.events))
     ended = time.time()
-    gpu3.pcie = (16, 16, 1, 5)  # idle again
     gpu3.nvlink_errors[2][2] = 4000  # type: ignore[index]
     gpu3.nvlink_errors[5][1] = 2  # type: ignore[index]
     gpu3.nvlink_errors[7][4] = 9  # type: ignore[index]
     gpu3.pcie_replays = 3
     gpu3.clock_reasons = nv.CLOCKS_HW_THERMAL
-    watched = watch.stop({"gpu3": [(begun, ended)]})
+    watched = watch.stop({"gpu3": 4})  # the highest generation gpu3's ranks read in their transfers
     assert library.initialised == 0  # NVML let go
     three, zero = watched.gpus["gpu3"], watched.gpus["gpu0"]
-    assert three.pcie_gen_busy == 4 and zero.pcie_gen_busy is None  # gpu0 ran no case: its generation is not judged
+    assert three.pcie_gen_busy == 4 and zero.pcie_gen_busy is None  # gpu0 moved no data: its generation is unknown
+    assert "nvmlDeviceGetCurrPcieLinkGeneration" not in library.calls  # a sample between transfers says nothing
     assert three.grown() == {"nvlink2 crc_flit": 4000, "nvlink5 recovery": 2, "nvlink7 ecc_data": 9, "pcie replay": 3}
     assert zero.grown() == {} and len(zero.errors_end or {}) == 18 * 4 + 1  # four counters on each of 18 links
     asked = [c for c in library.calls if c == "nvmlDeviceGetNvLinkErrorCounter"]
@@ -175,6 +180,58 @@ def test_the_watch_reads_xids_counters_and_the_generation_under_load(monkeypatch
     assert three.slowdowns == ("hw_thermal",) and zero.slowdowns == ()
     assert watched.note == "NVLink crc_data counter NotSupported on gpu0, gpu3: not read"
     assert watched.seconds is not None
+
+
+def test_a_rank_reads_its_gpus_generation_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = h100_box()
+    machine.gpus[3].pcie = (16, 16, 5, 5)  # moving data: the link at its best
+    nv.install(monkeypatch, machine)
+    reader = LinkGenerations()
+    found = reader.read([machine.gpus[3].uuid, machine.gpus[0].uuid, "GPU-not-on-this-machine"])
+    assert found == {machine.gpus[3].uuid: 5, machine.gpus[0].uuid: 1}  # at rest: gen1; an unknown GPU left out
+    nv.install(monkeypatch, replace(machine, init_error=nv.ERROR_DRIVER_NOT_LOADED))
+    assert LinkGenerations().read([machine.gpus[3].uuid]) == {}  # NVML refusing never fails the rank
+
+
+class TimedRank:
+    """What ``timed`` asks of a rank, recording the order of events (a GPU rank's: backend nccl)."""
+
+    def __init__(self) -> None:
+        self.params = {"bandwidth_iterations": 3, "bandwidth_warmup": 1}
+        self.backend = "nccl"
+        self.torch_device = torch.device("cpu")
+        self.events: list[str] = []
+
+    def wait_for_turn(self) -> None:
+        self.events.append("turn")
+
+    def phase(self, name: str, step: str) -> None:
+        self.events.append(name)
+
+    def read_link_generations(self, devices: tuple[torch.device, ...]) -> None:
+        self.events.append("read")
+
+    def synchronize(self, *devices: torch.device) -> None:
+        self.events.append("synchronize")
+
+
+def test_a_rank_reads_the_generation_with_untimed_transfers_in_flight() -> None:
+    rank = TimedRank()
+    timed(rank, "copy", lambda: rank.events.append("transfer"))  # type: ignore[arg-type]
+    timed_part = ["transfer"] * (1 + 3)  # warm-up and timed iterations: no NVML call among them
+    in_flight = ["transfer"] * LINK_READ_ITERATIONS + ["read", "synchronize"]
+    assert rank.events == ["turn", "probe", *timed_part, *in_flight]
+    rank.backend, rank.events = "gloo", []  # CPU ranks: no GPU to read
+    timed(rank, "copy", lambda: rank.events.append("transfer"))  # type: ignore[arg-type]
+    assert "read" not in rank.events
+
+
+def test_the_generation_read_in_transfers_is_kept_per_gpu_at_its_highest() -> None:
+    def record(gens: object) -> CaseRecord:
+        return CaseRecord(nodeid="t", probe="peer_copy", metrics={TRANSFER_GENERATIONS: gens})
+
+    records = [record({"gpu0": 4, "gpu1": 5}), record({"gpu0": 5}), record("not a mapping"), record({"gpu2": "5"})]
+    assert transfer_generations(records) == {"gpu0": 5, "gpu1": 5}
 
 
 def test_what_nvml_refuses_is_unknown_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,8 +268,6 @@ def test_each_xid_names_the_case_running_on_its_gpu() -> None:
     assert named.gpus["gpu3"].xids[0].case == SPANS[0].case and named.gpus["gpu3"].xids[0].verdict == "hang"
     assert named.gpus["gpu3"].xids[1].case is None  # no case ran on gpu3 then
     assert named.gpus["gpu1"].xids[0].case == SPANS[1].case
-    assert busy_windows(SPANS) == {"gpu2": [(100.0, 160.0)], "gpu3": [(100.0, 160.0)], "gpu0": [(100.0, 110.0)],
-                                   "gpu1": [(100.0, 110.0)]}  # fmt: skip
     findings = watch_findings(named, {})
     assert [(f.test_name, f.machine) for f in findings] == [
         ("xid[gpu3-79]", True), ("xid[gpu3-74]", True), ("xid[gpu1-45]", False)
@@ -371,3 +426,17 @@ def test_the_kernel_logs_earlier_xids_are_a_host_check(
     application = run_suite("--topology-file", str(topology), *files, "-k", "kernel_log")
     assert application.ret == pytest.ExitCode.OK, application.stdout.str()
     assert answer_lines(application)[0].startswith("WARNING host check host:xid_log: gpu0: Xid 45")
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_only_a_gpu_that_moved_data_has_its_generation_judged(
+    pytester: pytest.Pytester, run_suite: Callable[..., pytest.RunResult]
+) -> None:
+    """gpu6 trains to Gen3 under load; barriers time no transfer, so no GPU's generation is read or judged."""
+    files = copy_suites(pytester, "test_collectives.py", "test_pairs.py")
+    topology = str(TOPOLOGIES / "pcie-gen3-under-load-8gpu.json")
+    barriers = run_suite("--topology-file", topology, *files, "-k", "barrier and all8", timeout=240)
+    assert barriers.ret == pytest.ExitCode.OK, barriers.stdout.str()
+    pairs = run_suite("--topology-file", topology, *files, "-k", "peer_copy and gpu6", timeout=240)
+    assert pairs.ret == pytest.ExitCode.TESTS_FAILED, pairs.stdout.str()
+    assert answer_lines(pairs)[0].startswith("DURING THE RUN: gpu6: PCIe gen3 at most while its cases ran")

@@ -52,6 +52,8 @@ RESULT = "result.json"
 NCCL_LOG = "nccl.log"
 FLIGHT_RECORDER = "flight_recorder.json"
 TURN = "turn"
+# A GPU rank's metric: per GPU name, the highest PCIe generation read while its timed transfers moved data
+TRANSFER_GENERATIONS = "pcie_gen_in_transfer"
 TURN_STEP = "waiting for the measurement turn"  # the step ranks report while they wait for it
 # A shared case (several tests' collectives over one process group): the probe's parameter that
 # lists them in order, each {"probe": name, "params": {...}}, and the metric in which a rank notes

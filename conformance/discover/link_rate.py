@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from itertools import combinations
 from typing import TYPE_CHECKING
 
+from conformance.common.casefiles import TRANSFER_GENERATIONS
 from conformance.discover.health import GpuHealth
 from conformance.rank.scenario import Placement, Rule
 
@@ -88,3 +89,14 @@ def simulated_gbps(topology: Topology, names: Sequence[str], probe: str, rules: 
         if rule.effect == "slow_link" and all(rule.applies(place, rule.phase, {}) for place in places):
             share *= rule.fraction
     return round(rate * share, 2)
+
+
+def simulated_transfer_generations(topology: Topology, names: Sequence[str]) -> dict[str, dict[str, int]]:
+    """What a GPU rank reads while its timed transfers move data (``rank/link_gen.py``), on a simulated machine.
+
+    Its topology file's ``watch`` gives each GPU's generation under load (``pcie_gen_busy``); the record
+    carries it as a real rank's would, so the watch judges only GPUs that moved data, as on a real run.
+    """
+    watched = topology.watch.gpus if topology.watch else {}
+    found = {name: gen for name in names if (gen := getattr(watched.get(name), "pcie_gen_busy", None)) is not None}
+    return {TRANSFER_GENERATIONS: found} if found else {}

@@ -5,11 +5,12 @@ thread of the pytest process that owns the run (the controller under xdist):
 
 - Xid events (``nvmlEventTypeXidCriticalError``), each attributed at the end to the case that was
   running on that GPU when it came (by the records' start and end times and devices);
-- NVLink error counters (replay, recovery, CRC flit and data, per link) and the PCIe replay
-  counter, read when the run starts and when it ends: their growth is judged;
-- the PCIe link generation and the clock slowdown reasons, sampled every ``TICK`` seconds: the
-  generation counts only while a case ran on the GPU (an idle GPU lowers it to save power), the
-  slowdowns whenever they were seen.
+- NVLink error counters (replay, recovery, CRC flit and data, ECC data, per link) and the PCIe
+  replay counter, read when the run starts and when it ends: their growth is judged;
+- the clock slowdown reasons, sampled every ``TICK`` seconds, judged whenever they were seen;
+- the PCIe link generation while data moves: each rank reads its GPUs' generation with its timed
+  transfers in flight (``rank/link_gen.py``; an idle GPU lowers it to save power, and a case's
+  processes starting move nothing), and the watch keeps each GPU's highest.
 
 The kernel log's earlier Xids (``kernel_xids``) are read once at discovery, where the log is
 readable.  A simulated machine's topology file carries the same facts (``"watch"``), played back
@@ -302,7 +303,6 @@ def _short_bus(bus: str) -> str:
 class Sample:
     time: float
     gpu: str
-    pcie_gen: int | None
     slowdowns: tuple[str, ...] | None
 
 
@@ -392,10 +392,9 @@ class NvmlWatch:
     def _sample(self) -> None:
         nvml, now = self.nvml, time.time()
         for name, handle in self.handles.items():
-            gen = ask(nvml, partial(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle))
             reasons = ask(nvml, partial(nvml.nvmlDeviceGetCurrentClocksEventReasons, handle))
             slowdowns = None if reasons is None else slowdown_names(int(reasons))
-            self.samples.append(Sample(now, name, None if gen is None else int(gen), slowdowns))
+            self.samples.append(Sample(now, name, slowdowns))
 
     def _end_thread(self) -> None:
         """The sampling thread stopped and the Xid event set freed."""
@@ -405,13 +404,13 @@ class NvmlWatch:
             ask(self.nvml, partial(self.nvml.nvmlEventSetFree, self.event_set))
             self.event_set = None
 
-    def stop(self, busy: Mapping[str, Sequence[tuple[float, float]]]) -> RunWatch:
-        """Ends the watch; ``busy``: per GPU name, the (start, end) times of the cases that ran on it."""
+    def stop(self, generations: Mapping[str, int]) -> RunWatch:
+        """Ends the watch; ``generations``: per GPU name, the highest PCIe generation its ranks read in transfers."""
         self._end_thread()
         self._sample()
         gpus = {
             name: GpuWatch(
-                pcie_gen_busy=_highest_gen_busy(self.samples, name, busy.get(name, ())),
+                pcie_gen_busy=generations.get(name),
                 slowdowns=_slowdowns_seen(self.samples, name),
                 errors_start=self.start_counters[name],
                 errors_end=error_counters(self.nvml, handle, self.links.get(name, 0), self.unsupported[name]),
@@ -446,8 +445,12 @@ class PlayedWatch:
     def __init__(self, facts: RunWatch) -> None:
         self.facts, self.started = facts, time.monotonic()
 
-    def stop(self, busy: Mapping[str, Sequence[tuple[float, float]]]) -> RunWatch:
-        return replace(self.facts, seconds=self.facts.seconds or round(time.monotonic() - self.started, 3))
+    def stop(self, generations: Mapping[str, int]) -> RunWatch:
+        """The facts, each GPU's generation under load as its ranks read it (none: that GPU moved no data)."""
+        gpus = {name: replace(gpu, pcie_gen_busy=generations.get(name)) for name, gpu in self.facts.gpus.items()}
+        gpus |= {name: GpuWatch(pcie_gen_busy=gen) for name, gen in generations.items() if name not in gpus}
+        seconds = self.facts.seconds or round(time.monotonic() - self.started, 3)
+        return replace(self.facts, gpus=gpus, seconds=seconds)
 
     def close(self) -> None:
         pass
@@ -468,15 +471,6 @@ def start_nvml_watch(nvml_indexes: Mapping[str, int], links: Mapping[str, int]) 
     except pynvml.NVMLError as exc:
         return PlayedWatch(RunWatch(note=f"nothing watched during the run: NVML: {exc}"))
     return NvmlWatch(pynvml, handles, links)
-
-
-def _highest_gen_busy(samples: Sequence[Sample], gpu: str, busy: Sequence[tuple[float, float]]) -> int | None:
-    gens = [
-        s.pcie_gen
-        for s in samples
-        if s.gpu == gpu and s.pcie_gen is not None and any(start <= s.time <= end for start, end in busy)
-    ]
-    return max(gens) if gens else None
 
 
 def _slowdowns_seen(samples: Sequence[Sample], gpu: str) -> tuple[str, ...] | None:
@@ -500,14 +494,6 @@ class CaseSpan(NamedTuple):
     gpus: tuple[str, ...]
     start: float
     end: float
-
-
-def busy_windows(spans: Iterable[CaseSpan]) -> dict[str, list[tuple[float, float]]]:
-    windows: dict[str, list[tuple[float, float]]] = {}
-    for span in spans:
-        for gpu in span.gpus:
-            windows.setdefault(gpu, []).append((span.start, span.end))
-    return windows
 
 
 def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:

@@ -9,7 +9,7 @@ import pytest
 from conformance.common import casefiles
 from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
-from conformance.discover.link_rate import simulated_gbps, slowest_link_gbps
+from conformance.discover.link_rate import simulated_gbps, simulated_transfer_generations, slowest_link_gbps
 from conformance.harness import junit
 from conformance.harness.context import RunContext
 from conformance.harness.planned import PlannedCase, Planner
@@ -79,7 +79,9 @@ class CasePipeline:
         if run.simulated and record.set_kind == "pair" and record.bandwidth_gbps is not None:
             rules = run.scenario.rules if run.scenario else ()
             figures[SIMULATED_GBPS] = simulated_gbps(run.topology, record.devices, record.probe, rules)
-        known = {name: figure for name, figure in figures.items() if figure is not None}
+        known: dict[str, object] = {name: figure for name, figure in figures.items() if figure is not None}
+        if run.simulated and (record.bandwidth_gbps is not None or "busbw_gbps" in record.metrics):
+            known |= simulated_transfer_generations(run.topology, record.devices)
         return replace(record, metrics={**record.metrics, **known}) if known else record
 
 

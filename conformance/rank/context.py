@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.common import casefiles
 from conformance.common.casefiles import CaseFile, PhaseLine, RankDevice
+from conformance.rank.link_gen import LinkGenerations
 from conformance.rank.scenario import Placement, Rule
 
 TURN_POLL = 0.005  # seconds between looks for the parent's grant of the measurement turn
@@ -88,6 +89,7 @@ class RankContext:
         self.turn: str | None = None  # the measurement turn, once the parent gave it: "alone" or "beside"
         self.phase_name = "start"
         self.step = ""
+        self.link_generations = LinkGenerations()
         self.rank_path = rank_path
         self._phase_log = (rank_path / casefiles.PHASES).open("a", encoding="utf-8", buffering=1)
 
@@ -193,6 +195,18 @@ class RankContext:
     def barrier_device_is(self, wrong: bool | None) -> None:
         """Tell scenario rules whether torch's barrier is about to run on another GPU than the rank's."""
         self.placement = replace(self.placement, wrong_barrier_device=wrong)
+
+    def read_link_generations(self, devices: tuple[torch.device, ...]) -> None:
+        """While ``devices`` move data: each GPU's PCIe generation, the highest kept (``pcie_gen_in_transfer``)."""
+        if self.backend != "nccl":
+            return
+        known = {d.index: d for d in (self.device, *self.case.peers) if d.uuid}
+        moving = [known[d.index] for d in devices if d.type == "cuda" and d.index in known]
+        found = self.link_generations.read(d.uuid for d in moving if d.uuid)
+        highest: dict[str, int] = self.metrics.setdefault(casefiles.TRANSFER_GENERATIONS, {})
+        for device in moving:
+            if device.uuid in found:
+                highest[device.name] = max(highest.get(device.name, 0), found[device.uuid])
 
     def synchronize(self, *others: torch.device) -> None:
         """End a step: wait until the device (and ``others``) finished its work, inside the step's phase.

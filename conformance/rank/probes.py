@@ -150,13 +150,21 @@ def bus_factor(collective: str, world_size: int) -> float:
     return 1.0
 
 
+LINK_READ_ITERATIONS = 2  # transfers launched, untimed, while the rank reads its GPUs' PCIe generation
+
+
 def timed(ctx: RankContext, label: str, operation: Callable[[], object], *devices: torch.device) -> float:
     """Seconds per iteration of ``operation``, as its own probe step, once no other case runs."""
     ctx.wait_for_turn()
     iterations = int(ctx.params.get("bandwidth_iterations", 5))
     warmup = int(ctx.params.get("bandwidth_warmup", 1))
     ctx.phase("probe", f"{label} x{iterations}")
-    seconds = timing.seconds_per_iteration(operation, devices or (ctx.torch_device,), iterations, warmup)
+    moving = devices or (ctx.torch_device,)
+    seconds = timing.seconds_per_iteration(operation, moving, iterations, warmup)
+    if ctx.backend == "nccl":  # untimed, so reading NVML costs the figure nothing: launched, so the data moves
+        for _ in range(LINK_READ_ITERATIONS):
+            operation()
+        ctx.read_link_generations(moving)
     ctx.synchronize(*devices)
     return seconds
 

@@ -8,13 +8,13 @@ multi-node run the other nodes write ``<run id>-node<k>`` beside it (a shared fi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.common import casefiles
 from conformance.common.jsonl import read_lines
-from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids, busy_windows
+from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids
 from conformance.record import results
 from conformance.record.records import HOST_SET_KIND, CaseRecord, RunFacts
 from conformance.record.runs import RUN_FACTS
@@ -81,9 +81,21 @@ class RunFolder:
 
 def stop_watch(watch: Watch, records: Sequence[CaseRecord], node_rank: int | None) -> RunWatch:
     """What the GPUs' watch saw, each Xid naming the case that ran on its GPU then."""
+    own = [r for r in records if r.set_kind != HOST_SET_KIND and r.node_rank == node_rank]
     spans = [
         CaseSpan(r.nodeid, r.probe, r.verdict_text, r.devices, r.time - r.seconds, r.time)
-        for r in records
-        if r.set_kind != HOST_SET_KIND and r.node_rank == node_rank and r.time and r.seconds is not None
+        for r in own
+        if r.time and r.seconds is not None
     ]
-    return attribute_xids(watch.stop(busy_windows(spans)), spans)
+    return attribute_xids(watch.stop(transfer_generations(own)), spans)
+
+
+def transfer_generations(records: Iterable[CaseRecord]) -> dict[str, int]:
+    """Per GPU, the highest PCIe generation its ranks read while their timed transfers moved data."""
+    highest: dict[str, int] = {}
+    for record in records:
+        read = record.metrics.get(casefiles.TRANSFER_GENERATIONS)
+        for gpu, gen in read.items() if isinstance(read, dict) else ():
+            if isinstance(gen, int):
+                highest[gpu] = max(highest.get(gpu, 0), gen)
+    return highest
