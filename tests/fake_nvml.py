@@ -649,6 +649,8 @@ class FakeNvmlLibrary:
         self.registered.add(self.gpu(device)[0])
 
     def _nvmlEventSetWait_v2(self, event_set: int, data: Any, timeout_ms: int) -> None:  # noqa: N802
+        if any(gpu in self.registered for gpu in self.machine.lost):
+            raise _Return(ERROR_GPU_IS_LOST)  # nvml.h: "the target GPU has fallen off the bus"; it names none
         waiting = [e for e in self.machine.xid_events if e[0] in self.registered]
         if not waiting:
             time.sleep(min(timeout_ms, 50) / 1000)  # the real call blocks up to timeout_ms

@@ -29,6 +29,9 @@ PCIE_8GPU_PASSED = (
 FM_DOWN = (
     "MACHINE FAULT, no setting changes it: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)"
 )
+WRONG_BARRIER = "  FIRST BARRIER ON ANOTHER RANK'S GPU: *"
+UNKNOWN_ERROR = "CUDA UNKNOWN ERROR (a GPU lost after Xid 79 answers so)"
+LOST_FIX = "look for Xid 79 (`dmesg | grep -i xid`: the GPU fell off the bus) and other Xids; reset the GPU or reboot"
 TOO_OLD = "NCCL OR TORCH TOO OLD FOR THIS GPU (built without its architecture)"
 NO_KERNEL = "  Cuda failure 'invalid device function': rank * in probe of "
 NVLINK_P2P = "NVLINK P2P DISABLED BY THE HARDWARE (NCCL: 'probably due to a hardware issue')"
@@ -193,6 +196,28 @@ ANSWERS = {
     "hang-ignores-sigterm": [
         f"all sets: HANG on inherited (all_reduce 1/1); no rung passed (tried inherited, *): {NO_SETTING}",
         "passed as they are: CPU pairs, every_other sets, last_half sets, single sets",
+    ],
+    "gpu-lost-during-run": [  # NVML's GPU_IS_LOST names no GPU: the watch's next sample does, with its case
+        "MACHINE FAULT: peer_copy uses no NCCL and did not pass on NV18 pairs: ERROR in 2 (rank 0 (gpu5) in probe *"
+        f"no NCCL setting changes it -> fix: {LOST_FIX}",
+        "DURING THE RUN: gpu5: NVML lost the GPU during suites/test_pairs.py::test_pair_exchange[gpu4-gpu5-NV18-"
+        "inherited] (its verdict: error) (NVML_ERROR_GPU_IS_LOST: fallen off the bus or otherwise inaccessible) -> "
+        "reboot; *",
+        f"MACHINE FAULT: {UNKNOWN_ERROR} in 7 classes (NV18 pairs, all sets, every_other sets, last_half sets, "
+        f"last_half_all_visible sets, reversed sets, single sets) -> fix: {LOST_FIX}",
+        f"NV18 pairs: ERROR on inherited (pair_exchange 7/28); MACHINE FAULT, no setting changes it: {UNKNOWN_ERROR}",
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); MACHINE FAULT, no setting changes it: {UNKNOWN_ERROR}",
+        *(
+            line
+            for name in ("every_other", "last_half", "last_half_all_visible", "reversed")
+            for line in (
+                f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); MACHINE FAULT, no setting "
+                f"changes it: {UNKNOWN_ERROR}",
+                *([WRONG_BARRIER] if name in ("last_half_all_visible", "reversed") else []),
+            )
+        ),
+        f"single sets: ERROR on inherited (all_reduce 1/8); MACHINE FAULT, no setting changes it: {UNKNOWN_ERROR}",
     ],
     "iommu-slow-p2p": [  # a whole class slow alike: judged against its link, not its peers
         *(

@@ -234,6 +234,27 @@ def test_the_generation_read_in_transfers_is_kept_per_gpu_at_its_highest() -> No
     assert transfer_generations(records) == {"gpu0": 5, "gpu1": 5}
 
 
+def test_a_gpu_lost_while_the_watch_waits_is_named_with_its_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = h100_box()
+    watch, library = start(monkeypatch, machine)
+    begun = time.time()
+    machine.lost.append(3)  # gpu3 falls off the bus: the event wait answers GPU_IS_LOST, naming no GPU
+    wait_until(lambda: "gpu3" in watch.lost)
+    watched = watch.stop({})
+    lost = watched.gpus["gpu3"].lost
+    assert lost is not None and lost.time is not None and lost.time >= begun
+    assert watched.gpus["gpu0"].lost is None
+    assert library.calls.count("nvmlEventSetWait_v2") <= 2 + (time.time() - begun) / watch.tick  # no busy loop
+    span = CaseSpan("suites/test_pairs.py::test_peer_copy[gpu2-gpu3-NV18-inherited]", "peer_copy", "hang",
+                    ("gpu2", "gpu3"), begun - 1, time.time())  # fmt: skip
+    (finding,) = watch_findings(attribute_xids(watched, [span]), {})
+    assert (finding.test_name, finding.machine) == ("gpu_lost[gpu3]", True)
+    assert finding.text.startswith(
+        f"gpu3: NVML lost the GPU during {span.case} (its verdict: hang) (NVML_ERROR_GPU_IS_LOST: fallen off the bus "
+        "or otherwise inaccessible) -> reboot"
+    )
+
+
 def test_what_nvml_refuses_is_unknown_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = replace(h100_box(errors=False), missing=["nvmlEventSetCreate"])
     for gpu in machine.gpus:
@@ -337,7 +358,8 @@ def test_the_generation_under_load_and_the_slowdowns_are_judged() -> None:
         ({"gpus": {"gpu0": {"errors_end": {"pcie replay": 1.5}}}},
          "watch of gpu0: errors_end is {'pcie replay': 1.5}, not an object of counter name -> integer"),
         ({"gpus": {"gpu0": {"pcie_gen": 4}}},
-         "watch of gpu0: unknown field 'pcie_gen' (it has errors_end, errors_start, pcie_gen_busy, slowdowns, xids)"),
+         "watch of gpu0: unknown field 'pcie_gen' (it has errors_end, errors_start, lost, pcie_gen_busy, slowdowns, "
+         "xids)"),
         ({"seconds": "long"}, "watch.seconds is 'long', not a number"),
     ],
 )  # fmt: skip

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from conformance.common.inputs import dataclass_from_json
 from conformance.common.jsonl import JsonDict
@@ -115,6 +115,19 @@ class XidEvent:
 
 
 @dataclass(frozen=True)
+class GpuLost:
+    """A GPU NVML answered NVML_ERROR_GPU_IS_LOST for during the run, in nvmlEventSetWait_v2 or a sample.
+
+    nvml.h: "the target GPU has fallen off the bus or is otherwise inaccessible".
+    """
+
+    time: float | None = None  # when it was first met (None: a simulated one)
+    probe: str | None = None  # simulated: the probe during whose case on this GPU it comes
+    case: str | None = None  # the case running on the GPU then (filled in when the run ends)
+    verdict: str | None = None  # that case's verdict
+
+
+@dataclass(frozen=True)
 class GpuWatch:
     """What NVML said of one GPU while the run ran; None where it would not say."""
 
@@ -123,6 +136,7 @@ class GpuWatch:
     errors_start: Mapping[str, int] | None = None  # "nvlink<k> <counter>" and "pcie replay" when the run started
     errors_end: Mapping[str, int] | None = None  # the same when it ended
     xids: tuple[XidEvent, ...] = ()
+    lost: GpuLost | None = None
 
     def grown(self) -> dict[str, int]:
         """Each error counter that grew during the run, by how much (a counter reset by a reboot is not growth)."""
@@ -166,11 +180,14 @@ def _gpu_watch(data: object, where: str) -> GpuWatch:
     if not isinstance(events, list):
         raise WatchError(f"{where}: xids is {events!r}, not a list")
     xids = tuple(dataclass_from_json(XidEvent, e, f"{where}: an Xid event", WatchError) for e in events)
+    lost = data.get("lost")
+    lost = None if lost is None else dataclass_from_json(GpuLost, lost, f"{where}: lost", WatchError)
     for name in ("errors_start", "errors_end"):
         counters = data.get(name)
         if counters is not None and not (isinstance(counters, dict) and all(type(v) is int for v in counters.values())):
             raise WatchError(f"{where}: {name} is {counters!r}, not an object of counter name -> integer")
-    return replace(dataclass_from_json(GpuWatch, {**data, "xids": []}, where, WatchError), xids=xids)
+    return replace(dataclass_from_json(GpuWatch, {**data, "xids": [], "lost": None}, where, WatchError), xids=xids,
+                   lost=lost)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,6 +357,7 @@ class NvmlWatch:
         }
         self.samples: list[Sample] = []
         self.events: list[tuple[str, XidEvent]] = []
+        self.lost: dict[str, float] = {}  # GPU name -> when NVML first answered that it is lost
         self.notes: list[str] = []
         self.event_set = self._register()
         self._stopping = threading.Event()
@@ -375,7 +393,7 @@ class NvmlWatch:
             data = nvml.nvmlEventSetWait_v2(self.event_set, int(self.tick * 1000))
         except nvml.NVMLError_Timeout:
             return
-        except nvml.NVMLError:
+        except nvml.NVMLError:  # GpuIsLost among them: the sample that follows names the GPU
             self._stopping.wait(self.tick)
             return
         gpu = self._gpu_of(data.device)
@@ -392,7 +410,13 @@ class NvmlWatch:
     def _sample(self) -> None:
         nvml, now = self.nvml, time.time()
         for name, handle in self.handles.items():
-            reasons = ask(nvml, partial(nvml.nvmlDeviceGetCurrentClocksEventReasons, handle))
+            try:
+                reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+            except nvml.NVMLError_GpuIsLost:
+                self.lost.setdefault(name, now)
+                reasons = None
+            except nvml.NVMLError:
+                reasons = None
             slowdowns = None if reasons is None else slowdown_names(int(reasons))
             self.samples.append(Sample(now, name, slowdowns))
 
@@ -415,6 +439,7 @@ class NvmlWatch:
                 errors_start=self.start_counters[name],
                 errors_end=error_counters(self.nvml, handle, self.links.get(name, 0), self.unsupported[name]),
                 xids=tuple(event for gpu, event in self.events if gpu == name),
+                lost=GpuLost(self.lost[name]) if name in self.lost else None,
             )
             for name, handle in self.handles.items()
         }
@@ -496,10 +521,13 @@ class CaseSpan(NamedTuple):
     end: float
 
 
-def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:
-    """Each Xid names the case that ran on its GPU when it came (by time; a simulated one by its probe)."""
+Attributed = TypeVar("Attributed", XidEvent, GpuLost)
 
-    def during(gpu: str, event: XidEvent) -> XidEvent:
+
+def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:
+    """Each Xid, and a GPU lost, names the case that ran on its GPU then (by time; a simulated one by its probe)."""
+
+    def during(gpu: str, event: Attributed) -> Attributed:
         for span in spans:
             if gpu not in span.gpus:
                 continue
@@ -509,7 +537,10 @@ def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:
                 return replace(event, case=span.case, verdict=span.verdict)
         return event
 
-    gpus = {name: replace(g, xids=tuple(during(name, event) for event in g.xids)) for name, g in watch.gpus.items()}
+    gpus = {
+        name: replace(g, xids=tuple(during(name, event) for event in g.xids), lost=g.lost and during(name, g.lost))
+        for name, g in watch.gpus.items()
+    }
     return replace(watch, gpus=gpus)
 
 
@@ -539,6 +570,8 @@ def watch_findings(watch: RunWatch, health: Mapping[str, GpuHealth]) -> list[Wat
     for name, gpu in watch.gpus.items():
         facts = health.get(name, GpuHealth())
         findings += [_xid_finding(name, event) for event in gpu.xids]
+        if gpu.lost is not None:
+            findings.append(_lost_finding(name, gpu.lost))
         highest = facts.pcie_max_gen
         if gpu.pcie_gen_busy is not None and highest is not None and gpu.pcie_gen_busy < highest:
             findings.append(
@@ -605,6 +638,17 @@ def _pcie_replays_allowed(facts: GpuHealth, seconds: float) -> float:
     lanes = facts.pcie_max_width or facts.pcie_width or 1
     per_minute = math.ceil(PCIE_REPLAYS_PER_LANE_MINUTE[gen] * lanes)
     return per_minute * max(seconds / 60, 1.0)
+
+
+def _lost_finding(gpu: str, lost: GpuLost) -> WatchFinding:
+    where = f" during {lost.case} (its verdict: {lost.verdict})" if lost.case else " between cases"
+    return WatchFinding(
+        "gpu_lost",
+        gpu,
+        f"{gpu}: NVML lost the GPU{where} (NVML_ERROR_GPU_IS_LOST: fallen off the bus or otherwise inaccessible) -> "
+        "reboot; reseat the GPU and check its power and riser (`dmesg | grep -i xid`: Xid 79); one that stays lost "
+        "is a hardware case",
+    )
 
 
 def _xid_finding(gpu: str, event: XidEvent) -> WatchFinding:

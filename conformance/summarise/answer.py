@@ -256,8 +256,9 @@ def _no_nccl_lines(failed: Sequence[CaseRecord], iommu: IommuFacts) -> tuple[str
     for (label, probe), records in by_place.items():
         verdicts = "/".join(v.value.upper() for v in READING_ORDER if any(r.outcome is v for r in records))
         redirected = iommu.redirects_p2p and any(r.link in PCIE_PATHS for r in records)
-        fix = IOMMU_FIX if redirected else NO_NCCL_FIX
-        facts = f" ({iommu.cause_text()})" if redirected else ""
+        fault = next((f for r in records if (f := machine_fault(r.verdict_text, r.summary))), None)
+        fix = fault.fix if fault else IOMMU_FIX if redirected else NO_NCCL_FIX  # a named fault's fix is its own
+        facts = f" ({iommu.cause_text()})" if redirected and not fault else ""
         lines.append(
             f"MACHINE FAULT: {probe} uses no NCCL and did not pass on {label}: {verdicts} in {len(records)} "
             f"({records[0].summary}){facts}; no NCCL setting changes it -> fix: {fix}"

@@ -176,7 +176,7 @@ def lost_gpus(baseline: Run, current: Run) -> list[MachineChange]:
 
 
 WATCH_METRICS = {"xid": "Xid during the run", "link_errors": "link errors grew", "pcie_gen": "PCIe gen under load",
-                 "slowdown": "clocks held down"}  # fmt: skip
+                 "slowdown": "clocks held down", "gpu_lost": "GPU lost during the run"}  # fmt: skip
 
 
 def watch_regressions(baseline: Run, current: Run) -> list[MachineChange]:
