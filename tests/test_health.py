@@ -33,6 +33,7 @@ HEALTHY_H100 = GpuHealth(
     ecc_uncorrected=0,
     remap_pending=False, remap_failed=False, retired_pages_pending=None, fabric_state="completed",
     fabric_status="Success", persistence=True, compute_mode="default", slowdowns=(), processes=(), kernel_xids=(),
+    kernel_xids_before_load=(),
 )  # fmt: skip
 QUIET_KERNEL_LOG = HostPaths(kmsg=Path("/dev/null"))  # a kernel log with no message
 
@@ -184,7 +185,7 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), "-rs", *files)
-    assert healthy.parseoutcomes() == {"passed": 10, "skipped": 1}, healthy.stdout.str()  # p2p_path too
+    assert healthy.parseoutcomes() == {"passed": 10, "skipped": 2}, healthy.stdout.str()  # p2p_path too
     healthy.stdout.fnmatch_lines(['*: NCCL\'s version is not known: the simulated machine names no "nccl"'])
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
@@ -194,17 +195,17 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     }
 
     pcie = run_suite("--topology-file", str(TOPOLOGIES / "pcie-2socket-8gpu.json"), "-rs", *files)
-    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 5}  # no NVLink, fabric, iommu or capability facts
+    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 6}  # no NVLink, fabric, iommu, capability, platform
     pcie.stdout.fnmatch_lines(["*: no NVLink: NVML reports none on these GPUs", "*: no NVSwitch fabric: NVML *"])
 
     bare = pytester.path / "bare.json"  # a topology file from before health facts: nothing to judge, said
     bare.write_text(json.dumps({k: v for k, v in json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text()).items()
                                 if k != "health"}))  # fmt: skip
     unknown = run_suite("--topology-file", str(bare), "-rs", *files)
-    assert unknown.parseoutcomes() == {"skipped": 11}
+    assert unknown.parseoutcomes() == {"skipped": 12}
     unknown.stdout.fnmatch_lines(["*no GPU's health says pcie_width, pcie_max_width, pcie_gen, pcie_max_gen*"])
     cpu = run_suite("-rs", *files)
-    assert cpu.parseoutcomes() == {"skipped": 11}
+    assert cpu.parseoutcomes() == {"skipped": 12}
     cpu.stdout.fnmatch_lines(["*GPU-only check: no GPU: *"])
 
 

@@ -29,6 +29,7 @@ PCIE_8GPU_PASSED = (
 FM_DOWN = (
     "MACHINE FAULT, no setting changes it: FABRIC MANAGER NOT RUNNING (CUDA error 802: system not yet initialized)"
 )
+NO_CUDA = "NO CUDA DEVICE IN THE RANK"
 WRONG_BARRIER = "  FIRST BARRIER ON ANOTHER RANK'S GPU: *"
 UNKNOWN_ERROR = "CUDA UNKNOWN ERROR (a GPU lost after Xid 79 answers so)"
 LOST_FIX = "look for Xid 79 (`dmesg | grep -i xid`: the GPU fell off the bus) and other Xids; reset the GPU or reboot"
@@ -230,6 +231,24 @@ ANSWERS = {
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
     ],
+    "libcuda-missing": [  # NVML works, CUDA cannot: the host check names the container's missing capability
+        "host check host:platform: ERROR: libcuda.so.1 does not load (libcuda.so.1: cannot open shared object file: "
+        "No such file or directory) though NVML works: no CUDA call can run here -> in a container, give it the "
+        "compute capability (NVIDIA_DRIVER_CAPABILITIES=compute,utility, *",
+        "MACHINE FAULT: peer_copy uses no NCCL and did not pass on NV18 pairs: ERROR in 28 *",
+        f"MACHINE FAULT: {NO_CUDA} in 7 classes (NV18 pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets) -> fix: *",
+        f"NV18 pairs: ERROR on inherited (pair_exchange 28/28); MACHINE FAULT, no setting changes it: {NO_CUDA}",
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); MACHINE FAULT, no setting changes it: {NO_CUDA}",
+        *(
+            f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); MACHINE FAULT, no setting "
+            f"changes it: {NO_CUDA}"
+            for name in ("every_other", "last_half", "last_half_all_visible", "reversed")
+        ),
+        f"single sets: ERROR on inherited (all_reduce 8/8, environment 1/1); MACHINE FAULT, no setting changes it: "
+        f"{NO_CUDA}",
+    ],
     "nvlink-errors": [  # DCGM's limits: a replay fails, Hopper's ECC data below 100 a second warns
         "WARNING during the run: gpu1: link error counters grew during the run, below DCGM's failure rates (nvlink2 "
         "ecc_data +25): watch them *",
@@ -289,6 +308,21 @@ ANSWERS = {
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
     ],
+    "vm-slow-p2p": [  # in a virtual machine ACS and the IOMMU are the host's: no bare-metal advice
+        "WARNING host check host:gpu_modes: gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, gpu7: persistence mode off: * "
+        "-> `nvidia-smi -pm 1` as root, or run nvidia-persistenced *",
+        "WARNING host check host:platform: ulimit -s is unlimited, so glibc gives new threads only 2 MB of stack "
+        "(pthread_create(3)): NCCL before 2.28 has crashed creating communicators with it -> `ulimit -s 8192` *",
+        *(
+            f"SLOW: {link} pairs' {probe} on inherited, below the floor for their link: {first} 1.26 GB/s (0.04 of "
+            f"its link's 31.5, below the floor {floor}); * -> likely cause: the IOMMU translates the GPUs' DMA "
+            "(intel_iommu=on) -> in a virtual machine ACS and the IOMMU are the host's, not this system's *"
+            for probe, floor in (("pair_exchange", "0.15"), ("peer_copy", "0.25"))
+            for link, first in (("PIX", "gpu0-gpu1"), ("PXB", "gpu0-gpu2"))
+        ),
+        "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
+        "last_half_all_visible sets, reversed sets, single sets",
+    ],
     "wrong-data-p2p": [
         "PIX pairs: FAIL on inherited (pair_exchange 4/4); passes with NCCL_P2P_LEVEL=NVL, but wrong data makes the "
         "machine NOT FIT: no export",
@@ -310,6 +344,18 @@ ALSO = {
 # Healthy machines the suite must not call broken: every test passes, exit 0, one green line.
 PASSES = {
     "nvswitch-iommu-passthrough": ["everything passed: 79 cases in 7 classes; nothing to set"],
+    "mig-enabled": [  # what cannot run is said, and the answer is not "everything passed"
+        "NOT TESTED: every GPU pair and multi-GPU set (MIG is enabled on gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, "
+        "gpu7: NCCL does not run across MIG instances (NVIDIA's MIG User Guide); to test them, disable MIG "
+        "(`nvidia-smi -i <gpu> -mig 0`, then reset the GPU))",
+        "what could run passed: 9 cases in 1 class; not tested above",
+    ],
+    "wsl-2gpu": [
+        "WARNING host check host:platform: WSL: NCCL runs without its P2P transport here ('Legacy IPC not supported', "
+        "src/transport/p2p.cc) and NVML cannot report the GPUs' modes (NVIDIA's CUDA on WSL guide); pairs move data "
+        "through host memory",
+        "everything passed: 13 cases in 4 classes; nothing to set",
+    ],
     "xids-after-reset": [  # a GPU reset leaves its Xids in the kernel log: NVML's state says they are cleared
         "WARNING host check host:xid_log: gpu3: Xid 48 (double-bit ECC error) 1x in the kernel log since the driver's "
         "last load, cleared since: NVML's volatile uncorrectable ECC count is 0 now (it restarts when the GPU is "

@@ -51,7 +51,9 @@ def no_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr("conformance.discover.nvml_topology.SYSFS_PCI_DEVICES", sysfs)
     no = tmp_path / "none"
     nvidia = (no / "proc-driver-nvidia-version", no / "dev-nvidia0")
-    host = HostPaths(sysfs, *nvidia, (), no / "cmdline", (no,), no / "kmsg")
+    host = HostPaths(
+        sysfs, *nvidia, (), no / "cmdline", (no,), no / "kmsg", no / "cpuinfo", no / "dmi", no / "osrelease"
+    )
     monkeypatch.setattr(inventory, "DEFAULT_HOST", host)  # a machine without NVIDIA's traces, unless a test adds them
     return sysfs
 
@@ -794,7 +796,9 @@ def test_discover_uses_nvml_topology(monkeypatch: pytest.MonkeyPatch) -> None:
     iommu = IommuFacts(mode="off")  # the stand-in sysfs has no IOMMU group for the GPUs
     assert found.kernel_log.startswith("the kernel log (") and "No such file or directory" in found.kernel_log
     from_nvml = replace(nvml_topology(environ)[0], inventory=Inventory(nvml_gpus=listed), iommu=iommu)
-    assert found == replace(from_nvml, kernel_log=found.kernel_log)
+    assert found.platform.virtual_machine == "" and found.platform.wsl == ""  # the stand-in host's files: none
+    assert found.platform.stack_kb is not None and found.platform.libcuda is not None  # this process's own
+    assert found == replace(from_nvml, kernel_log=found.kernel_log, platform=found.platform)
     assert discover("nccl", 4, environ=environ).links == {"gpu0-gpu1": "NODE"}
     calls = len(library.calls)
     assert discover("gloo", 4, environ=environ) == cpu_topology(4, note="backend gloo chosen", inventory=Inventory())

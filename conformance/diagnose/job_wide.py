@@ -14,11 +14,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 from conformance.common.casefiles import RankStatus
+from conformance.common.versions import release
 from conformance.diagnose.evidence import Collective, JobEvidence, ProcessStory, node_of
 from conformance.diagnose.findings import Finding
 from conformance.diagnose.logs import LogLine, Who
 from conformance.verdict import job_causes
-from conformance.verdict.cuda_errors import version_tuple
 from conformance.verdict.job_causes import FailureClass
 from conformance.verdict.nccl_facts import NcclLog
 from conformance.verdict.nccl_transport import NET_IB, NET_SOCKET, P2P_CUMEM, P2P_DIRECT, P2P_IPC, SHM, classify
@@ -230,7 +230,7 @@ def _versions(evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> Finding
     if mismatch:
         return _job_finding(failure, [line for _, line in mismatch])
     gpu = evidence.facts.gpu
-    if gpu is not None and nccl.version and version_tuple(nccl.version) < version_tuple(gpu[0].nccl):
+    if gpu is not None and nccl.version and (release(nccl.version) or ()) < (release(gpu[0].nccl) or ()):
         generation = gpu[0]
         title = (
             f"NCCL {nccl.version} IS OLDER THAN {generation.name.upper()} (sm_{generation.sm}) NEEDS: {generation.nccl}"

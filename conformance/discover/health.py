@@ -261,6 +261,18 @@ def mode_problems(health: Mapping[str, GpuHealth]) -> Problems:
     }
 
 
+def persistence_off(health: Mapping[str, GpuHealth]) -> list[str]:
+    """GPUs whose persistence mode is off: a WARNING, as DCGM's diagnostic has it (nvvs Software.cpp).
+
+    The driver then tears the GPU's state down when no process holds it: each job waits for the GPU's
+    initialisation, and clocks, power limits and modes set between jobs are lost.
+    """
+    return [name for name, h in health.items() if h.persistence is False]
+
+
+PERSISTENCE_FIX = "`nvidia-smi -pm 1` as root, or run nvidia-persistenced (NVIDIA's driver persistence guide)"
+
+
 def clock_problems(health: Mapping[str, GpuHealth]) -> Problems:
     """A GPU whose clocks the hardware or its temperature holds down when the run starts (nvml.h's reasons)."""
     return {

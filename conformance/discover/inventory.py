@@ -55,6 +55,10 @@ class HostPaths:
     # files a container runtime leaves: Docker's /.dockerenv, Podman's /run/.containerenv
     container_markers: tuple[Path, ...] = (Path("/.dockerenv"), Path("/run/.containerenv"))
     kmsg: Path = Path("/dev/kmsg")  # the kernel's log: Xids before the run (watch.py)
+    # what runs under the GPUs (platform.py): the CPU's flags, the DMI vendor strings, the kernel's release
+    cpuinfo: Path = Path("/proc/cpuinfo")
+    dmi: Path = Path("/sys/class/dmi/id")
+    osrelease: Path = Path("/proc/sys/kernel/osrelease")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from conformance.common.tables import align_columns
 from conformance.discover.health import GpuHealth, health_from_json
 from conformance.discover.inventory import Inventory, inventory_from_json
 from conformance.discover.iommu import IommuFacts, iommu_from_json
+from conformance.discover.platform import PlatformFacts, platform_from_json
 from conformance.discover.watch import RunWatch, watch_from_json
 
 CPU_LINK = "CPU"
@@ -82,6 +83,7 @@ class Topology:
     watch: RunWatch | None = None  # a simulated machine's facts during the run (watch.py); None on a real one
     cpu: str = ""  # the host CPU as NCCL classifies it (discover/cpu.py: intel, amd, ...); "" unknown
     nccl: str | None = None  # a simulated machine's NCCL ("2.21.5"); a real run reads the one torch loads
+    platform: PlatformFacts = field(default_factory=PlatformFacts)  # a VM, WSL, the stack limit, libcuda (GPU runs)
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -111,6 +113,8 @@ class Topology:
             data["health"] = health_from_json(data["health"])
         if "iommu" in data:
             data["iommu"] = iommu_from_json(data["iommu"])
+        if "platform" in data:
+            data["platform"] = platform_from_json(data["platform"])
         if data.get("watch") is not None:
             data["watch"] = watch_from_json(data["watch"])
         return cls(devices=devices, **data)

@@ -23,6 +23,7 @@ from conformance.discover.cpu import CPU_KINDS, UNKNOWN_CPU
 from conformance.discover.inventory import HostPaths, Inventory, broken_gpu_machine, host_paths, read_inventory
 from conformance.discover.iommu import read_iommu
 from conformance.discover.nvml_topology import nvml_view, sysfs_bus_id
+from conformance.discover.platform import read_platform
 from conformance.discover.topology import BrokenGpuMachine, Device, Topology, TopologyError, cpu_topology, pair_key
 from conformance.discover.watch import KernelXids, PlayedWatch, Watch, kernel_log_lines, kernel_xids, start_nvml_watch
 
@@ -180,7 +181,8 @@ def discover(
         host = host_paths(paths)
         buses = tuple(sysfs_bus_id(d.pci_bus_id or "") for d in view.topology.devices)
         iommu = read_iommu(buses, host.pci_devices, host.cmdline)
-        return with_kernel_xids(replace(view.topology, inventory=machine, iommu=iommu), host.kmsg)
+        platform = read_platform(host.cpuinfo, host.dmi, host.osrelease)
+        return with_kernel_xids(replace(view.topology, inventory=machine, iommu=iommu, platform=platform), host.kmsg)
     note = f"no GPU: {view.reason}"
     refuse_broken_gpu_machine(machine, backend)
     if backend == "nccl":

@@ -180,6 +180,7 @@ class RunContext:
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
             cpu_only=self.cpu_only,
+            not_tested=self.plan.untestable,
             slow_ratio=self.settings.slow_ratio,
             bandwidth_floors=dict(self.settings.bandwidth_floor),
             end=RunEnd(),

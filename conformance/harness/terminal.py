@@ -57,6 +57,7 @@ def header_lines(run: RunContext) -> list[str]:
         lines.append(t.note)
     if t.driver or t.cuda_driver:
         lines.append(f"driver {t.driver or '?'}, CUDA driver {t.cuda_driver or '?'}")
+    lines += t.platform.header_lines()
     lines += _inventory_lines(run)
     lines.extend(f"  {line}" for line in link_matrix_lines(t))
     lines.extend(link_note_lines(t))

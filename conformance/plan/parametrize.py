@@ -71,10 +71,22 @@ class Plan:
         devices = self.topology.devices
         if len(devices) < 2:
             return f"needs at least 2 devices; this machine has {len(devices)}: {', '.join(d.name for d in devices)}"
-        mig = [d.name for d in devices if d.mig]
-        if mig:
-            return f"MIG is enabled on {', '.join(mig)}: NCCL does not run across MIG instances"
-        return None
+        return self.untestable
+
+    @property
+    def untestable(self) -> str | None:
+        """Why this machine's GPUs, though several, cannot be tested together (MIG); None when they can.
+
+        MIG User Guide: "NCCL is currently not supported with MIG"; no P2P between MIG instances of
+        different GPUs, and a CUDA process enumerates one MIG device only.
+        """
+        mig = [d.name for d in self.topology.devices if d.mig]
+        if not mig:
+            return None
+        return (
+            f"MIG is enabled on {', '.join(mig)}: NCCL does not run across MIG instances (NVIDIA's MIG User Guide); "
+            "to test them, disable MIG (`nvidia-smi -i <gpu> -mig 0`, then reset the GPU)"
+        )
 
     def not_across_nodes(self) -> str | None:
         if self.pairing.nnodes > 1:

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from conformance.common.versions import release
 from conformance.plan.matrix import Rung
-from conformance.plan.transport import NET, NVLINK, PCIE_PATHS, SHM, NcclHost, PairPath, cuda_version, version_tuple
+from conformance.plan.transport import NET, NVLINK, PCIE_PATHS, SHM, NcclHost, PairPath, cuda_version
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def path_kind(link: str) -> str:
 
 def nvls_min_gpus(nccl: str | None) -> int:
     """The fewest GPUs a communicator of this NCCL version uses NVLS on (unknown version: 2, so it is tried)."""
-    version = version_tuple(nccl)
+    version = release(nccl)
     return 3 if version is not None and version < NVLS_ON_PAIRS_FROM else 2
 
 
@@ -170,5 +171,5 @@ def _same_transports(
 
 
 def _older(nccl: str | None, than: tuple[int, int, int]) -> bool:
-    version = version_tuple(nccl)
+    version = release(nccl)
     return version is not None and version < than

@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from conformance.common.versions import release
 from conformance.discover.cpu import AMD, ARM, INTEL, ZHAOXIN
 from conformance.discover.topology import Device, Topology
 
@@ -37,11 +38,6 @@ PCIE_PATHS_NEAREST_FIRST = tuple(SMI_TO_NCCL)  # nvidia-smi's PCIe / CPU path cl
 PCIE_PATHS = frozenset(PCIE_PATHS_NEAREST_FIRST)
 PXB_DEFAULT_FROM = (2, 23, 0)  # paths.cc v2.23.4-1: default level PXB; v2.22.3-1 and before: SYS
 NEWEST_RULE = "2.23+"
-
-
-def version_tuple(text: str | None) -> tuple[int, int, int] | None:
-    found = re.match(r"(\d+)\.(\d+)\.(\d+)", text or "")
-    return (int(found[1]), int(found[2]), int(found[3])) if found else None
 
 
 def cuda_version(text: str | None) -> tuple[int, int] | None:
@@ -74,7 +70,7 @@ class NcclHost:
 
     def default_level(self, gpus: int) -> tuple[str, str]:
         """NCCL's default P2P level for a communicator with ``gpus`` GPUs on this node, and why."""
-        version = version_tuple(self.nccl)
+        version = release(self.nccl)
         era = f"NCCL {self.nccl}" if version else f"NCCL of unknown version (rule of {NEWEST_RULE})"
         if version is not None and version < PXB_DEFAULT_FROM:
             if self.cpu in (INTEL, ZHAOXIN, ARM):

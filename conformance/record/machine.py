@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from conformance.discover.health import GpuHealth, HealthError, health_from_json
-from conformance.discover.iommu import IommuError, IommuFacts, iommu_from_json
+from conformance.discover.iommu import IOMMU_FIX, IommuError, IommuFacts, iommu_from_json
+from conformance.discover.platform import PlatformError, PlatformFacts, platform_from_json
 from conformance.discover.topology import Topology
 
 
@@ -23,8 +24,14 @@ class MachineFacts:
     cuda_driver: str | None = None
     nvml_gpus: tuple[str, ...] | None = None  # bus ids of every GPU NVML listed (None: not recorded)
     iommu: IommuFacts = field(default_factory=IommuFacts)
+    platform: PlatformFacts = field(default_factory=PlatformFacts)
     health: Mapping[str, GpuHealth] = field(default_factory=dict)  # by GPU name, as read when the run started
     topology: Topology | None = None  # the whole topology, where it reads back as one
+
+    @property
+    def p2p_fix(self) -> str:
+        """What fixes P2P through the root complex here: the IOMMU and ACS, or the host's in a virtual machine."""
+        return self.platform.p2p_fix(IOMMU_FIX)
 
     @property
     def gpus(self) -> tuple[Mapping[str, object], ...]:
@@ -44,6 +51,7 @@ class MachineFacts:
             cuda_driver=str(data["cuda_driver"]) if data.get("cuda_driver") else None,
             nvml_gpus=tuple(str(bus) for bus in listed) if isinstance(listed, list) else None,
             iommu=_iommu(data.get("iommu")),
+            platform=_platform(data.get("platform")),
             health=_health(data.get("health")),
             topology=_topology(data),
         )
@@ -54,6 +62,13 @@ def _iommu(data: object) -> IommuFacts:
         return iommu_from_json(data) if data is not None else IommuFacts()
     except IommuError:
         return IommuFacts()
+
+
+def _platform(data: object) -> PlatformFacts:
+    try:
+        return platform_from_json(data) if data is not None else PlatformFacts()
+    except PlatformError:
+        return PlatformFacts()
 
 
 def _health(data: object) -> dict[str, GpuHealth]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import getpass
 import os
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import psutil
 import pytest
 
 from conformance.discover import health as rules
 from conformance.discover.iommu import IOMMU_FIX
+from conformance.discover.platform import WSL_NOTE, PlatformFacts
 from conformance.discover.watch import kernel_xid_problems
 from conformance.harness.context import RunContext
 from conformance.harness.host_checks import WARNING, HostMetric
@@ -93,8 +95,13 @@ def test_fabric_manager_registered_every_gpu(conformance: RunContext, host_metri
 
 @pytest.mark.host_check("gpu_modes")
 def test_gpu_compute_modes(conformance: RunContext, host_metric: HostMetric) -> None:
-    """No GPU prohibits compute; persistence and compute mode recorded (exclusive mode explains "busy")."""
-    _fail_on(rules.mode_problems(_facts(conformance, MODES, host_metric)))
+    """No GPU prohibits compute; persistence off is a WARNING (as DCGM's); exclusive mode explains "busy"."""
+    health = _facts(conformance, MODES, host_metric)
+    off = rules.persistence_off(health)
+    if off:
+        host_metric(WARNING, f"{', '.join(off)}: persistence mode off: each job waits for the GPU to initialise and "
+                             f"its clocks and modes reset between jobs -> {rules.PERSISTENCE_FIX}")  # fmt: skip
+    _fail_on(rules.mode_problems(health))
 
 
 @pytest.mark.host_check("gpu_clocks")
@@ -186,7 +193,7 @@ def test_no_acs_redirect_between_the_gpus(conformance: RunContext, host_metric: 
         pytest.skip('the IOMMU and ACS were not read (a topology file without "iommu")')
     judged = judge_acs(topology, conformance.nccl_host, os.environ)
     host_metric("not_judged", list(judged.recorded))
-    assert not judged.problems, f"{'; '.join(judged.problems)}; {IOMMU_FIX}"
+    assert not judged.problems, f"{'; '.join(judged.problems)}; {topology.platform.p2p_fix(IOMMU_FIX)}"
 
 
 @pytest.mark.host_check("nccl_gpu")
@@ -217,3 +224,24 @@ def test_nccl_built_for_these_gpus(conformance: RunContext, host_metric: HostMet
         if (generation := nccl_too_old(nccl, capability))
     }
     _fail_on(problems)
+
+
+@pytest.mark.host_check("platform")
+def test_what_runs_under_the_gpus(conformance: RunContext, host_metric: HostMetric) -> None:
+    """libcuda.so.1 loads where NVML works: else no CUDA call can run, a fault.
+
+    WSL and ``ulimit -s unlimited`` are WARNINGs; a virtual machine is said in the header and changes the
+    P2P advice (``conformance/discover/platform.py``).
+    """
+    topology = conformance.topology
+    if topology.kind != "gpu":
+        pytest.skip(f"GPU-only check: {topology.note or 'no GPU in this run'}")
+    facts = topology.platform
+    for name, value in asdict(facts).items():
+        host_metric(name, value)
+    if facts == PlatformFacts():
+        pytest.skip('what runs under the GPUs was not read (a topology file without "platform")')
+    warnings = [facts.stack_warning(conformance.nccl.used), facts.wsl and WSL_NOTE]
+    if any(warnings):
+        host_metric(WARNING, "; ".join(w for w in warnings if w))
+    assert not facts.libcuda, facts.libcuda_problem()

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
-from conformance.discover.iommu import IOMMU_FIX, IommuFacts
 from conformance.discover.watch import WatchFinding
 from conformance.plan.matrix import Rung
 from conformance.plan.transport import PCIE_PATHS, transport_surprise
+from conformance.record.machine import MachineFacts
 from conformance.record.records import HOST_SET_KIND, CaseRecord, HarnessError
 from conformance.record.runs import Run
 from conformance.summarise.bandwidth import (
@@ -88,6 +88,7 @@ class Answer:
     incomplete: str | None
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
+    not_tested: str | None = None  # why no GPU pair or multi-GPU set ran on a machine of several GPUs (MIG)
     slow: tuple[SlowPair, ...] = ()  # pairs far below the pairs like them or their link (``bandwidth.py``)
     slow_causes: SlowCauses = field(default_factory=SlowCauses)  # what the machine's facts say slows its links
     warnings: tuple[str, ...] = ()  # passing host checks' warnings (another user's processes on a GPU)
@@ -129,7 +130,7 @@ class Answer:
         if self.incomplete is not None:
             return "warn"
         if self.all_passed:
-            return "warn" if self.cpu_only is not None else "good"
+            return "warn" if self.cpu_only is not None or self.not_tested is not None else "good"
         return "bad"
 
     def rows(self) -> list[tuple[str, Tone]]:
@@ -141,6 +142,8 @@ class Answer:
             first.append((self.failed_nodes_text, "bad"))
         if self.cpu_only is not None and not (self.all_passed and not first):
             first.append((f"{CPU_ONLY} ({self.cpu_only})", "warn"))
+        if self.not_tested is not None:
+            first.append((f"{NOT_TESTED}: every GPU pair and multi-GPU set ({self.not_tested})", "warn"))
         first += [(line, "warn") for line in self.warnings]
         first += [(f"WARNING during the run: {f.text}", "warn") for f in self.watched if not f.machine]
         return first + self._verdict_rows()
@@ -152,6 +155,8 @@ class Answer:
             cases, classes = count_text(self.cases, "case"), count_text(len(self.passed), "class")
             if self.cpu_only is not None:
                 return [(f"{CPU_ONLY} ({self.cpu_only}): {cases} in {classes} passed on CPU ranks", "warn")]
+            if self.not_tested is not None:
+                return [(f"what could run passed: {cases} in {classes}; {NOT_TESTED.lower()} above", "warn")]
             return [(f"everything passed: {cases} in {classes}; nothing to set", "good")]
         # the machine's own faults first: a class that failed on a broken machine may be its victim
         rows: list[tuple[str, Tone]] = [(line, "bad") for line in self.others]
@@ -182,6 +187,7 @@ class Answer:
 
 
 CPU_ONLY = "CPU ONLY: no GPU was tested"
+NOT_TESTED = "NOT TESTED"
 FAILED_ELSEWHERE = "RUN FAILED on another node:"
 OTHER_NODES_TEST = "other nodes of the run"  # the JUnit test case a failed node fails on every node
 NO_NCCL_FIX = (
@@ -214,7 +220,7 @@ def class_label(record: CaseRecord) -> str:
 
 
 def _class_answer(
-    advice: ClassAdvice, records: list[CaseRecord], order: dict[str, int], unfit: bool, iommu: IommuFacts
+    advice: ClassAdvice, records: list[CaseRecord], order: dict[str, int], unfit: bool, machine: MachineFacts
 ) -> ClassAnswer:
     first = min((r.env_name or "" for r in records), key=lambda name: order.get(name, len(order)))
     there = [r for r in records if r.env_name == first]
@@ -229,7 +235,7 @@ def _class_answer(
         fix=advice.rung,
         unfit=unfit,
         tried=advice.tried,
-        causes=(*cause_lines(failed), *filter(None, [p2p_path_line(failed, iommu)])),
+        causes=(*cause_lines(failed), *filter(None, [p2p_path_line(failed, machine)])),
         fault=next((f for r in failed if (f := machine_fault(r.verdict_text, r.summary)) is not None), None),
     )
 
@@ -243,7 +249,7 @@ def _outside_classes(records: Sequence[CaseRecord]) -> tuple[str, ...]:
     )
 
 
-def _no_nccl_lines(failed: Sequence[CaseRecord], iommu: IommuFacts) -> tuple[str, ...]:
+def _no_nccl_lines(failed: Sequence[CaseRecord], machine: MachineFacts) -> tuple[str, ...]:
     """One line per class and probe that uses no NCCL and failed: the machine's fault, whatever NCCL does.
 
     A peer copy is CUDA's own (``tensor.to(peer)``): no NCCL variable changes it, so it ran once and
@@ -255,10 +261,10 @@ def _no_nccl_lines(failed: Sequence[CaseRecord], iommu: IommuFacts) -> tuple[str
     lines = []
     for (label, probe), records in by_place.items():
         verdicts = "/".join(v.value.upper() for v in READING_ORDER if any(r.outcome is v for r in records))
-        redirected = iommu.redirects_p2p and any(r.link in PCIE_PATHS for r in records)
+        redirected = machine.iommu.redirects_p2p and any(r.link in PCIE_PATHS for r in records)
         fault = next((f for r in records if (f := machine_fault(r.verdict_text, r.summary))), None)
-        fix = fault.fix if fault else IOMMU_FIX if redirected else NO_NCCL_FIX  # a named fault's fix is its own
-        facts = f" ({iommu.cause_text()})" if redirected and not fault else ""
+        fix = fault.fix if fault else machine.p2p_fix if redirected else NO_NCCL_FIX  # a named fault's fix is its own
+        facts = f" ({machine.iommu.cause_text()})" if redirected and not fault else ""
         lines.append(
             f"MACHINE FAULT: {probe} uses no NCCL and did not pass on {label}: {verdicts} in {len(records)} "
             f"({records[0].summary}){facts}; no NCCL setting changes it -> fix: {fix}"
@@ -296,10 +302,9 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
     for r in ladder_cases(run.records):
         by_class.setdefault(link_class_of(r), []).append(r)
     failing, passed = [], []
-    iommu = run.machine.iommu
     for advice in recommendation.classes:
         records = by_class[advice.name]
-        found = _class_answer(advice, records, order, recommendation.unfit, iommu)
+        found = _class_answer(advice, records, order, recommendation.unfit, run.machine)
         if found.verdicts:
             failing.append(found)
         else:
@@ -308,13 +313,14 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
     return Answer(
         classes=tuple(failing),
         passed=tuple(passed),
-        others=_outside_classes(run.usable_records) + _no_nccl_lines(no_nccl_failures(run.records), iommu),
+        others=_outside_classes(run.usable_records) + _no_nccl_lines(no_nccl_failures(run.records), run.machine),
         exports=tuple(recommendation.exports()),
         cases=len(counted),
         simulated=run.simulated,
         incomplete=recommendation.incomplete,
         harness_errors=recommendation.harness_errors,
         cpu_only=run.facts.cpu_only,
+        not_tested=run.facts.not_tested,
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
         slow_causes=slow_causes(run.machine),
         warnings=(

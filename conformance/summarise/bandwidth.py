@@ -30,7 +30,7 @@ from statistics import median
 
 from conformance.common.verdicts import Verdict
 from conformance.discover.health import nvlink_problems, pcie_problems
-from conformance.discover.iommu import IOMMU_FIX, TRANSLATED
+from conformance.discover.iommu import TRANSLATED
 from conformance.record.machine import MachineFacts
 from conformance.record.records import LINK_GBPS, SIMULATED_GBPS, CaseRecord
 
@@ -213,13 +213,13 @@ def slow_causes(machine: MachineFacts) -> SlowCauses:
     iommu = machine.iommu
     if iommu.mode == TRANSLATED or iommu.p2p_redirected:
         said = iommu.cause_text()
-        if iommu.acs_unreadable and not iommu.acs_redirect:
+        if iommu.acs_unreadable and not iommu.acs_redirect and not machine.platform.virtualised:  # a guest's: moot
             said += (
                 "; the bridges' ACS control could not be read here (read it as root: "
                 "`sudo lspci -vvv | grep -i -e '^[0-9a-f]' -e acsctl`; ReqRedir+ or CmpltRedir+ on a switch port "
                 "above the GPUs redirects their P2P)"
             )
-        by_kind[THROUGH_A_SWITCH] = f"{said} -> {IOMMU_FIX}"
+        by_kind[THROUGH_A_SWITCH] = f"{said} -> {machine.p2p_fix}"
     topology = machine.topology
     if topology is not None and topology.kind == "gpu":
         for name, problem in pcie_problems(topology.health).items():

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from conformance.common.verdicts import Verdict
-from conformance.discover.iommu import IOMMU_FIX, IommuFacts
 from conformance.plan.transport import PCIE_PATHS
+from conformance.record.machine import MachineFacts
 from conformance.record.records import CaseRecord, RankRecord
 from conformance.verdict import job_causes
 from conformance.verdict.stderr_causes import cause_parts
@@ -108,7 +108,7 @@ def known_cause(record: CaseRecord) -> KnownCause | None:
 P2P_THROUGH_ROOT = "LIKELY CAUSE: P2P THROUGH THE ROOT COMPLEX"
 
 
-def p2p_path_line(records: Iterable[CaseRecord], iommu: IommuFacts) -> str | None:
+def p2p_path_line(records: Iterable[CaseRecord], machine: MachineFacts) -> str | None:
     """Pairs over PCIe that hung or got wrong data on a machine whose IOMMU or ACS redirects P2P.
 
     NCCL's troubleshooting guide (ACS): the redirect makes P2P slow or hang; the NCCL variable the
@@ -118,9 +118,10 @@ def p2p_path_line(records: Iterable[CaseRecord], iommu: IommuFacts) -> str | Non
         r for r in records
         if r.set_kind == "pair" and r.link in PCIE_PATHS and r.outcome in (Verdict.HANG, Verdict.FAIL)
     ]  # fmt: skip
+    iommu = machine.iommu
     if not failed or not iommu.redirects_p2p:
         return None
-    return f"  {P2P_THROUGH_ROOT}: {iommu.cause_text()} -> fix: {IOMMU_FIX} (the NCCL setting only avoids P2P)"
+    return f"  {P2P_THROUGH_ROOT}: {iommu.cause_text()} -> fix: {machine.p2p_fix} (the NCCL setting only avoids P2P)"
 
 
 NAMED_RANKS = 3  # a cause many ranks share names this many of them, then how many more

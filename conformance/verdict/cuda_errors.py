@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from conformance.common.versions import release
+
 MACHINE, VERSION, OOM, TRANSPORT, RANK = "machine", "version", "oom", "transport", "rank"
 
 
@@ -228,11 +230,7 @@ def generation_of(compute_capability: str) -> GpuGeneration | None:
 def nccl_too_old(nccl: str, compute_capability: str) -> GpuGeneration | None:
     """The generation whose first NCCL release is newer than ``nccl`` ("2.21.5", pip's "2.21.5 (nvidia-...)")."""
     generation = generation_of(compute_capability)
-    loaded = version_tuple(nccl.split(" ")[0])
-    if generation is None or not loaded or loaded >= version_tuple(generation.nccl):
+    loaded = release(nccl)
+    if generation is None or loaded is None or loaded >= (release(generation.nccl) or ()):
         return None
     return generation
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split(".") if part.isdigit())
