@@ -22,6 +22,7 @@ SUITE_FILES = WHOLE_SUITE
 pytestmark = [pytest.mark.usefixtures("isolated_env"), pytest.mark.slow]
 
 NO_SETTING = "no setting fixes it"
+PERSISTENCE_OFF_2GPU = "WARNING host check host:gpu_modes: gpu0, gpu1: persistence mode off: *"
 PCIE_8GPU_PASSED = (
     "passed as they are: NODE pairs, PIX pairs, SYS pairs, all sets, every_other sets, last_half sets, "
     "last_half_all_visible sets, reversed sets, single sets"
@@ -46,6 +47,7 @@ CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HO
 CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
 ANSWERS = {
     "container-dev-shm": [  # NCCL's SHM transport joins the two GPUs; a world of one has no SHM and passes
+        PERSISTENCE_OFF_2GPU,  # two workstation GPUs without persistence mode: a WARNING, as in DCGM
         f"PHB pairs: ERROR on inherited (pair_exchange 1/1); {SHM_FIXED}",
         f"{SHM_FULL}pair_exchange: SimulatedError: NCCL Error 2: unhandled system error * -> fix: {SHM_FIX}",
         f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
@@ -261,8 +263,8 @@ ANSWERS = {
         "NOT_SUPPORTED, so NCCL refuses every communicator with both GPUs (*) -> the GPUs it names have NVLink but "
         "NVML reports no P2P between them: reset them *",
         "DURING THE RUN: gpu2: link error counters grew during the run (nvlink4 recovery +3, nvlink4 replay +12): *",
-        f"MACHINE FAULT: {NVLINK_P2P} in 3 classes (NV18 pairs, all sets, reversed sets) -> fix: *never "
-        "NCCL_P2P_DISABLE=1, which slows every pair of the class to hide one",
+        f"MACHINE FAULT: {NVLINK_P2P} in 3 classes (NV18 pairs, all sets, reversed sets) -> fix: *never P2P "
+        "turned off for the class, which slows every pair of it to hide one",
         f"NV18 pairs: ERROR on inherited (pair_exchange 1/28); MACHINE FAULT, no setting changes it: {NVLINK_P2P}",
         "  graph/paths.cc:396 NCCL WARN P2P is disabled between NVLINK connected GPUs 2 and 5. *: rank 0 (gpu2) in "
         "init of pair_exchange: *",
@@ -289,6 +291,7 @@ ANSWERS = {
         "passed as they are: NV18 pairs, all sets, every_other sets, last_half sets, single sets",
     ],
     "oom-at-checkpoint": [
+        PERSISTENCE_OFF_2GPU,  # two workstation GPUs without persistence mode: a WARNING, as in DCGM
         "all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1); no rung passed (tried inherited, *): "
         + NO_SETTING,
         "  OUT OF MEMORY: rank 0 (gpu0) in probe of all_gather, all_reduce: CUDA out of memory. Tried to allocate "

@@ -216,7 +216,7 @@ def test_rule_all_fields() -> None:
          "W: unknown phase 'lunch'; choose one of start, control, init, probe, verify, teardown"),
         ({"effect": "hang", "colour": "red"},
          "W: unknown field 'colour' (known fields: devices, effect, fraction, ignore_sigterm, links, message, p2p, "
-         "phase, probes, ranks, seconds, sets, signal, unless_env, when_env, wrong_barrier_device)"),
+         "phase, probes, ranks, refused, seconds, sets, signal, unless_env, when_env, wrong_barrier_device)"),
         ({"effect": "hang", "signal": "SIGKILL"}, "W: field 'signal' does not apply to effect 'hang'"),
         ({"effect": "wrong_data", "message": "x"}, "W: field 'message' does not apply to effect 'wrong_data'"),
         ({"effect": "crash", "signal": "SIGFOO"}, "W: unknown signal 'SIGFOO'"),

@@ -77,8 +77,8 @@ MACHINE_FAULTS: tuple[MachineFault, ...] = (
         _said("P2P is disabled between NVLINK connected GPUs"),
         "the GPUs it names have NVLink but NVML reports no P2P between them: reset them (`nvidia-smi -r -i <gpu>`) "
         "or reboot; check their links (`nvidia-smi nvlink -s -i <gpu>`, errors: `nvidia-smi nvlink -e -i <gpu>`); "
-        "a pair that stays so needs the board serviced, or one GPU left out (CUDA_VISIBLE_DEVICES); never "
-        "NCCL_P2P_DISABLE=1, which slows every pair of the class to hide one",
+        "a pair that stays so needs the board serviced, or one GPU left out (CUDA_VISIBLE_DEVICES); never P2P "
+        "turned off for the class, which slows every pair of it to hide one",
     ),
     # A library built without the GPU's architecture: the CUDA runtime's cudaErrorInvalidDeviceFunction 98 "invalid
     # device function" and cudaErrorNoKernelImageForDevice 209 "no kernel image is available for execution on the
