@@ -10,6 +10,7 @@ Where SLURM cannot be had, those skip with the reason.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -98,18 +99,59 @@ def test_a_node_that_fails_the_quick_suite_is_drained_with_the_answers_first_fai
 def test_a_healthy_node_is_left_alone_and_one_it_drained_itself_is_resumed(
     fake_slurm: Path, tmp_path: Path, run_tag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--reports-dir", str(tmp_path / "reports"), "--node", "gpu3", *HEALTHY_ARGS]
+    reports = ["--reports-dir", str(tmp_path / "reports"), "--node", "gpu3"]
+    argv = [*reports, *HEALTHY_ARGS]
     assert main(argv, environ(fake_slurm)) == HEALTHY, capsys.readouterr().out
     assert calls(fake_slurm) == []  # idle: nothing asked of scontrol
     someone_elses = environ(fake_slurm, FAKE_NODE_STATE="drained|admin: fan 3 failed")
     assert main(argv, someone_elses) == HEALTHY
     assert calls(fake_slurm) == []  # a drain with another reason is a person's: it stays
-    ours = environ(fake_slurm, FAKE_NODE_STATE="drained|gpu-conformance: host check host:nvlink: ERROR: ...")
-    assert main(argv, ours) == HEALTHY
-    assert calls(fake_slurm) == [["update", "NodeName=gpu3", "State=RESUME"]]
-    assert main([*argv, "--no-resume"], ours) == HEALTHY
-    assert len(calls(fake_slurm)) == 1
+    assert main([*reports, "--scenario", "nvlink-down"], environ(fake_slurm)) == UNHEALTHY  # idle: this check drains
+    [drained] = calls(fake_slurm)
+    ours = drained[3].removeprefix("Reason=")
+    assert main(argv, environ(fake_slurm, FAKE_NODE_STATE=f"drained|{ours}")) == HEALTHY
+    assert calls(fake_slurm)[1:] == [["update", "NodeName=gpu3", "State=RESUME"]]
     assert "node gpu3: resumed (drained earlier by this health check" in capsys.readouterr().out
+    again = environ(fake_slurm, FAKE_NODE_STATE=f"drained|{ours}")  # resumed once: the reason is no longer its own
+    assert main(argv, again) == HEALTHY and len(calls(fake_slurm)) == 2
+    edited = environ(fake_slurm, FAKE_NODE_STATE="drained|gpu-conformance: kept drained by hand")
+    assert main(argv, edited) == HEALTHY and len(calls(fake_slurm)) == 2  # our prefix, not our reason: it stays
+    assert "drained with a reason this check did not set last (gpu-conformance: kept drained by hand)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_an_administrators_drain_down_or_reservation_is_never_overwritten(
+    fake_slurm: Path, tmp_path: Path, run_tag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--reports-dir", str(tmp_path / "reports"), "--node", "gpu4", "--scenario", "nvlink-down"]
+    for state in ("drained|fan 3 failing, do not use", "down*|Not responding", "reserved|maintenance window",
+                  "mixed+drain|\x1b]0;pwned\x07 by someone"):  # fmt: skip
+        assert main(argv, environ(fake_slurm, FAKE_NODE_STATE=state)) == UNHEALTHY
+        out = capsys.readouterr().out
+        assert f"node gpu4: already {state.split('|')[0]} by someone else (" in out and "left as it is" in out
+        assert "\x1b" not in out  # the reason read back is data: escaped
+    assert calls(fake_slurm) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "variables", "source"),
+    [
+        (["--node", "n[1-100]"], {}, "--node"),
+        (["--node", "n1,n2"], {}, "--node"),
+        (["--node", "ALL"], {}, "--node"),
+        ([], {"SLURMD_NODENAME": "all"}, "SLURMD_NODENAME"),
+        ([], {"SLURMD_NODENAME": "gpu1 State=DOWN"}, "SLURMD_NODENAME"),
+    ],
+)
+def test_a_node_name_that_is_not_one_nodes_is_refused_before_anything_runs(
+    fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], given: list[str],
+    variables: dict[str, str], source: str,
+) -> None:  # fmt: skip
+    argv = ["--reports-dir", str(tmp_path / "reports"), *given, "--scenario", "nvlink-down"]
+    assert main(argv, environ(fake_slurm, **variables)) == USAGE
+    assert f"conformance-healthcheck: error: {source} is " in capsys.readouterr().err
+    assert calls(fake_slurm) == [] and not (tmp_path / "reports").exists()
 
 
 def test_past_its_time_limit_the_suite_is_stopped_and_the_node_drained_naming_the_test(
@@ -158,6 +200,7 @@ def test_pytest_options_pass_through_and_the_reason_fits_slurmdbd() -> None:
     args, rest = parse(["--time-limit", "30", "--expect-gpus", "8", "--no-resume", "--", "--time-limit", "x"])
     assert (args.time_limit, args.no_resume, rest) == (30.0, True, ["--expect-gpus", "8", "--time-limit", "x"])
     assert drain_reason("a\nb\t c é") == "gpu-conformance: a b c ?"
+    assert drain_reason("\x1b]0;title\x07 ok") == "gpu-conformance: \\x1b]0;title\\x07 ok"  # no control character
     assert len(drain_reason("x" * 1000).encode()) == REASON_BYTES
     assert drained_by_us("drained", "gpu-conformance: x") and drained_by_us("mixed+drain", "gpu-conformance: x")
     assert not drained_by_us("drained", "admin: gpu-conformance: x") and not drained_by_us("idle", "gpu-conformance:")
@@ -234,15 +277,22 @@ def test_as_slurmd_runs_a_health_check_program_it_resumes_only_its_own_drain(
     check = [program, f"--reports-dir={tmp_path / 'n3'}", *HEALTHY_ARGS]
 
     def run_check() -> None:
-        import subprocess
-
         done = subprocess.run(check, env=slurmd_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert done.returncode == HEALTHY, done.stdout + done.stderr
 
-    assert cluster.command("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=admin: fan 3").returncode == 0
+    admin = "Reason=fan 3 failing, do not use"
+    assert cluster.command("scontrol", "update", "NodeName=n3", "State=DRAIN", admin).returncode == 0
+    failing = subprocess.run([*check, "--scenario", "nvlink-down"], env=slurmd_env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert failing.returncode == UNHEALTHY, failing.stdout + failing.stderr
+    assert "node n3: already drained by someone else (fan 3 failing, do not use): left as it is" in failing.stdout
     run_check()
-    assert node_state(cluster, "n3") == ("drained", "admin: fan 3")  # a person's drain stays
-    ours = "Reason=gpu-conformance: host check host:nvlink: ERROR: gpu2: 17 of 18 NVLinks up"
-    assert cluster.command("scontrol", "update", "NodeName=n3", "State=DRAIN", ours).returncode == 0
-    run_check()
+    assert node_state(cluster, "n3") == ("drained", "fan 3 failing, do not use")  # a person's drain stays, unchanged
+    assert cluster.command("scontrol", "update", "NodeName=n3", "State=RESUME").returncode == 0
     assert wait_for_state(cluster, "n3", "idle") == ("idle", "none")
+    failing = subprocess.run([*check, "--scenario", "nvlink-down"], env=slurmd_env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert failing.returncode == UNHEALTHY, failing.stdout + failing.stderr
+    assert wait_for_state(cluster, "n3", "drained")[1].startswith("gpu-conformance: SIMULATED: host check host:nvlink")
+    run_check()
+    assert wait_for_state(cluster, "n3", "idle") == ("idle", "none")  # its own drain, resumed

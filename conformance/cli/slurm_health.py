@@ -11,9 +11,13 @@ limit, and on anything but a pass drains the node:
 
     scontrol update NodeName=<node> State=DRAIN Reason="gpu-conformance: <the answer's first failure>"
 
-The suite itself stays read-only; ``scontrol`` is called here and only here.  On a pass it does
-nothing to the node, except resume one that it drained itself (its reason starts with
-``gpu-conformance:``); ``--no-resume`` leaves that to a person.  Options it does not know go to
+The suite itself stays read-only; ``scontrol`` is called here and only here.  The node's state and
+reason are read first (``sinfo``): a node an administrator or anything else already drained, took
+down or reserved is left as it is, saying so.  On a pass it does nothing to the node, except resume
+one whose reason is still exactly the one this check set (kept in the reports folder,
+``drain-reason``); ``--no-resume`` leaves that to a person.  The node's name (``--node``,
+``SLURMD_NODENAME`` or the host name) must be one node's: a hostlist expression or ``ALL`` is
+refused, never given to ``scontrol``.  Options it does not know go to
 pytest (``--expect-gpus 8``, ``--backend nccl``, ``--scenario NAME``, ``--topology-file FILE``, ...).
 
 Made for slurm.conf's ``HealthCheckProgram`` (root, no arguments, an environment of
@@ -68,6 +72,11 @@ OUTPUT_TAIL = 200  # lines of pytest's output kept for the reason when no answer
 SLURM_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/usr/local/sbin")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEST_LINE = re.compile(r"^(\S+::\S+)")  # pytest -v names each test as it starts
+# One node's name: SLURM's hostlist syntax ("n[1-4]", "n1,n2"), ALL and spaces would reach other nodes.
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# sinfo's state words of a node someone holds out of service (a "+drain" or "*" suffix included)
+HELD_STATES = ("drain", "down", "fail", "maint", "reserved", "future", "inval", "reboot", "power_down")
+OUR_REASON_FILE = "drain-reason"  # in the reports folder: the exact reason this check last set
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,19 +142,37 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if env.get("SLURM_LOCALID", "0") != "0":  # srun -n2 on one node: its first task checks the node
         print(f"{PROG}: SLURM_LOCALID={env['SLURM_LOCALID']}: the node's first task runs the health check")
         return HEALTHY
-    node = args.node or env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        node = node_name(args.node, env)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return USAGE
     reports = args.reports_dir or default_reports_dir(env)
     outcome = run_quick_suite(args, pytest_args, reports, env)
     prune_runs(reports, args.keep)
     if outcome.healthy:
         print(f"{PROG}: node {node}: healthy")
         if not (args.no_resume or args.no_drain):
-            resume_if_ours(node, env)
+            resume_if_ours(node, reports, env)
         return HEALTHY
     print(f"{PROG}: node {node}: UNHEALTHY: {outcome.reason}")
     if args.no_drain:
         return UNHEALTHY
-    return drain(node, outcome.reason, env)
+    return drain(node, outcome.reason, reports, env)
+
+
+def node_name(given: str | None, env: Mapping[str, str]) -> str:
+    """The node's SLURM name: ``--node``, else $SLURMD_NODENAME, else the short host name; one node's only."""
+    for source, name in (("--node", given), ("SLURMD_NODENAME", env.get("SLURMD_NODENAME")),
+                         ("the host name", socket.gethostname().split(".")[0])):  # fmt: skip
+        if name:
+            if NODE_NAME.fullmatch(name) and name.upper() != "ALL":
+                return name
+            raise UsageError(
+                f"{source} is {shown(name)!r}, not one node's name (letters, digits, '.', '_' and '-'; no hostlist "
+                "expression or ALL, which scontrol would apply to other nodes)"
+            )
+    raise UsageError("no node name: give --node NAME")
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -271,13 +298,24 @@ def _scontrol(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess
         return f"{program} {args[0]}: {exc}"
 
 
-def drain(node: str, text: str, env: Mapping[str, str]) -> int:
+def drain(node: str, text: str, reports: Path, env: Mapping[str, str]) -> int:
+    """Drain the node with the answer's failure, unless someone else already holds it out of service."""
     reason = drain_reason(text)
+    found = node_state(node, env)
+    if found is not None and held_by_someone_else(*found):
+        state, theirs = found
+        print(f"{PROG}: node {node}: already {shown(state)} by someone else ({shown(theirs)}): left as it is")
+        return UNHEALTHY
     done = _scontrol(env, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
     if isinstance(done, str) or done.returncode != 0:
         why = done if isinstance(done, str) else (done.stderr or done.stdout).strip()
-        print(f"{PROG}: node {node}: the drain failed: {why}", file=sys.stderr)
+        print(f"{PROG}: node {node}: the drain failed: {shown(why)}", file=sys.stderr)
         return DRAIN_FAILED
+    if found is None:  # its state unread: a drain already there may be a person's, so this check never resumes it
+        print(f"{PROG}: node {node}: its state could not be read first (sinfo): it will not be resumed by this check")
+    else:
+        with contextlib.suppress(OSError):  # without it the node is only never resumed by this check: safe
+            (reports / OUR_REASON_FILE).write_text(reason + "\n")
     print(f"{PROG}: node {node}: drained: {reason}")
     return UNHEALTHY
 
@@ -300,21 +338,37 @@ def node_state(node: str, env: Mapping[str, str]) -> tuple[str, str] | None:
     return (state.strip(), reason.strip()) if state else None
 
 
+def held_by_someone_else(state: str, reason: str) -> bool:
+    """A node drained, down or reserved for a reason this check did not write."""
+    held = any(word in state.lower() for word in HELD_STATES)
+    return held and not reason.startswith(REASON_PREFIX)
+
+
 def drained_by_us(state: str, reason: str) -> bool:
     return "drain" in state.lower() and reason.startswith(REASON_PREFIX)
 
 
-def resume_if_ours(node: str, env: Mapping[str, str]) -> None:
-    """Resume the node when this program drained it (its reason says so); any other drain stays."""
+def resume_if_ours(node: str, reports: Path, env: Mapping[str, str]) -> None:
+    """Resume the node only while its reason is exactly the one this check last set; any other drain stays."""
     found = node_state(node, env)
     if found is None or not drained_by_us(*found):
+        return
+    try:
+        ours = (reports / OUR_REASON_FILE).read_text().strip()
+    except OSError:
+        ours = ""
+    if found[1] != ours:
+        print(f"{PROG}: node {node}: drained with a reason this check did not set last ({shown(found[1])}): left "
+              "for a person")  # fmt: skip
         return
     done = _scontrol(env, "update", f"NodeName={node}", "State=RESUME")
     if isinstance(done, str) or done.returncode != 0:
         why = done if isinstance(done, str) else (done.stderr or done.stdout).strip()
-        print(f"{PROG}: node {node}: healthy again, but the resume failed: {why}", file=sys.stderr)
-    else:
-        print(f"{PROG}: node {node}: resumed (drained earlier by this health check: {found[1]})")
+        print(f"{PROG}: node {node}: healthy again, but the resume failed: {shown(why)}", file=sys.stderr)
+        return
+    with contextlib.suppress(OSError):
+        (reports / OUR_REASON_FILE).unlink()
+    print(f"{PROG}: node {node}: resumed (drained earlier by this health check: {shown(found[1])})")
 
 
 def prune_runs(reports: Path, keep: int) -> None:
