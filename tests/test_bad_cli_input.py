@@ -12,6 +12,7 @@ would show.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -22,12 +23,14 @@ from typing import Any
 import pytest
 
 from conformance.cli.main import main
+from conformance.common.inputs import USER_FILE_BYTES
 from conformance.record.records import JUNIT_RESULTS, JUNIT_RUN_ID, JUNIT_VERSION, SCHEMA
 from test_compare import machine, record
 
 pytestmark = pytest.mark.usefixtures("isolated_env")
 
 Files = Mapping[str, "str | bytes | None"]  # path in the case's folder -> content ({d}: the folder); None: a folder
+FIFO = "<a named pipe no one writes to>"  # as a file's content: the path is made a FIFO
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "report-run-json-a-directory": Refusal(
         ("report", "{d}/run"),
-        "{d}/run/run.json: cannot be read: Is a directory",
+        "{d}/run/run.json: is a directory, not a regular file",
         {"run/results.jsonl": results(A_RUN), "run/run.json": None},
     ),
     "report-run-json-field-of-the-wrong-type": Refusal(
@@ -240,7 +243,7 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "merge-input-is-a-directory": Refusal(
         ("merge-junit", "-o", "{d}/out.xml", "{d}/reports"),
-        "{d}/reports: a directory, not a JUnit XML file",
+        "{d}/reports: is a directory, not a regular file",
         MERGE_RUN_A,
     ),
     "merge-run-json-not-json": Refusal(
@@ -266,8 +269,33 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "topology-directory": Refusal(
         ("topology", "--topology-file", "{d}/box"),
-        "--topology-file: topology file '{d}/box' cannot be read: Is a directory",
+        "--topology-file: topology file '{d}/box' is a directory, not a regular file",
         {"box": None},
+    ),
+    "topology-a-fifo": Refusal(  # a FIFO no one writes to would block the read for ever
+        ("topology", "--topology-file", "{d}/pipe.json"),
+        "--topology-file: topology file '{d}/pipe.json' is a named pipe (FIFO), not a regular file",
+        {"pipe.json": FIFO},
+    ),
+    "topology-dev-zero": Refusal(  # endless: read until memory ran out
+        ("topology", "--topology-file", "/dev/zero"),
+        "--topology-file: topology file '/dev/zero' is a character device, not a regular file",
+    ),
+    "topology-too-large": Refusal(
+        ("topology", "--topology-file", "{d}/huge.json"),
+        f"--topology-file: topology file '{{d}}/huge.json' is over {USER_FILE_BYTES >> 20} MiB, the most the suite "
+        "reads of such a file",
+        {"huge.json": b" " * (USER_FILE_BYTES + 1)},
+    ),
+    "report-results-a-fifo": Refusal(
+        ("report", "{d}/run"),
+        "{d}/run/results.jsonl: is a named pipe (FIFO), not a regular file",
+        {"run/results.jsonl": FIFO, "run/run.json": facts()},
+    ),
+    "merge-input-a-fifo": Refusal(
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml"),
+        "{d}/a.xml: is a named pipe (FIFO), not a regular file",
+        {"a.xml": FIFO},
     ),
     "topology-not-json": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
@@ -433,6 +461,10 @@ def prepare(folder: Path, files: Files) -> None:
         path = folder / name
         if content is None:
             path.mkdir(parents=True, exist_ok=True)
+            continue
+        if content == FIFO:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.mkfifo(path)
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):

@@ -9,6 +9,7 @@ and must leave an earlier run's records byte for byte as they were.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,23 @@ BAD_INPUTS = {
         ini="conformance_scenario = nowhere.toml",
         pattern="ERROR: conformance: ini key conformance_scenario in {ini}: scenario file "
         "'{here}/nowhere.toml' cannot be read: No such file or directory (nor is it a shipped scenario: *)",
+    ),
+    "scenario-dev-zero": Case(  # endless: read until the kernel's OOM killer stopped it
+        ("--scenario=/dev/zero",),
+        "ERROR: conformance: command-line option --scenario: scenario file '/dev/zero' is a character device, not a "
+        "regular file",
+    ),
+    "scenario-fifo": Case(  # no writer: the read would wait for ever
+        ("--scenario=pipe.toml",),
+        "ERROR: conformance: command-line option --scenario: scenario file '{here}/pipe.toml' is a named pipe (FIFO), "
+        "not a regular file",
+        setup=lambda here: os.mkfifo(here / "pipe.toml"),
+    ),
+    "topology-file-too-large": Case(
+        ("--topology-file=huge.json",),
+        "ERROR: conformance: command-line option --topology-file: topology file '{here}/huge.json' is over 16 MiB, "
+        "the most the suite reads of such a file",
+        setup=lambda here: (here / "huge.json").write_bytes(b" " * (17 << 20)),
     ),
     "scenario-not-toml": Case(
         (SCENARIO,),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import types
 import typing
 from collections.abc import Mapping
@@ -13,10 +15,44 @@ JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", int: "number", f
 SCALAR_WORDS = {str: "a text", int: "a whole number", float: "a number", bool: "true or false", type(None): "null"}
 
 
-def read_user_file(path: Path, what: str, where: str, error: type[ValueError]) -> str:
+USER_FILE_BYTES = 16 << 20  # a scenario, topology or rungs file: the shipped ones are under 100 KiB
+RUN_FILE_BYTES = 1 << 30  # a run's results.jsonl or run.json, a JUnit file: 100,000 records fit
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+class NotReadable(OSError):
+    """A file the suite will not read: not a regular file, or over its size cap; the message says which."""
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The whole of a regular file of at most ``limit`` bytes; NotReadable (or the OSError met) otherwise.
+
+    Opened without blocking, so a FIFO cannot hang the open; its kind is read from the open file itself,
+    and at most ``limit`` + 1 bytes are read, so /dev/zero or a file that grows cannot fill the memory.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        kind = next((name for test, name in _KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+        if kind is not None:
+            raise NotReadable(f"is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise NotReadable(f"is over {limit >> 20} MiB, the most the suite reads of such a file")
+    return data
+
+
+def read_user_file(path: Path, what: str, where: str, error: type[ValueError], limit: int = USER_FILE_BYTES) -> str:
     """The file's text, or ``error`` naming the setting, the file and what is wrong with it."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_bounded(path, limit).decode("utf-8")
+    except NotReadable as exc:
+        raise error(f"{where}: {what} {str(path)!r} {exc}") from None
     except OSError as exc:
         raise error(f"{where}: {what} {str(path)!r} cannot be read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.common.inputs import RUN_FILE_BYTES, NotReadable, read_bounded
+
 # A JSON object as read, or about to be written (a file, a pipe, the run store): a boundary, not a contract.
 JsonDict = dict[str, Any]
 
@@ -65,11 +67,13 @@ class JsonlFollower:
 def read_lines(path: Path, missing_ok: bool = True) -> JsonLines:
     """Every whole JSON object of the file; a missing file is empty when ``missing_ok``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, RUN_FILE_BYTES).decode("utf-8")
     except FileNotFoundError:
         if missing_ok:
             return JsonLines()
         raise JsonlError(f"{path}: cannot be read: no such file") from None
+    except NotReadable as exc:
+        raise JsonlError(f"{path}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise JsonlError(f"{path}: cannot be read: {exc}") from None
     return _objects(text.splitlines(), JsonLines())

@@ -10,13 +10,22 @@ here, so each refuses the same inputs with the same words.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from conformance.common.inputs import NO_JUNITPARSER, json_type_name, junitparser_missing, wrong_field_type
+from conformance.common.inputs import (
+    NO_JUNITPARSER,
+    RUN_FILE_BYTES,
+    NotReadable,
+    json_type_name,
+    junitparser_missing,
+    read_bounded,
+    wrong_field_type,
+)
 from conformance.common.jsonl import JsonlError, read_lines
 from conformance.record.machine import MachineFacts
 from conformance.record.records import SCHEMA, CaseRecord, FactsError, JunitRun, RunFacts
@@ -126,9 +135,11 @@ def _record(data: dict[str, object]) -> CaseRecord | str | None:
 def read_run_facts(path: Path) -> RunFacts:
     """``run.json``'s facts; none when it is missing, RunError naming the file when it cannot be used."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, RUN_FILE_BYTES).decode("utf-8")
     except FileNotFoundError:
         return RunFacts()
+    except NotReadable as exc:
+        raise RunError(f"{path}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise RunError(f"{path}: cannot be read: {reason}") from None
@@ -184,7 +195,9 @@ def read_junit(path: Path) -> Run:
     from junitparser.junitparser import JUnitXmlError
 
     try:
-        xml = JUnitXml.fromfile(str(path))
+        xml = JUnitXml.fromfile(io.BytesIO(read_bounded(path, RUN_FILE_BYTES)))
+    except NotReadable as exc:
+        raise RunError(f"{path}: {exc}") from None
     except (OSError, JUnitXmlError, SyntaxError, ValueError) as exc:
         raise RunError(f"{path}: not a readable JUnit XML file: {exc}") from None
     suites: list[TestSuite] = [xml] if isinstance(xml, TestSuite) else list(xml)

@@ -22,6 +22,7 @@ leaves it as it was.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import Counter
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from conformance.common.inputs import NO_JUNITPARSER, junitparser_missing
+from conformance.common.inputs import NO_JUNITPARSER, RUN_FILE_BYTES, NotReadable, junitparser_missing, read_bounded
 from conformance.record.records import JunitRun
 from conformance.record.results import RESULTS_FILE
 from conformance.record.runs import RUN_FACTS, Run, RunError, read_jsonl, read_run_facts, suite_run
@@ -83,13 +84,17 @@ def read_suites(path: Path) -> list[Any]:
     from junitparser import JUnitXml
     from junitparser.junitparser import JUnitXmlError
 
-    if path.is_dir():
-        raise MergeError(f"{path}: a directory, not a JUnit XML file")
-    if not path.is_file():
-        raise MergeError(f"{path}: no such file")
     try:
-        xml = JUnitXml.fromfile(str(path))
-    except (OSError, JUnitXmlError, SyntaxError, ValueError) as exc:
+        data = read_bounded(path, RUN_FILE_BYTES)
+    except NotReadable as exc:
+        raise MergeError(f"{path}: {exc}") from None
+    except FileNotFoundError:
+        raise MergeError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise MergeError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        xml = JUnitXml.fromfile(io.BytesIO(data))
+    except (JUnitXmlError, SyntaxError, ValueError) as exc:
         raise MergeError(f"{path}: not a readable JUnit XML file: {exc}") from None
     return list(xml)
 
@@ -173,7 +178,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _written_by_merge(path: Path) -> bool:
     try:
-        root = ElementTree.parse(path).getroot()
+        root = ElementTree.fromstring(read_bounded(path, RUN_FILE_BYTES))
     except (OSError, ElementTree.ParseError):
         return False
     return root.tag == "testsuites" and root.get("name") == MERGED_NAME
