@@ -10,6 +10,7 @@ from conformance.harness import across_nodes, run_life
 from conformance.harness.across_nodes import AcrossNodes
 from conformance.harness.cases import CasePipeline
 from conformance.harness.context import RunContext
+from conformance.harness.failed_tests import RECORDED
 from conformance.harness.host_checks import HostChecks
 from conformance.harness.junit import JunitHooks
 from conformance.harness.later_rungs import LaterRungs
@@ -81,12 +82,15 @@ class ConformanceSession:
         if self.run.nodes is not None:
             self.run.nodes.now_at(nodeid)
 
+    @pytest.hookimpl(tryfirst=True)  # before the JUnit writer: the harness's own report properties are taken out
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # A test's last report: its teardown, or the one xdist makes up for a test its worker died in.
         # An interrupted test gets a setup report only, and did not run.
         if report.when not in ("setup", "call"):
             self.run.coverage.reported(report.nodeid)
         self.run.failed_tests.note(report)
+        if not self.run.role.worker:  # a worker's reports carry it to the controller; no JUnit property
+            report.user_properties = [p for p in report.user_properties if p[0] != RECORDED]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.runners.close()

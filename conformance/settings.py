@@ -398,13 +398,26 @@ def check_deadline_layers(settings: Settings) -> None:
         )
 
 
+REPORTS_MIN_FREE = 16 << 20  # a run's records, run.json and its ranks' logs: a folder with less fills mid-run
+WRITE_CHECK = b"\0" * (64 << 10)  # written and synced: a quota or a full disk refuses it where statvfs looks fine
+
+
 def check_reports_dir(path: Path, where: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-") as probe:
+            probe.write(WRITE_CHECK)
+            probe.flush()
+            os.fsync(probe.fileno())
+        room = os.statvfs(path)
     except OSError as exc:
         raise SettingError(f"{where}: reports dir {str(path)!r} cannot be written: {exc.strerror or exc}") from None
+    free = room.f_bavail * room.f_frsize
+    if free < REPORTS_MIN_FREE:
+        raise SettingError(
+            f"{where}: reports dir {str(path)!r} has {free >> 10} KiB free; a run needs at least "
+            f"{REPORTS_MIN_FREE >> 20} MiB for its records and its ranks' logs"
+        )
 
 
 def check_metrics_file(path: Path, where: str) -> None:

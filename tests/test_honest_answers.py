@@ -81,7 +81,7 @@ def test_a_test_failed_without_a_record_is_a_harness_error_everywhere(
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     test = "suites/test_collectives.py::test_all_reduce[all2-inherited]"
     said = f"{when}: RuntimeError: raised by a plugin of the user's"
-    line = f"HARNESS ERROR in 1 test(s): {test} ({said}): pytest failed them without a verdict on the machine, so no "
+    line = f"HARNESS ERROR in 1 test(s): {test} ({said}): no verdict on the machine can be read from them, so no "
     rows = answer_rows(result)
     assert rows[0].startswith(f"{RED}{BOLD}{line}"), rows  # first, in red
     assert not any("everything passed" in row for row in rows), rows

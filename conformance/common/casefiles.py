@@ -30,6 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from conformance.common.files import write_atomic
 from conformance.common.jsonl import JsonlError, read_lines
 
 CASE_SPEC = "case.json"
@@ -224,9 +225,7 @@ def rank_dir(case_dir: Path, rank: int) -> Path:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, sort_keys=True, default=str))
 
 
 def read_json(path: Path) -> Any:

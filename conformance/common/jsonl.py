@@ -8,6 +8,8 @@ caller's policy.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -38,11 +40,27 @@ def append_line(path: Path, record: JsonDict, durable: bool = True) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-        if durable:
-            os.fsync(fd)
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            _write_all(fd, line)
+            if durable:
+                os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):  # no torn line left for a reader: the file as it was
+                os.ftruncate(fd, end)
+            raise
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte, or OSError: ``os.write`` may write less than asked (a full disk, a signal)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 class JsonlFollower:

@@ -12,6 +12,7 @@ from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import simulated_gbps, simulated_transfer_generations, slowest_link_gbps
 from conformance.harness import junit
 from conformance.harness.context import RunContext
+from conformance.harness.failed_tests import RECORDED
 from conformance.harness.planned import PlannedCase, Planner
 from conformance.harness.strategy import CaseRequest, CaseStrategy
 from conformance.launch.case import CaseResult
@@ -69,6 +70,7 @@ class CasePipeline:
         run = self.run_context
         record = results.case_record(result, run.run_id, request.expect, planned.step.key, one_rung, no_nccl)
         run.folder.append(self._with_link_figures(record))
+        item.user_properties.append((RECORDED, record.nodeid))  # the run's owner checks it is still there at the end
 
     def _with_link_figures(self, record: CaseRecord) -> CaseRecord:
         """A GPU set's slowest physical link; a simulated pair's bandwidth is its link's, not gloo's host copies."""

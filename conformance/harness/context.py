@@ -59,6 +59,7 @@ class RunOutcome:
     end: RunEnd | None = None
     failed_nodes: tuple[str, ...] = ()  # other nodes that failed: the run failed here too
     node_notes: list[str] = field(default_factory=list)  # what the nodes' meetings said, for the summary
+    unwritten: list[str] = field(default_factory=list)  # "run.json NOT written: <why>": each fails the run
 
 
 class RunContext:

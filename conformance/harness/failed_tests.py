@@ -22,6 +22,9 @@ from conformance.verdict.machine_faults import machine_fault
 
 MESSAGE_CHARS = 200
 CRASHED = "worker crashed"  # xdist's report for a test its worker died in has when="???"
+RECORDED = "conformance_recorded"  # a report's user property: the name of the record its test appended
+LOST = "record lost"
+LOST_MESSAGE = "its record is not in results.jsonl: the file was deleted, replaced or cut during the run"
 
 
 def _message(report: pytest.TestReport) -> str:
@@ -43,13 +46,15 @@ def explains(record: CaseRecord) -> bool:
 
 
 class FailedTests:
-    """Every test reported failed or errored in this process, by the name its records carry."""
+    """Every test reported failed or errored in this process, and every record its tests wrote, by test name."""
 
     def __init__(self, rootpath: Path) -> None:
         self.rootpath = rootpath
         self._failed: dict[str, HarnessError] = {}
+        self._recorded: set[str] = set()  # tests that wrote a record (RECORDED on their reports)
 
     def note(self, report: pytest.TestReport) -> None:
+        self._recorded.update(str(value) for name, value in report.user_properties if name == RECORDED)
         if not report.failed:
             return
         nodeid = record_nodeid(self.rootpath / report.location[0], report.nodeid)
@@ -57,6 +62,14 @@ class FailedTests:
         self._failed.setdefault(nodeid, HarnessError(nodeid, when, _message(report)))
 
     def unexplained(self, records: Iterable[CaseRecord]) -> tuple[HarnessError, ...]:
-        """The failed tests that no record of this run explains, in the order they failed."""
+        """The failed tests no record explains, in the order they failed, then the tests whose record is gone.
+
+        A test that wrote a record missing from results.jsonl lost it to the file being deleted,
+        replaced or cut during the run: its verdict is not known, whatever pytest said.
+        """
+        records = list(records)
         explained = {r.nodeid for r in records if explains(r)}
-        return tuple(error for nodeid, error in self._failed.items() if nodeid not in explained)
+        failed = tuple(error for nodeid, error in self._failed.items() if nodeid not in explained)
+        kept = {r.nodeid for r in records}
+        lost = sorted(self._recorded - kept - set(self._failed))
+        return failed + tuple(HarnessError(nodeid, LOST, LOST_MESSAGE) for nodeid in lost)

@@ -19,6 +19,7 @@ import pytest
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.harness.context import RunContext
+from conformance.harness.failed_tests import RECORDED
 from conformance.record import results
 from conformance.record.records import HOST_SET_KIND, CaseRecord
 
@@ -46,7 +47,9 @@ class HostChecks:
         marker = item.get_closest_marker(MARKER)
         # its call decides, or its setup when that did not pass (a fixture failed, or skipped the check)
         if marker is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
-            results.append_case(self.run.results_file(), self._record(item, str(marker.args[0]), report))
+            record = self._record(item, str(marker.args[0]), report)
+            results.append_case(self.run.results_file(), record)
+            report.user_properties.append((RECORDED, record.nodeid))
         return report
 
     def _record(self, item: pytest.Item, name: str, report: pytest.TestReport) -> CaseRecord:

@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from conformance.common.files import write_via_temporary
 from conformance.common.outside_text import shown_lines
 from conformance.harness.pytest_private import junit_writer
 from conformance.record.records import JUNIT_PREFIX, JunitRun
@@ -117,9 +117,7 @@ def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT
         _add_properties(suite, summary.properties())
         _add_findings(suite, summary.findings)
         _set_system_out(suite, summary.system_out())
-    written = path.with_name(f".{path.name}.{os.getpid()}")
-    tree.write(written, encoding="utf-8", xml_declaration=True)
-    os.replace(written, path)
+    write_via_temporary(path, lambda temporary: tree.write(temporary, encoding="utf-8", xml_declaration=True))
 
 
 def _add_properties(suite: ElementTree.Element, properties: Sequence[tuple[str, str]]) -> None:

@@ -57,17 +57,22 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
     run.outcome.end = replace(end, harness_errors=run.failed_tests.unexplained(records), failed_nodes=failed_nodes)
     watched = stop_watch(watch, records, run.node_rank) if watch is not None else None
     facts = replace(run.run_facts(), end=run.outcome.end, watch=watched.to_json() if watched else None)
-    run.folder.write_end(facts)
+    try:
+        run.folder.write_end(facts)
+    except OSError as exc:  # a full disk: said, and the run fails; the answer still comes from what was written
+        run.outcome.unwritten.append(f"{run.folder.facts_file.name} NOT written: {exc.strerror or exc}")
 
 
 def conclude_run(run: RunContext, session: pytest.Session) -> None:
     """The answer, the baseline comparison, the report and the metrics; what fails the run fails a passing session."""
-    if run.role.worker or not run.results_path.exists():
+    if run.role.worker or not run.folder.facts_file.exists():  # results.jsonl may be gone: its loss is said
         return
     concluded = False
     try:
         run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline)
-        if run.outcome.conclusion.fails_run and session.exitstatus == pytest.ExitCode.OK:
+        run.outcome.conclusion.lines += run.outcome.unwritten
+        failed = run.outcome.conclusion.fails_run or run.outcome.unwritten
+        if failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         concluded = True
     finally:  # a conclusion that raised still leaves metrics, failed
@@ -104,7 +109,13 @@ def metrics_at_end(run: RunContext, exit_status: int) -> bool:
     try:
         write_metrics(path, metrics_text(read, status))
     except OSError as exc:
-        run.outcome.conclusion.lines.append(f"metrics NOT written to {path}: {exc.strerror or exc}")
+        why = exc.strerror or exc
+        try:  # a file left saying "running" would outlive the run
+            path.unlink(missing_ok=True)
+            left = "the old file removed, so none says 'running'"
+        except OSError as gone:
+            left = f"the old file could not be removed either ({gone.strerror or gone})"
+        run.outcome.conclusion.lines.append(f"metrics NOT written to {path}: {why}; {left}")
         return False
     run.outcome.conclusion.lines.append(f"metrics for Prometheus: {path}")
     return True

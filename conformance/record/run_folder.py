@@ -64,8 +64,13 @@ class RunFolder:
         return self.path
 
     def write_end(self, facts: RunFacts) -> None:
-        """run.json says how far the run got, before anything reads the run back."""
+        """run.json says how far the run got, before anything reads the run back.
+
+        A results.jsonl deleted during the run is made again, empty: the run stays a run folder, and
+        run.json's harness errors name every test whose record went with it.
+        """
         casefiles.write_json_atomic(self.facts_file, facts.to_json())
+        self.results.touch()
 
     def append(self, record: CaseRecord) -> None:
         results.append_case(self.results, record)

@@ -164,7 +164,11 @@ class Answer:
         rows += [(line, "bad") for line in self._fault_lines()]
         rows += [(line, "bad") for line in slow_lines(self.slow, self.slow_causes)]
         rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
-        if self.passed:
+        if self.passed and self.harness_errors:  # a test without a verdict may belong to any of them
+            rows.append(
+                (f"passed as their records say (see the HARNESS ERROR above): {', '.join(self.passed)}", "plain")
+            )
+        elif self.passed:
             rows.append((f"passed as they are: {', '.join(self.passed)}", "good"))
         if self.exports:
             rows.append((f"for every class together: {'; '.join(self.exports)}", "plain"))
@@ -202,8 +206,8 @@ def harness_error_line(errors: Sequence[HarnessError]) -> str:
     named = "; ".join(e.text for e in errors[:HARNESS_ERRORS_NAMED])
     more = f"; and {len(errors) - HARNESS_ERRORS_NAMED} more" if len(errors) > HARNESS_ERRORS_NAMED else ""
     return (
-        f"HARNESS ERROR in {len(errors)} test(s): {named}{more}: pytest failed them without a verdict on the "
-        "machine, so no recommendation is handed out"
+        f"HARNESS ERROR in {len(errors)} test(s): {named}{more}: no verdict on the machine can be read from them, "
+        "so no recommendation is handed out"
     )
 
 

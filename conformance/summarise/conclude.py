@@ -6,14 +6,16 @@ its folder exactly as ``python -m conformance recommend/compare/report`` would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
 from conformance.summarise.answer import Answer, answer
-from conformance.summarise.compare import CompareError, compare, write_comparison
-from conformance.summarise.recommend import recommend, write_env_file
+from conformance.summarise.compare import COMPARISON_FILE, CompareError, compare, write_comparison
+from conformance.summarise.recommend import ENV_FILE, recommend, write_env_file
 from conformance.summarise.report import ReportUnavailable, write_report
 
 
@@ -22,6 +24,17 @@ class Conclusion:
     lines: list[str] = field(default_factory=list)
     fails_run: bool = False  # a finding, a regression, an output asked for and not written: the run fails
     answer: Answer | None = None
+
+    def written(self, what: str, write: Callable[[], Path | None], said: str) -> None:
+        """``write`` a file: ``said`` names it ({path}), or a line says why it was not, which fails the run."""
+        try:
+            path = write()
+        except (ReportUnavailable, OSError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self.lines.append(f"{what} NOT written: {why}")
+            self.fails_run = True
+        else:
+            self.lines += [said.format(path=path)] if path else []
 
 
 def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclusion:
@@ -36,26 +49,25 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclus
         return conclusion
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)
-    conclusion.fails_run = bool(conclusion.answer.findings())  # a SLOW pair or an Xid fails the run
-    env_file = write_env_file(run, recommendation)
-    conclusion.lines += ["recommended environment:", *recommendation.lines(), f"(written to {env_file})"]
+    # a SLOW pair or an Xid fails the run; so does a test without a verdict (a lost record: pytest passed it)
+    conclusion.fails_run = bool(conclusion.answer.findings() or run.facts.harness_errors)
+    conclusion.lines += ["recommended environment:", *recommendation.lines()]
+    conclusion.written(ENV_FILE, lambda: write_env_file(run, recommendation), "(written to {path})")
     if baseline is not None:
-        try:
-            comparison = compare(baseline, run, settings.bandwidth_tolerance)
-        except CompareError as exc:
-            conclusion.lines.append(f"baseline comparison not possible: {exc}")
-            conclusion.fails_run = True
-        else:
-            conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
-            conclusion.fails_run = conclusion.fails_run or comparison.exit_status != 0
-            kept = write_comparison(comparison)
-            conclusion.lines += [f"(comparison kept in {kept})"] if kept else []
-    if settings.run_report:
-        try:
-            path = write_report(run, recommendation.lines(), answer=conclusion.answer)
-        except (ReportUnavailable, OSError) as exc:  # asked for and not written: the run fails, saying why
-            conclusion.lines.append(f"HTML report NOT written: {exc}")
-            conclusion.fails_run = True
-        else:
-            conclusion.lines.append(f"HTML report: {path}")
+        _compare(conclusion, baseline, run, settings)
+    if settings.run_report:  # asked for and not written: the run fails, saying why
+        report = partial(write_report, run, recommendation.lines(), answer=conclusion.answer)
+        conclusion.written("HTML report", report, "HTML report: {path}")
     return conclusion
+
+
+def _compare(conclusion: Conclusion, baseline: Run, run: Run, settings: Settings) -> None:
+    try:
+        comparison = compare(baseline, run, settings.bandwidth_tolerance)
+    except CompareError as exc:
+        conclusion.lines.append(f"baseline comparison not possible: {exc}")
+        conclusion.fails_run = True
+        return
+    conclusion.lines += [f"against baseline {baseline.source}:", *comparison.lines()]
+    conclusion.fails_run = conclusion.fails_run or comparison.exit_status != 0
+    conclusion.written(COMPARISON_FILE, lambda: write_comparison(comparison), "(comparison kept in {path})")

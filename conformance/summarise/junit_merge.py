@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from conformance.common.files import write_via_temporary
 from conformance.common.inputs import NO_JUNITPARSER, RUN_FILE_BYTES, NotReadable, junitparser_missing, read_bounded
 from conformance.record.records import JunitRun
 from conformance.record.results import RESULTS_FILE
@@ -254,12 +254,9 @@ def merge(out: Path, inputs: Sequence[Path]) -> Merge:
 
 def _write_whole(merged: Any, out: Path) -> None:
     """Written beside OUT and renamed over it, so a failed write leaves OUT as it was."""
-    part = out.with_name(f".{out.name}.{os.getpid()}.part")
     try:
-        merged.write(str(part))
-        os.replace(part, out)
+        write_via_temporary(out, lambda temporary: merged.write(str(temporary)))
     except OSError as exc:
-        part.unlink(missing_ok=True)
         raise MergeError(f"{out}: cannot be written: [Errno {exc.errno}] {exc.strerror}") from None
 
 

@@ -21,12 +21,11 @@ collector never reads half a file; the temporary file's name does not end in ``.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
+from conformance.common.files import write_atomic
 from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import pair_link_gbps
@@ -318,14 +317,4 @@ def write_metrics(path: Path, text: str) -> None:
     Readable by all (node_exporter runs as its own user); OSError when it cannot be written, with
     no temporary file left behind.
     """
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text, 0o644)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeGuard
 
+from conformance.common.files import write_atomic
 from conformance.common.verdicts import Verdict
 from conformance.plan.matrix import Rung
 from conformance.record.records import CaseRecord, HarnessError, JsonObject
@@ -534,9 +535,7 @@ def write_env_file(run: Run, recommendation: Recommendation) -> Path:
     if run.folder is None:
         raise RunError(f"{run.source}: no run folder to write {ENV_FILE} into")
     path = run.folder / ENV_FILE
-    tmp = path.with_name(f".{ENV_FILE}.tmp")
-    tmp.write_text(recommendation.env_text(), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, recommendation.env_text())
     return path
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.common.casefiles import read_json
+from conformance.common.files import write_atomic
 from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import FAILURES, SEVERITY, Verdict
 from conformance.discover.topology import Topology
@@ -389,5 +390,5 @@ def write_report(
 ) -> Path:
     """Write ``report.html`` into the run folder; returns its path."""
     path = report_path(run)
-    path.write_text(render_report(run, recommendation_lines, regressions, answer), encoding="utf-8")
+    write_atomic(path, render_report(run, recommendation_lines, regressions, answer))
     return path
