@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.common import values
 from conformance.common.deadlines import Deadlines
+from conformance.common.inputs import NotReadable, read_bounded
 from conformance.common.values import BadValue
 
 if TYPE_CHECKING:
@@ -163,6 +164,11 @@ RUN_TOKEN_HELP = (
     "Text every node of a run must present (the same on each), so a node of another run on the same port is "
     "turned away; runs by hand have no other identity (SLURM's job and step, torchrun's run id)."
 )
+RUN_TOKEN_FILE_HELP = (
+    "A file holding the run token (its first line), instead of --run-token: a file on a shared file system, or a "
+    "Kubernetes Secret mounted as a file; a regular file of at most 4 KiB. Under SLURM without either, MUNGE "
+    "signs the run."
+)
 RENDEZVOUS_TIMEOUT_HELP = "Seconds the nodes wait for each other at the start before a missing node is a hang."
 EXPECT_GPUS_HELP = (
     "GPUs the machine must have (NVML's count, whatever CUDA_VISIBLE_DEVICES hides); fewer fails the run "
@@ -204,6 +210,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rendezvous_timeout", RENDEZVOUS_TIMEOUT_HELP, "60", _positive_number, metavar="SECONDS"),
     Setting("node_pairs", NODE_PAIRS_HELP, "auto", _Choice("node pairs mode", NODE_PAIR_MODES)),
     Setting("run_token", RUN_TOKEN_HELP, None, _token, metavar="TEXT"),
+    Setting("run_token_file", RUN_TOKEN_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
 )
 NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
@@ -260,6 +267,7 @@ class Settings:
     rendezvous_timeout: float
     node_pairs: str
     run_token: str | None
+    run_token_file: Path | None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def source(self, name: str) -> str:
@@ -360,7 +368,7 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
             values[setting.name] = _parse(setting, raw, where, base)
         else:
             values[setting.name] = () if setting.multiple else None
-    settings = Settings(**values, sources=sources)
+    settings = with_token_from_file(Settings(**values, sources=sources))
     check_deadline_layers(settings)
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
     if settings.metrics_file is not None:
@@ -400,6 +408,28 @@ def check_deadline_layers(settings: Settings) -> None:
 
 REPORTS_MIN_FREE = 16 << 20  # a run's records, run.json and its ranks' logs: a folder with less fills mid-run
 WRITE_CHECK = b"\0" * (64 << 10)  # written and synced: a quota or a full disk refuses it where statvfs looks fine
+
+
+TOKEN_FILE_BYTES = 4096
+
+
+def with_token_from_file(settings: Settings) -> Settings:
+    """The settings with the run token read from ``run_token_file`` (its first line); one source only."""
+    path = settings.run_token_file
+    if path is None:
+        return settings
+    where = settings.source("run_token_file")
+    if settings.run_token is not None:
+        raise SettingError(f"{where}: a run token file and a run token ({settings.source('run_token')}): give one")
+    try:
+        text = read_bounded(path, TOKEN_FILE_BYTES).decode("utf-8")
+    except NotReadable as exc:
+        raise SettingError(f"{where}: run token file {str(path)!r} {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise SettingError(f"{where}: run token file {str(path)!r} cannot be read: {why}") from None
+    first = text.splitlines()[0] if text.splitlines() else ""
+    return replace(settings, run_token=_token(first, f"{where}: run token file {str(path)!r}"))
 
 
 def check_reports_dir(path: Path, where: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.common import files
 from conformance.common.families import INHERITED_FAMILIES
 from conformance.common.verdicts import Verdict
 from conformance.record.records import CaseRecord, RunEnd, RunFacts
@@ -152,7 +153,7 @@ def test_a_passing_run_reads_passed(healthy: Finished) -> None:
     (info,) = healthy.families["gpu_conformance_run_info"]
     assert info == (
         {"run_id": run.run_id, "host": run.facts.host, "backend": "gloo", "simulated": "false", "scenario": "",
-         "verdict": "passed"},
+         "verdict": "passed", "signed": "true"},
         1.0,
     )  # fmt: skip
     assert healthy.value("gpu_conformance_run_passed") == 1
@@ -447,7 +448,7 @@ def test_the_write_replaces_the_file_atomically(textfile: Path, monkeypatch: pyt
     def refused(source: object, target: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(metrics.os, "replace", refused)
+    monkeypatch.setattr(files.os, "replace", refused)
     with pytest.raises(OSError, match="No space left"):
         write_metrics(textfile, "never 3\n")
     assert textfile.read_text() == "new 2\n"  # the collector still reads the whole last file
@@ -457,7 +458,7 @@ def test_the_write_replaces_the_file_atomically(textfile: Path, monkeypatch: pyt
 def test_the_temporary_file_is_not_read_by_the_collector(textfile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """node_exporter reads ``*.prom`` only: the temporary file is hidden and ends otherwise."""
     seen: list[str] = []
-    monkeypatch.setattr(metrics.os, "replace", lambda source, target: seen.append(Path(source).name))
+    monkeypatch.setattr(files.os, "replace", lambda source, target: seen.append(Path(source).name))
     write_metrics(textfile, "x 1\n")
     (name,) = seen
     assert name.startswith(".") and not name.endswith(".prom")

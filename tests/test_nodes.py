@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -26,6 +29,7 @@ from conformance.nodes.layout import (
     node_setup,
     shared_interfaces,
 )
+from conformance.nodes.munge import MungeError
 
 NONE = {"nnodes": None, "node_rank": None, "master_addr": None, "master_port": None}
 
@@ -369,9 +373,136 @@ def test_values_not_signed_with_the_run_token_are_dropped_and_named() -> None:
         gathered = node0.gather_results(lambda node: None)
         assert (
             gathered.records == {}
-            and gathered.gone[1] == "its results and status did not verify with the run token: dropped"
+            and gathered.gone[1] == "its results and status did not verify with the run's key: dropped"
         )
-        assert "case/x#1/verdict/1: its value does not verify with the run token" in node0.forged[0], node0.forged
+        assert "case/x#1/verdict/1: its value does not verify with the run's key" in node0.forged[0], node0.forged
+    finally:
+        node1.close()
+        node0.close()
+
+
+@pytest.fixture
+def munged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A munged of its own (Debian's munge), its socket named in a slurm.conf as SLURM's AuthInfo names it."""
+    import shutil
+    import subprocess
+    import time
+
+    if shutil.which("munged") is None or shutil.which("munge") is None:
+        pytest.skip("MUNGE is not installed here (apt-get install munge)")
+    key = tmp_path / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    socket_path = tmp_path / "munge.sock"
+    daemon = subprocess.Popen(
+        ["munged", "--foreground", "--force", f"--socket={socket_path}", f"--key-file={key}",
+         f"--pid-file={tmp_path / 'munged.pid'}", f"--log-file={tmp_path / 'munged.log'}",
+         f"--seed-file={tmp_path / 'munged.seed'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not socket_path.exists() and daemon.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not socket_path.exists():
+        daemon.kill()
+        pytest.skip(f"munged did not start here: {(tmp_path / 'munged.log').read_text(errors='replace')[-300:]}")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=t\nAuthType=auth/munge\nAuthInfo=socket={socket_path}\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    try:
+        yield socket_path
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+
+
+def test_under_slurm_without_a_token_munge_signs_the_run(munged: Path) -> None:
+    """Node 0 hands the run's key out in MUNGE credentials: a plain client's values are dropped all the same."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from conformance.nodes.group import NodeGroup
+    from conformance.nodes.liveness import GroupLimits
+    from conftest import free_port
+
+    port, limits = free_port(), GroupLimits(progress=5, store=5)
+    setups = [NodeSetup(2, rank, "127.0.0.1", port, "SLURM", identity="SLURM job 4242 step 0", slurm_job="4242")
+              for rank in (0, 1)]  # fmt: skip
+    node0 = NodeGroup.connect(setups[0], 10, limits)
+    node1 = NodeGroup.connect(setups[1], 10, limits)
+    forger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    try:
+        assert node0.signed.signs and node1.signed.signs and node0.unsigned is None
+        credential = forger.get("munge/1")
+        assert credential.startswith(b"MUNGE:") and b'"key"' not in credential  # encrypted: no key in the store
+        record = json.dumps({"verdict": "fail"})
+        assert node1.publish_results([record], 1) == "1 records sent to node 0"
+        forger.set("results/1", json.dumps({"verdict": "pass", "forged": True}))
+        forger.set("status/1", "0")
+        gathered = node0.gather_results(lambda node: None)
+        assert gathered.records == {} and "did not verify with the run's key: dropped" in gathered.gone[1]
+    finally:
+        node1.close()
+        node0.close()
+
+
+def test_a_munge_credential_of_another_job_or_node_is_not_taken(munged: Path) -> None:
+    from conformance.nodes.munge import Munge
+
+    munge = Munge.find(os.environ)
+    assert munge is not None and munge.socket == str(munged)
+    uid, payload = munge.decoded(munge.credential({"job": "4242", "node": 1}, os.getuid(), 60))
+    assert (uid, payload) == (os.getuid(), {"job": "4242", "node": 1})
+    replayed = munge.credential({"job": "4242"}, os.getuid(), 60)
+    munge.decoded(replayed)
+    with pytest.raises(MungeError, match="(?i)replayed"):
+        munge.decoded(replayed)  # each credential is decoded once: one per node
+    with pytest.raises(MungeError):
+        munge.decoded("MUNGE:not-a-credential:")
+
+
+def test_a_run_across_nodes_that_cannot_sign_says_unsigned() -> None:
+    from conformance.nodes.group import NodeGroup
+    from conformance.nodes.liveness import GroupLimits
+
+    limits = GroupLimits(progress=5, store=5)
+    away = NodeGroup(NodeSetup(2, 1, "192.0.2.7", 29500, "settings"), 10, limits, None, "not reached")
+    assert away.unsigned == "no run token (--run-token, CONFORMANCE_RUN_TOKEN or --run-token-file), not under " \
+                            "SLURM (no MUNGE)"  # fmt: skip
+    local = NodeGroup(NodeSetup(2, 1, "127.0.0.1", 29500, "settings"), 10, limits, None, "not reached")
+    assert local.unsigned is None  # loopback: no other host reaches the store
+    signed = NodeGroup(NodeSetup(2, 1, "192.0.2.7", 29500, "settings", run_token="t"), 10, limits, None, "x")
+    assert signed.unsigned is None
+
+
+def test_a_raised_stranger_counter_costs_no_wait_and_a_removed_key_is_named_as_tampering() -> None:
+    """Three unauthenticated calls once crashed node 0's end; deleting node 1's key made it 'never arrived'."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from conformance.nodes.group import NodeGroup
+    from conformance.nodes.liveness import GroupLimits
+    from conftest import free_port
+
+    port, limits = free_port(), GroupLimits(progress=5, store=5)
+    setups = [NodeSetup(2, rank, "127.0.0.1", port, "settings", identity="run token x", run_token="t")
+              for rank in (0, 1)]  # fmt: skip
+    node0 = NodeGroup.connect(setups[0], 3, limits)
+    node1 = NodeGroup.connect(setups[1], 3, limits)
+    forger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    try:
+        forger.add("stranger", 1_000_000)
+        begun = time.monotonic()
+        assert node0.strangers() == ([], 1_000_000)
+        assert time.monotonic() - begun < 3  # no read of a key that is not there: no store timeout
+        start = node0.start(fingerprint(0), "run-1")  # node 1 beats, but its fingerprint never comes
+        assert start.missing[1] == (
+            "node 1 arrived (it beats) but its fingerprint/1 is not in the run's store after 3s: removed by a client "
+            "not of this run (tampering), or node 1 is stuck before writing it"
+        )
     finally:
         node1.close()
         node0.close()

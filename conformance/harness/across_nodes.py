@@ -187,8 +187,10 @@ def _gather(run: RunContext, group: NodeGroup, status: int) -> list[str]:
             run.folder.append(CaseRecord.from_json(json.loads(line)))
         notes.append(f"node {node}: {len(lines)} records gathered into {run.results_path}")
     notes.extend(f"node {node}: records missing: {reason}" for node, reason in sorted(gathered.gone.items()))
-    for stranger in group.strangers():
-        notes.append(f"turned away a node of another run ({stranger}); none of its records entered")
+    named, count = group.strangers()
+    notes.extend(f"turned away a node of another run ({stranger}); none of its records entered" for stranger in named)
+    if count > len(named):
+        notes.append(f"{count} turns away counted in all (a public counter: a client not of this run may raise it)")
     statuses = {0: status, **gathered.statuses}
     failed = [f"node {n}: exit {code}" for n, code in sorted(statuses.items()) if code != pytest.ExitCode.OK]
     failed += [f"node {n}: {reason}" for n, reason in sorted(gathered.gone.items())]

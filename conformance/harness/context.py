@@ -182,6 +182,7 @@ class RunContext:
             nnodes=self.setup.nnodes if self.setup else 1,
             cpu_only=self.cpu_only,
             not_tested=self.plan.untestable,
+            unsigned=self.nodes.unsigned if self.nodes is not None else None,
             slow_ratio=self.settings.slow_ratio,
             bandwidth_floors=dict(self.settings.bandwidth_floor),
             end=RunEnd(),

@@ -43,6 +43,7 @@ PYTEST_DEFAULT_NAME = "pytest"  # pytest's junit_suite_name when nobody set it
 CPU_ONLY = f"{JUNIT_PREFIX}cpu_only"
 ANSWER = f"{JUNIT_PREFIX}answer"
 EXPORT = f"{JUNIT_PREFIX}export"
+UNSIGNED = f"{JUNIT_PREFIX}unsigned"
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class JunitSummary:
     answer: tuple[str, ...]  # the answer's lines, as the terminal shows them
     exports: tuple[str, ...]  # the export lines for a launch script (none when withheld)
     cpu_only: str | None  # why no GPU was tested, when none was
+    unsigned: str | None = None  # why a run across nodes signed nothing
     # what the run found beyond its tests (a SLOW pair), each a failed test case of its own: (name, message)
     findings: tuple[tuple[str, str], ...] = ()
 
@@ -65,6 +67,8 @@ class JunitSummary:
         found = self.run.properties()
         if self.cpu_only is not None:
             found.append((CPU_ONLY, self.cpu_only))
+        if self.unsigned is not None:
+            found.append((UNSIGNED, self.unsigned))
         found += [(f"{ANSWER}.{n}", line) for n, line in enumerate(self.answer, start=1)]
         found += [(f"{EXPORT}.{n}", line) for n, line in enumerate(self.exports, start=1)]
         return found

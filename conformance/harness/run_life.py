@@ -130,5 +130,6 @@ def junit_summary(run: RunContext) -> JunitSummary:
         answer=tuple(answer.lines()) if answer else (),
         exports=answer.exports if answer else (),
         cpu_only=run.cpu_only,
+        unsigned=run.nodes.unsigned if run.nodes is not None else None,
         findings=answer.findings() if answer else (),
     )

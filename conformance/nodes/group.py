@@ -25,6 +25,7 @@ gathered.  The waits of each cross-node case are at DEBUG.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import json
 import logging
 import os
@@ -35,7 +36,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
-from conformance.nodes.liveness import HEARTBEAT_SECONDS, GroupLimits, GroupWatch, Liveness, NodeProblem
+from conformance.nodes.liveness import HEARTBEAT_SECONDS, GroupLimits, GroupWatch, Liveness, NodeProblem, tampered
+from conformance.nodes.munge import Munge, MungeError
 from conformance.nodes.store import ForgedValue, open_store
 
 log = logging.getLogger("conformance.nodes")
@@ -43,8 +45,10 @@ IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
 NONCE_KEY = "nonce"  # node 0's random number for this run: the run token's signing key is derived with it
 LIVENESS_KEY = "liveness"  # the port of node 0's liveness listener (class Liveness)
 RANK_HOLDER_KEY = "rank_holder"  # rank_holder/<k>: the host and pid of the pytest that is node k
+MUNGE_KEY = "munge"  # munge/<k>: node 0's MUNGE credential holding the run's key, for node k
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
 BY_HAND = "a run started by hand without --run-token"
+STRANGERS_NAMED = 5  # turned-away nodes named at the end; the rest are counted
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
 OUTCOME_KEY = "outcome"  # node 0's list of the nodes that failed, once every node's status is in
 
@@ -76,6 +80,15 @@ class StartCheck:
         fields = ", ".join(self.check.fatal)
         table = "\n".join(self.check.table)
         return f"the nodes differ in what must match ({fields}); stopping before any collective:\n{table}"
+
+
+def _loopback(name: str) -> bool:
+    """Whether ``name`` resolves to loopback addresses only (127.0.0.0/8, ::1): no other host reaches it."""
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(found) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found)
 
 
 def _unresolved(name: str) -> str:
@@ -111,6 +124,7 @@ class NodeGroup(GroupWatch):
             address = f"node 0's address {setup.master_addr!r} ({setup.source})"
             raise NodeGroupError(f"{address} does not resolve: {unresolved}")
         me = setup.node_rank
+        munge = Munge.find(os.environ) if setup.run_token is None and setup.slurm_job else None
         hosts = host and not setup.launcher_hosts_store
         log.info("node %d: %s the run's store at %s (%s)", me, "hosting" if hosts else "joining", where, setup.source)
         try:
@@ -120,9 +134,9 @@ class NodeGroup(GroupWatch):
                 raise NodeGroupError(f"node 0 cannot host the run's store on {where}: {exc}") from None
             lost = f"node 0's store at {where} never answered within {timeout:g}s (rendezvous deadline)"
             log.info("node %d: %s", me, lost)
-            return cls(setup, timeout, limits, None, lost)
+            return cls(setup, timeout, limits, None, lost, munge)
         log.info("node %d: %s the run's store at %s", me, "started" if hosts else "joined", where)
-        group = cls(setup, timeout, limits, store)
+        group = cls(setup, timeout, limits, store, munge=munge)
         try:
             refusal = group._present_identity(where)
         except RuntimeError as exc:  # the store's own error: node 0 never said which run its store serves
@@ -147,6 +161,9 @@ class NodeGroup(GroupWatch):
             nonce = secrets.token_hex(16)
             self.store.call(lambda: plain.set(NONCE_KEY, nonce))
             self.signed.use_nonce(nonce)
+            failed = self._hand_out_key(nonce)
+            if failed:
+                return failed
             self.liveness = Liveness(self.setup.master_addr or "")
             self.store.set(LIVENESS_KEY, str(self.liveness.port))
             self.store.call(lambda: plain.set(IDENTITY_KEY, mine))
@@ -154,8 +171,9 @@ class NodeGroup(GroupWatch):
         # node 0 may come later than this node where the launcher hosts the store: the rendezvous deadline
         theirs = self.store.call(lambda: plain.get(IDENTITY_KEY), self.timeout + ACK_WAIT).decode()
         if theirs == mine:
-            self.signed.use_nonce(self.store.call(lambda: plain.get(NONCE_KEY)).decode())
-            refusal = self._claim_rank()
+            nonce = self.store.call(lambda: plain.get(NONCE_KEY)).decode()
+            self.signed.use_nonce(nonce)
+            refusal = self._take_key(nonce) or self._claim_rank()
             port = self._verified(LIVENESS_KEY)
             if not refusal and port is not None and port.isdigit():  # only the pytest that holds the rank
                 self._held = _hold_liveness(self.setup.master_addr or "", int(port), self.me)
@@ -167,6 +185,52 @@ class NodeGroup(GroupWatch):
             f"node 0's store at {where} serves another run ({theirs}), not this one ({mine}): this node does not "
             "join it; give each job its own --master-port"
         )
+
+    def _hand_out_key(self, nonce: str) -> str:
+        """Node 0 under MUNGE: a random key for the run, in a credential for each other node ("": done)."""
+        if self.munge is None:
+            return ""
+        key = secrets.token_bytes(32)
+        ttl = int(self.timeout + 2 * ACK_WAIT)  # the others read theirs within the rendezvous deadline
+        for node in self.others:
+            payload = {"job": self.setup.slurm_job, "run": nonce, "node": node, "key": key.hex()}
+            try:
+                credential = self.munge.credential(payload, os.getuid(), ttl)
+            except MungeError as exc:
+                return f"node 0 cannot sign the run with MUNGE ({exc}): start munged, or give every node a run token"
+            self.store.call(lambda n=node, c=credential: self.signed.raw.set(f"{MUNGE_KEY}/{n}", c))
+        self.signed.use_key(key)
+        return ""
+
+    def _take_key(self, nonce: str) -> str:
+        """A node under MUNGE: the run's key from its own credential, made by its user for its job ("": taken)."""
+        if self.munge is None:
+            return ""
+        raw = self.signed.raw
+        try:
+            credential = self.store.call(lambda: raw.get(f"{MUNGE_KEY}/{self.me}"), self.timeout + ACK_WAIT).decode()
+            uid, payload = self.munge.decoded(credential)
+        except (MungeError, RuntimeError, UnicodeDecodeError) as exc:
+            return f"node 0's MUNGE credential for node {self.me} cannot be used: {exc}"
+        expected = {"job": self.setup.slurm_job, "run": nonce, "node": self.me}
+        if uid != os.getuid() or any(payload.get(name) != value for name, value in expected.items()):
+            return (
+                f"node 0's MUNGE credential for node {self.me} is not of this job's user, job, run and node "
+                f"(uid {uid}, {', '.join(f'{k} {payload.get(k)!r}' for k in expected)}): not taken"
+            )
+        try:
+            self.signed.use_key(bytes.fromhex(str(payload.get("key", ""))))
+        except ValueError:
+            return f"node 0's MUNGE credential for node {self.me} holds no key: not taken"
+        return ""
+
+    @property
+    def unsigned(self) -> str | None:
+        """Why a run across nodes beyond loopback cannot sign its values; None where it signs or stays local."""
+        if self.signed.signs or not self.setup.multi_node or _loopback(self.setup.master_addr or ""):
+            return None
+        munge = "MUNGE not found here (munge, unmunge)" if self.setup.slurm_job else "not under SLURM (no MUNGE)"
+        return f"no run token (--run-token, CONFORMANCE_RUN_TOKEN or --run-token-file), {munge}"
 
     def _claim_rank(self) -> str:
         """Take this node's rank in the run, or say who has it ("": taken).
@@ -186,18 +250,23 @@ class NodeGroup(GroupWatch):
             f"({self.setup.source}): give each node its own"
         )
 
-    def strangers(self) -> list[str]:
-        """Nodes of other runs that reached this run's store and were turned away (node 0)."""
+    def strangers(self) -> tuple[list[str], int]:
+        """Nodes of other runs turned away (node 0): the first few by name, and how many in all.
+
+        The count is a public counter anyone may raise: only ``STRANGERS_NAMED`` names are read, each
+        one checked before it is read, so a raised counter costs no wait.
+        """
         if self.store is None or self.lost:
-            return []
+            return [], 0
         count = self.store.add(STRANGER_COUNT_KEY, 0)
         plain = self.signed.raw
-        return [
-            self.store.call(lambda n=n: plain.get(f"{STRANGER_COUNT_KEY}/{n}")).decode() for n in range(1, count + 1)
-        ]
+        keys = [f"{STRANGER_COUNT_KEY}/{n}" for n in range(1, min(count, STRANGERS_NAMED) + 1)]
+        found = [self.store.call(lambda k=k: plain.get(k)).decode(errors="replace") for k in keys
+                 if self.store.check([k])]  # fmt: skip
+        return found, count
 
     def _verified(self, key: str) -> str | None:
-        """The value under ``key``, or None where it does not verify with the run token (dropped, and named)."""
+        """The value under ``key``, or None where it does not verify with the run's key (dropped, and named)."""
         try:
             text: str = self.store.get(key).decode()
         except ForgedValue as exc:
@@ -237,7 +306,9 @@ class NodeGroup(GroupWatch):
         for node in self.others:
             log.info("node 0: waiting for node %d's fingerprint (rendezvous deadline %gs)", node, self.timeout)
             problem = self.wait_for({node: f"fingerprint/{node}"}, max(0.0, deadline - time.monotonic()), fixed=True)
-            if problem is not None:  # one deadline for all: name it, not what was left of it
+            if problem is not None and problem.beats:  # alive: its key went missing
+                self.gone[node] = tampered(node, f"fingerprint/{node}", self.timeout)
+            elif problem is not None:  # one deadline for all: name it, not what was left of it
                 self.gone[node] = f"node {node} never arrived within {self.timeout:g}s (rendezvous deadline)"
                 log.info("node 0: %s", self.gone[node])
         texts = {n: self._verified(f"fingerprint/{n}") for n in self.others if n not in self.gone}
@@ -375,7 +446,7 @@ class NodeGroup(GroupWatch):
             text, status = self._verified(f"results/{node}"), self._verified(f"status/{node}")
             if text is None or status is None:
                 dropped = [key for key, value in (("results", text), ("status", status)) if value is None]
-                self.gone[node] = f"its {' and '.join(dropped)} did not verify with the run token: dropped"
+                self.gone[node] = f"its {' and '.join(dropped)} did not verify with the run's key: dropped"
                 continue
             gathered[node] = [line for line in text.splitlines() if line.strip()]
             statuses[node] = int(status)

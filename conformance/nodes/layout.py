@@ -70,6 +70,7 @@ class NodeSetup:
     identity: str = ""  # the launcher's name for this run, which every node must present ("": run by hand)
     launcher_hosts_store: bool = False  # the launcher serves the store at master_port: node 0 is a client too
     run_token: str | None = field(default=None, repr=False)  # --run-token: signs the run's values; never shown
+    slurm_job: str | None = None  # SLURM's job id: without a token, MUNGE signs the run (nodes/munge.py)
 
     @property
     def multi_node(self) -> bool:
@@ -141,6 +142,7 @@ def _from_slurm(environ: Mapping[str, str]) -> NodeSetup | None:
         master_port=_master_port(environ) or (_job_port(job) if job else None),
         source="SLURM",
         identity=f"SLURM job {job} step {_step_id(environ) or '?'}" if job else "",
+        slurm_job=job,
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.nodes.layout import NodeSetup
+from conformance.nodes.munge import Munge
 from conformance.nodes.store import BoundedStore, SignedStore, StoreUnanswered, listening_socket, open_store
 
 log = logging.getLogger("conformance.nodes")
@@ -30,6 +31,14 @@ POLL_SECONDS = 0.1
 class NodeProblem:
     node: int
     reason: str
+    beats: bool = False  # the node is alive (its heartbeat is heard): what is missing was not its absence
+
+
+def tampered(node: int, key: str, limit: float) -> str:
+    return (
+        f"node {node} arrived (it beats) but its {key or 'key'} is not in the run's store after {limit:g}s: removed "
+        f"by a client not of this run (tampering), or node {node} is stuck before writing it"
+    )
 
 
 @dataclass
@@ -99,14 +108,23 @@ class GroupWatch:
     :class:`conformance.nodes.group.NodeGroup` builds the run's meetings on it.
     """
 
-    def __init__(self, setup: NodeSetup, timeout: float, limits: GroupLimits, store: Any, lost: str = "") -> None:
+    def __init__(
+        self,
+        setup: NodeSetup,
+        timeout: float,
+        limits: GroupLimits,
+        store: Any,
+        lost: str = "",
+        munge: Munge | None = None,
+    ) -> None:
         self.setup = setup
+        self.munge = munge  # under SLURM without a token: MUNGE hands out the run's key
         self.me = setup.node_rank
         self.others = [n for n in range(setup.nnodes) if n != self.me]
         self.timeout = timeout
         self.progress_limit = limits.progress  # how long a node may stay in one test before it counts as stuck
         self.store_limit = limits.store  # how long node 0's store may leave a call unanswered
-        self.signed = SignedStore(store, setup.run_token)
+        self.signed = SignedStore(store, setup.run_token, signs=setup.run_token is not None or munge is not None)
         self.store: Any = BoundedStore(self.signed, limits.store) if store is not None else None
         self.forged: list[str] = []  # values dropped because they do not verify with the run token
         self.liveness: Liveness | None = None  # node 0: who ended, who died
@@ -241,12 +259,15 @@ class GroupWatch:
         log.info("node %d: %s", self.me, self.gone[node])
         return NodeProblem(node, self.gone[node])
 
-    def _overdue(self, node: int, since: float, limit: float, fixed: bool) -> NodeProblem | None:
+    def _overdue(self, node: int, since: float, limit: float, fixed: bool, key: str = "") -> NodeProblem | None:
         """Waited past ``limit``: from ``since`` when ``fixed``, else from the node's last change of test."""
         with self._lock:
             last = since if fixed else max(since, self.heard[node].moved)
+            beats = self.heard[node].count > 0
         if time.monotonic() - last <= limit:
             return None
+        if fixed and beats:  # alive, yet what it writes first is not there: removed by a client not of this run
+            return NodeProblem(node, tampered(node, key, limit), beats=True)
         if fixed:
             return NodeProblem(node, f"node {node} never arrived within {limit:g}s (rendezvous deadline)")
         return NodeProblem(node, f"node {node} did not get there within {limit:g}s; it is at {self.where(node)}")
@@ -267,7 +288,7 @@ class GroupWatch:
             except RuntimeError as exc:
                 self.lose(exc)
             for node in sorted(pending):
-                found = self.problem(node) or self._overdue(node, since, limit, fixed)
+                found = self.problem(node) or self._overdue(node, since, limit, fixed, keys[node])
                 if found is not None:
                     log.debug("node %d: stopped waiting for node %d (%s): %s", self.me, node, keys[node], found.reason)
                     return found

@@ -60,30 +60,35 @@ def listening_socket(address: str, port: int) -> socket.socket:
 
 
 class ForgedValue(ValueError):
-    """A value of the run's store that does not verify with the run token: not written by a node of this run."""
+    """A value of the run's store that does not verify with the run's key: not written by a node of this run."""
 
 
 SIGNATURE = b"\n#hmac-sha256:"
 
 
 class SignedStore:
-    """The run's store with every value signed, where the run has a token (``--run-token``).
+    """The run's store with every value signed, where the run can sign: a run token, or MUNGE under SLURM.
 
     A value is stored as itself, then ``SIGNATURE`` and the hex HMAC-SHA256 of its key and itself
-    under a key derived from the run token and node 0's nonce for the run (a fresh random one per
-    run, so a value of one run never verifies in another).  The token itself is never stored.
-    Without a token, values are stored as they are.  Counters (``add``), key checks and the public
-    keys (which run the store serves, the strangers turned away) are not signed.
+    under the run's key: derived from the run token and node 0's nonce for the run (a fresh random
+    one per run, so a value of one run never verifies in another), or drawn by node 0 and handed to
+    each node in a MUNGE credential (``nodes/munge.py``).  Neither the token nor the key is stored.
+    Unsigned (no way to sign), values are stored as they are.  Counters (``add``), key checks and
+    the public keys (which run the store serves, the strangers turned away) are not signed.
     """
 
-    def __init__(self, store: Any, token: str | None) -> None:
+    def __init__(self, store: Any, token: str | None, signs: bool | None = None) -> None:
         self.raw = store
         self.token = token
+        self.signs = token is not None if signs is None else signs  # False: the run is UNSIGNED
         self._key: bytes | None = None
 
     def use_nonce(self, nonce: str) -> None:
         if self.token is not None:
             self._key = hmac.new(self.token.encode(), f"conformance run {nonce}".encode(), hashlib.sha256).digest()
+
+    def use_key(self, key: bytes) -> None:
+        self._key = key
 
     def _signature(self, key: str, value: bytes) -> bytes:
         assert self._key is not None  # set before any signed value is written or read
@@ -91,15 +96,15 @@ class SignedStore:
 
     def _signed(self, key: str, value: str | bytes) -> bytes:
         data = value.encode() if isinstance(value, str) else value
-        return data + SIGNATURE + self._signature(key, data) if self.token is not None else data
+        return data + SIGNATURE + self._signature(key, data) if self.signs else data
 
     def _verified(self, key: str, stored: bytes) -> bytes:
-        if self.token is None:
+        if not self.signs:
             return stored
         data, mark, signature = stored.rpartition(SIGNATURE)
         if not mark or not hmac.compare_digest(signature, self._signature(key, data)):
             raise ForgedValue(
-                f"{key}: its value does not verify with the run token (not written by a node of this run)"
+                f"{key}: its value does not verify with the run's key (not written by a node of this run)"
             )
         return data
 

@@ -290,6 +290,7 @@ class RunFacts:
     nnodes: int = 1
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation
     not_tested: str | None = None  # why the machine's GPUs were not tested together (MIG): no pair or set ran
+    unsigned: str | None = None  # why a run across nodes beyond loopback signed nothing (``nodes/group.py``)
     slow_ratio: float | None = None  # a pair below this fraction of its class's median is SLOW (None: older runs)
     bandwidth_floors: Mapping[str, float] = field(default_factory=dict)  # link class -> least GB/s of a pair
     watch: JsonObject | None = None  # what NVML said during the run (``discover/watch.py``); None: not watched

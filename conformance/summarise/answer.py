@@ -192,6 +192,7 @@ class Answer:
 
 CPU_ONLY = "CPU ONLY: no GPU was tested"
 NOT_TESTED = "NOT TESTED"
+UNSIGNED = "UNSIGNED"
 FAILED_ELSEWHERE = "RUN FAILED on another node:"
 OTHER_NODES_TEST = "other nodes of the run"  # the JUnit test case a failed node fails on every node
 NO_NCCL_FIX = (
@@ -199,6 +200,14 @@ NO_NCCL_FIX = (
     "them (`lspci -vvv | grep ACSCtl`), the driver version, and run `p2pBandwidthLatencyTest` from cuda-samples"
 )
 HARNESS_ERRORS_NAMED = 3  # the answer's line names this many failed tests, then counts the rest
+
+
+def unsigned_line(why: str) -> str:
+    """The warning of a run across nodes that signed nothing: what any client of node 0's port could do."""
+    return (
+        f"{UNSIGNED}: the nodes' values were not signed ({why}): any client that reached node 0's port could have "
+        "changed a node's results or exit status; give every node the same run token"
+    )
 
 
 def harness_error_line(errors: Sequence[HarnessError]) -> str:
@@ -328,6 +337,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
         slow_causes=slow_causes(run.machine),
         warnings=(
+            *([unsigned_line(run.facts.unsigned)] if run.facts.unsigned else []),
             *([f"WARNING {run.facts.nccl_warning}"] if run.facts.nccl_warning else []),
             *_host_warnings(run.usable_records),
             *_transport_warnings(counted),

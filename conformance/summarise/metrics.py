@@ -141,7 +141,7 @@ def _run_families(run: Run, status: RunStatus) -> list[Family]:
     info.add(
         1, run_id=run.run_id or "", host=run.facts.host or "", backend=run.facts.backend or "",
         simulated=str(run.simulated).lower(), scenario=Path(run.facts.scenario).stem if run.facts.scenario else "",
-        verdict=verdict,
+        verdict=verdict, signed="false" if run.facts.unsigned else "true",
     )  # fmt: skip
     passed = Family(f"{PREFIX}run_passed", "1 when the run passed (exit status 0, nothing failed), else 0.")
     passed.add(verdict == PASSED)
