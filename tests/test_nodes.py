@@ -506,3 +506,42 @@ def test_a_raised_stranger_counter_costs_no_wait_and_a_removed_key_is_named_as_t
     finally:
         node1.close()
         node0.close()
+
+
+def test_keys_written_by_a_client_not_of_the_run_are_counted_and_named() -> None:
+    """Keys cannot be listed: node 0's monitor counts what the store holds against what the run writes."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from conformance.nodes.group import KEYS_BASE, KEYS_PER_TEST, NodeGroup
+    from conformance.nodes.liveness import GroupLimits
+    from conftest import free_port
+
+    port, limits = free_port(), GroupLimits(progress=5, store=5)
+    setups = [NodeSetup(2, rank, "127.0.0.1", port, "settings", identity="run token x", run_token="t")
+              for rank in (0, 1)]  # fmt: skip
+    node0 = NodeGroup.connect(setups[0], 5, limits)
+    node1 = NodeGroup.connect(setups[1], 5, limits)
+    forger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    try:
+        tests = ["suites/test_collectives.py::test_all_reduce[all2-inherited]"]
+        node1_sent = node1.same_collection(tests)
+        assert node0.same_collection(tests) == [] and node1_sent == []
+        bound = KEYS_BASE + KEYS_PER_TEST * len(tests) * 2
+        time.sleep(1.5)  # a few monitor rounds of the run's own keys
+        assert node0.flooded is None and node0.key_bound == bound
+        for n in range(bound + 10):
+            forger.set(f"junk/{n}", "x")
+        deadline = time.monotonic() + 10
+        while node0.flooded is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (
+            node0.flooded is not None
+            and node0.flooded.startswith("a client not of this run wrote keys to node 0's store: it held ")
+            and node0.flooded.endswith(f"keys, where this run writes at most {bound}")
+        )
+    finally:
+        node1.close()
+        node0.close()

@@ -194,5 +194,7 @@ def _gather(run: RunContext, group: NodeGroup, status: int) -> list[str]:
     statuses = {0: status, **gathered.statuses}
     failed = [f"node {n}: exit {code}" for n, code in sorted(statuses.items()) if code != pytest.ExitCode.OK]
     failed += [f"node {n}: {reason}" for n, reason in sorted(gathered.gone.items())]
+    if group.flooded:  # the store was written by someone else: what it held cannot be trusted to be all
+        failed.append(f"node 0: {group.flooded}")
     group.publish_outcome(failed, readers=gathered.statuses)
     return failed

@@ -49,6 +49,10 @@ MUNGE_KEY = "munge"  # munge/<k>: node 0's MUNGE credential holding the run's ke
 STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
 BY_HAND = "a run started by hand without --run-token"
 STRANGERS_NAMED = 5  # turned-away nodes named at the end; the rest are counted
+# The most keys a run writes: the start's and the end's per node, and per test and node a case's meeting keys
+# (arrived, verdict, failed, first pass) and those of torch's own process group for its ranks (gloo: a few a rank).
+KEYS_BASE = 1000
+KEYS_PER_TEST = 32
 ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
 OUTCOME_KEY = "outcome"  # node 0's list of the nodes that failed, once every node's status is in
 
@@ -225,6 +229,16 @@ class NodeGroup(GroupWatch):
         return ""
 
     @property
+    def flooded(self) -> str | None:
+        """Node 0: keys beyond what this run writes, written by a client not of this run; None where none were."""
+        if self.key_bound is None or self.most_keys <= self.key_bound:
+            return None
+        return (
+            f"a client not of this run wrote keys to node 0's store: it held {self.most_keys} keys, where this run "
+            f"writes at most {self.key_bound}"
+        )
+
+    @property
     def unsigned(self) -> str | None:
         """Why a run across nodes beyond loopback cannot sign its values; None where it signs or stays local."""
         if self.signed.signs or not self.setup.multi_node or _loopback(self.setup.master_addr or ""):
@@ -331,6 +345,7 @@ class NodeGroup(GroupWatch):
 
     def same_collection(self, nodeids: Sequence[str]) -> list[str]:
         """Node 0 compares every node's collected tests; the lines of differences (none: the same)."""
+        self.key_bound = KEYS_BASE + KEYS_PER_TEST * len(nodeids) * self.setup.nnodes
         if self.store is None or self.lost:
             return []
         self.store.set(f"collection/{self.me}", json.dumps(list(nodeids)))

@@ -142,6 +142,8 @@ class GroupWatch:
         self._at = ""
         self._monitor: threading.Thread | None = None
         self._case_counts: dict[str, int] = {}
+        self.key_bound: int | None = None  # node 0: the most keys this run's protocol writes (known once collected)
+        self.most_keys = 0  # node 0: the most keys its monitor saw the store hold
 
     # -- the heartbeat monitor ----------------------------------------------------------------
     def _start_monitor(self) -> None:
@@ -157,6 +159,8 @@ class GroupWatch:
                 for node in self.others:
                     self._hear(node, store.add(f"heartbeat/{node}", 0), store)
                 self._look_and_post(store)
+                if self.me == 0:  # a client not of this run writing keys: counted, since keys cannot be listed
+                    self.most_keys = max(self.most_keys, int(store.num_keys()))
                 self._answered = time.monotonic()
                 if self._stop.wait(HEARTBEAT_SECONDS):
                     return
