@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.common import values
 from conformance.common.deadlines import Deadlines
-from conformance.common.inputs import NotReadable, read_bounded
+from conformance.common.inputs import NO_JINJA2, NotReadable, jinja2_missing, read_bounded
 from conformance.common.values import BadValue
 
 if TYPE_CHECKING:
@@ -373,6 +373,8 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
     if settings.metrics_file is not None:
         check_metrics_file(settings.metrics_file, settings.source("metrics_file"))
+    if settings.run_report and jinja2_missing():  # refused now, not after the whole run
+        raise SettingError(f"{settings.source('run_report')}: --run-report: {NO_JINJA2}")
     return settings
 
 

@@ -44,7 +44,7 @@ def test_imports_of_a_run_need_neither_jinja2_nor_junitparser() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_without_jinja2_a_run_passes_and_run_report_fails_it_naming_the_extra(
+def test_without_jinja2_a_run_passes_and_run_report_is_refused_at_the_start_naming_the_extra(
     pytester: pytest.Pytester,
     run_suite: Callable[..., pytest.RunResult],
     reports_dir: Path,
@@ -55,11 +55,13 @@ def test_without_jinja2_a_run_passes_and_run_report_fails_it_naming_the_extra(
     plain = run_suite("--virtual-devices=2", *files)
     assert plain.ret == pytest.ExitCode.OK, plain.stdout.str()
     asked = run_suite("--virtual-devices=2", "--run-report", *files)
-    assert asked.ret == pytest.ExitCode.TESTS_FAILED, asked.stdout.str()
-    assert f"HTML report NOT written: {NO_JINJA2}" in asked.stdout.lines
+    assert asked.ret == pytest.ExitCode.USAGE_ERROR, asked.stdout.str()  # refused at the start, not after the run
+    refused = f"ERROR: conformance: command-line option --run-report: --run-report: {NO_JINJA2}"
+    assert [line for line in asked.stderr.lines if line] == [refused]
     assert "Traceback" not in asked.stdout.str() + asked.stderr.str()
-    assert not (reports_dir / "latest" / report.REPORT_FILE).exists()
+    assert "collected" not in asked.stdout.str()
 
+    capsys.readouterr()
     assert main(["report", "--reports-dir", str(reports_dir)]) == 2  # the command: one line, the extra named
     err = capsys.readouterr().err
     assert err == f"python -m conformance report: {NO_JINJA2}\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import stat
 import types
@@ -156,10 +157,23 @@ def _one_type_words(hint: Any) -> str:
 NO_JUNITPARSER = "reading a JUnit file needs junitparser: pip install 'gpu-conformance[junit]'"
 
 
+# jinja2 is the ``report`` extra: a GPU image may run the suite without it (its torch brings it anyway).
+NO_JINJA2 = "the HTML report needs jinja2: pip install 'gpu-conformance[report]'"
+
+
 def junitparser_missing() -> bool:
     """Whether junitparser cannot be imported here."""
+    return _cannot_import("junitparser")
+
+
+def jinja2_missing() -> bool:
+    """Whether jinja2 cannot be imported here (the HTML report needs it)."""
+    return _cannot_import("jinja2")
+
+
+def _cannot_import(name: str) -> bool:
     try:
-        import junitparser  # noqa: F401
+        importlib.import_module(name)
     except ImportError:
         return True
     return False

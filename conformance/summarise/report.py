@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.common.casefiles import read_json
 from conformance.common.files import write_atomic
+from conformance.common.inputs import NO_JINJA2
 from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import FAILURES, SEVERITY, Verdict
 from conformance.discover.topology import Topology
@@ -69,10 +70,6 @@ VERDICT_MEANING = {v.value: v.value for v in Verdict} | {
 }  # fmt: skip
 OPEN_STACKS = 3  # failures whose stacks are shown unfolded; the rest fold (<details>)
 DEVICE_COLUMNS = ("device", "NVML", "model", "UUID", "bus id", "NUMA", "memory", "MIG")
-
-
-# jinja2 is the ``report`` extra: a GPU image may run the suite without it (its torch brings it anyway).
-NO_JINJA2 = "the HTML report needs jinja2: pip install 'gpu-conformance[report]'"
 
 
 class ReportUnavailable(RuntimeError):
