@@ -12,6 +12,7 @@ import pytest
 from conformance.common.suite import SUITES_DIR, SUITES_PACKAGE
 from conformance.common.verdicts import Verdict
 from conformance.harness import host_checks, junit
+from conformance.harness.cases import detailed
 from conformance.harness.context import RunContext
 from conformance.harness.local import collective
 from conformance.harness.setup import run_context
@@ -121,7 +122,7 @@ def conformance_case(request: pytest.FixtureRequest) -> RunCase:
             pytest.skip(result.decision.summary)
         if result.verdict != Verdict.PASS:
             request.node.stash[junit.HEADLINE] = headline(result)
-            pytest.fail(failure_text(result), pytrace=False)
+            pytest.fail(failure_text(result, full=detailed(request.config)), pytrace=False)
         return result
 
     return run

@@ -152,7 +152,7 @@ ANSWER_SEP = "*= conformance: the answer =*"
 def test_a_healthy_run_answers_in_one_green_line_and_counts_no_error(
     pytester: pytest.Pytester, run_suite: RunSuite
 ) -> None:
-    """Everything passed: one line says so, first; the negative control's expected error is counted nowhere.
+    """Everything passed: one line says so, last; the negative control's expected error is counted nowhere.
 
     On a (simulated) GPU machine: a run of CPU ranks says CPU ONLY instead (``test_honest_answers.py``).
     """
@@ -163,7 +163,7 @@ def test_a_healthy_run_answers_in_one_green_line_and_counts_no_error(
     lines = result.outlines
     (sep,) = [i for i, line in enumerate(lines) if "conformance: the answer" in line]
     assert lines[sep + 1] == f"{green}\x1b[1meverything passed: 1 case in 1 class; nothing to set{reset}"
-    assert "conformance summary" in lines[sep + 2]  # the answer comes first, then the details
+    assert sep + 2 == len(lines) and "passed" in lines[sep - 1]  # the answer last, after pytest's count line
     counts = next(line for line in lines if line.startswith("probe"))
     assert counts.split() == ["probe", "pass"]  # no error column in a green run
     result.stdout.fnmatch_lines(["negative controls: 1 ended as their tests expected (error); not counted above"])
@@ -180,7 +180,46 @@ def test_a_failing_class_is_answered_first_in_red_and_plain_without_colour(
     plain = run_suite("--virtual-devices=2", "--scenario=broken.toml", "--matrix=inherited", "--color=no")
     plain.assert_outcomes(failed=1)
     answer = "CPU pairs: ERROR on inherited (pair_exchange 1/1); no rung passed (tried inherited): no setting fixes it"
-    plain.stdout.fnmatch_lines(["*= conformance: the answer (SIMULATED) =*", answer, "*= conformance summary*"])
+    plain.stdout.fnmatch_lines(["*= conformance summary*", "*= conformance: the answer (SIMULATED) =*", answer])
     assert not any("\x1b[" in line for line in plain.outlines)
     coloured = run_suite("--virtual-devices=2", "--scenario=broken.toml", "--matrix=inherited", "--color=yes")
     assert f"\x1b[31m\x1b[1m{answer}\x1b[0m" in coloured.outlines
+
+
+INTERRUPTING_TEST = """
+def test_zz_a_user_presses_ctrl_c():
+    raise KeyboardInterrupt
+"""
+
+
+def answer_first_line(result: pytest.RunResult) -> str:
+    lines = result.outlines
+    (sep,) = [i for i, line in enumerate(lines) if "= conformance: the answer" in line]
+    return lines[sep + 1]
+
+
+@pytest.mark.parametrize("run", ["failing", "passing", "cpu-only", "interrupted"])
+def test_the_answer_is_the_last_thing_on_the_screen(pytester: pytest.Pytester, run_suite: RunSuite, run: str) -> None:
+    """Its first line is among the last 15 of any run, after pytest's own summary and count line."""
+    pytester.makepyfile(test_p=PAIR_TEST)
+    args = [f"--topology-file={TOPOLOGIES / 'pcie-2gpu.json'}", "--matrix=inherited"]
+    if run == "failing":
+        pytester.path.joinpath("broken.toml").write_text(
+            scenario_text('effect = "error"\nphase = "probe"\nmessage = "simulated link error"')
+        )
+        args.append("--scenario=broken.toml")
+    if run == "cpu-only":
+        args = ["--virtual-devices=2", "--matrix=inherited"]
+    if run == "interrupted":
+        pytester.makepyfile(test_zz=INTERRUPTING_TEST)
+    result = run_suite(*args)
+    first = answer_first_line(result)
+    assert first in result.outlines[-15:], "\n".join(result.outlines[-30:])
+    counts = next(i for i, line in enumerate(result.outlines) if line.startswith("=") and " in " in line)
+    assert counts < result.outlines.index(first)  # pytest's "1 passed in 2.1s" comes before it
+    expected = {"failing": "PHB pairs: ERROR", "passing": "everything passed", "cpu-only": "CPU ONLY",
+                "interrupted": "INCOMPLETE RUN"}[run]  # fmt: skip
+    assert first.startswith(expected), first
+    if run == "failing":  # its failure reads as its verdict, not the suite's own frames
+        assert "forkserver" not in result.stdout.str() and "runpy" not in result.stdout.str()
+        result.stdout.fnmatch_lines(["ERROR *test_p.py::test_pair*"])  # the verdict word first in pytest's summary

@@ -50,7 +50,7 @@ def run_json(reports_dir: Path) -> dict[str, Any]:
 def answer_rows(result: pytest.RunResult) -> list[str]:
     lines = result.outlines
     (start,) = [i for i, line in enumerate(lines) if "conformance: the answer" in line]
-    end = next(i for i in range(start + 1, len(lines)) if "conformance summary" in lines[i])
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("=")), len(lines))  # last: to the end
     return lines[start + 1 : end]
 
 

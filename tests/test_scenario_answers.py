@@ -398,7 +398,7 @@ def matches(line: str, pattern: str) -> bool:
 def answer_lines(result: pytest.RunResult) -> list[str]:
     lines = result.outlines
     (start,) = [i for i, line in enumerate(lines) if "= conformance: the answer" in line]
-    end = next(i for i in range(start + 1, len(lines)) if "= conformance summary" in lines[i])
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("=")), len(lines))  # last: to the end
     return lines[start + 1 : end]
 
 

@@ -46,7 +46,7 @@ class CasePipeline:
         strategy.ran(planned, result)
         self._record(request, planned, result)
         item.stash[junit.CASE_SECONDS] = result.seconds
-        if result.verdict not in (Verdict.PASS, Verdict.SKIP):
+        if result.verdict not in (Verdict.PASS, Verdict.SKIP) and detailed(item.config):
             attach_logs(item, result)
         return result
 
@@ -85,6 +85,15 @@ class CasePipeline:
         if run.simulated and (record.bandwidth_gbps is not None or "busbw_gbps" in record.metrics):
             known |= simulated_transfer_generations(run.topology, record.devices)
         return replace(record, metrics={**record.metrics, **known}) if known else record
+
+
+def detailed(config: pytest.Config) -> bool:
+    """Whether a failed case shows its ranks' stacks and logs in pytest's report (``-v``, ``--tb=long``).
+
+    By default its verdict, GPUs, phase, cause and the folder of its logs say what a user needs; the
+    suite's own frames (forkserver, runpy, the rank's context) tell nothing more.
+    """
+    return int(config.getoption("verbose")) > 0 or config.getoption("tbstyle") == "long"
 
 
 def attach_logs(item: pytest.Item, result: CaseResult) -> None:

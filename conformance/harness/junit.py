@@ -33,6 +33,7 @@ import pytest
 
 from conformance.common.files import write_via_temporary
 from conformance.common.outside_text import shown_lines
+from conformance.common.verdicts import Verdict
 from conformance.harness.pytest_private import junit_writer
 from conformance.record.records import JUNIT_PREFIX, JunitRun
 
@@ -44,6 +45,7 @@ CPU_ONLY = f"{JUNIT_PREFIX}cpu_only"
 ANSWER = f"{JUNIT_PREFIX}answer"
 EXPORT = f"{JUNIT_PREFIX}export"
 UNSIGNED = f"{JUNIT_PREFIX}unsigned"
+FAILED_VERDICT_WORDS = frozenset(v.value.upper() for v in Verdict if v not in (Verdict.PASS, Verdict.SKIP))
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,17 @@ class JunitHooks:
         if headline is not None and report.failed and crash is not None:
             crash.message = headline  # what JUnit's message and -rf show; xdist sends it to the controller
         return report
+
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
+        """A failed case's verdict (HANG, ERROR, ...) as pytest's word for it: first in its short summary line.
+
+        pytest cuts that line at the terminal's width after the test's id, which often took the verdict.
+        """
+        crash = getattr(report.longrepr, "reprcrash", None)
+        word = str(getattr(crash, "message", "")).split(" ", 1)[0]
+        if report.when == "call" and report.failed and word in FAILED_VERDICT_WORDS:
+            return "failed", "F", word
+        return None
 
 
 def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT_NAME) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -41,6 +42,15 @@ class TerminalOutput:
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if not self.run.role.worker:
             write_summary(self.run, terminalreporter)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        """The answer, last: after pytest's own summary and its count line, so a run's last screen starts with it."""
+        result = yield
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if not self.run.role.worker and reporter is not None:
+            _write_answer(self.run, reporter, " (SIMULATED)" if self.run.simulated else "")
+        return result
 
 
 def header_lines(run: RunContext) -> list[str]:
@@ -103,10 +113,9 @@ def _node_lines(run: RunContext) -> list[str]:
 
 
 def write_summary(run: RunContext, write: TerminalReporter) -> None:
-    """The answer first, then how far the run got, the nodes' notes, the cases and the ladder."""
+    """How far the run got, the nodes' notes, the cases and the ladder (the answer comes last of all)."""
     simulated = " (SIMULATED)" if run.simulated else ""
     outcome = run.outcome
-    _write_answer(run, write, simulated)
     if outcome.end is not None and outcome.end.incomplete:
         line = f"{PREFIX}INCOMPLETE RUN ({outcome.end.incomplete}): what follows covers only what ran"
         write.write_line(shown(line), yellow=True, bold=True)

@@ -324,8 +324,11 @@ def _stopped_at(decision: Decision) -> str:
     return places.pop() if len(places) == 1 else ""
 
 
-def failure_text(result: CaseResult) -> str:
-    """Verdict word first, then the root cause, the phase, victims and a stack excerpt."""
+def failure_text(result: CaseResult, full: bool = True) -> str:
+    """Verdict word first, then the root cause, the phase, victims and where the logs are.
+
+    ``full``: the ranks' stacks and tracebacks too (``-v``, ``--tb=long``); they are in the logs either way.
+    """
     decision = result.decision
     lines = [f"{decision.verdict}: {decision.summary}"]
     if result.simulated:
@@ -348,12 +351,12 @@ def failure_text(result: CaseResult) -> str:
     for r in result.unkillable:
         lines.append(f"rank {r.rank} (pid {r.pid}) would not die after SIGKILL: host may need to be recycled")
     stacked = [root] if root is not None and root.stack else [r for r in result.reports if r.stack]
-    for r in stacked:
+    for r in stacked if full else ():
         lines.append(f"stack of rank {r.rank} at the deadline:\n{stack_excerpt(r.stack)}")
     for r in result.reports:
         if r.collectives is not None and (r.failed or r.stopped_by):
             lines.append(f"rank {r.rank}: {flight_recorder.describe(r.collectives)}")
-    if root is not None and root.traceback and not root.stack:
+    if full and root is not None and root.traceback and not root.stack:
         lines.append(f"traceback of rank {root.rank}:\n{traceback_excerpt(root.traceback)}")
     lines.append(f"rank logs: {result.case_dir}")
     return shown_lines("\n".join(lines))  # rank messages, causes and stacks quote what the ranks wrote
