@@ -275,6 +275,7 @@ def test_as_slurmd_runs_a_health_check_program_it_resumes_only_its_own_drain(
     # slurmd's environment for it is SLURMD_NODENAME alone; SLURM_CONF names the tests' cluster, as a wrapper would
     slurmd_env = {"SLURMD_NODENAME": "n3", "SLURM_CONF": str(cluster.conf), "CONFORMANCE_TEST_TAG": run_tag}
     check = [program, f"--reports-dir={tmp_path / 'n3'}", *HEALTHY_ARGS]
+    broken = [program, f"--reports-dir={tmp_path / 'n3'}", "--scenario", "nvlink-down"]
 
     def run_check() -> None:
         done = subprocess.run(check, env=slurmd_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -282,16 +283,14 @@ def test_as_slurmd_runs_a_health_check_program_it_resumes_only_its_own_drain(
 
     admin = "Reason=fan 3 failing, do not use"
     assert cluster.command("scontrol", "update", "NodeName=n3", "State=DRAIN", admin).returncode == 0
-    failing = subprocess.run([*check, "--scenario", "nvlink-down"], env=slurmd_env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    failing = subprocess.run(broken, env=slurmd_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert failing.returncode == UNHEALTHY, failing.stdout + failing.stderr
     assert "node n3: already drained by someone else (fan 3 failing, do not use): left as it is" in failing.stdout
     run_check()
     assert node_state(cluster, "n3") == ("drained", "fan 3 failing, do not use")  # a person's drain stays, unchanged
     assert cluster.command("scontrol", "update", "NodeName=n3", "State=RESUME").returncode == 0
     assert wait_for_state(cluster, "n3", "idle") == ("idle", "none")
-    failing = subprocess.run([*check, "--scenario", "nvlink-down"], env=slurmd_env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    failing = subprocess.run(broken, env=slurmd_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert failing.returncode == UNHEALTHY, failing.stdout + failing.stderr
     assert wait_for_state(cluster, "n3", "drained")[1].startswith("gpu-conformance: SIMULATED: host check host:nvlink")
     run_check()
