@@ -7,6 +7,7 @@ and ranks inherit, so a test can prove that nothing it started is left running.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,12 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from conformance.common.families import INHERITED_FAMILIES
-from conformance.common.lifetime import process_gone
-from conformance.plan.matrix import in_rounds
+# The project's own tests need the dev extra; a bare ``pytest`` in a checkout without it says so in
+# one line, and says how the machine is tested, instead of failing on the first missing import.
+DEV_MODULES = ("psutil", "xmlschema", "junitparser", "jinja2", "prometheus_client")
+_MISSING = [name for name in DEV_MODULES if importlib.util.find_spec(name) is None]
+if _MISSING:
+    pytest.exit(
+        f"these are the project's own tests; they need its dev extra ({', '.join(_MISSING)} not installed): "
+        "pip install -e '.[dev]'. To test this machine: pytest suites/",
+        returncode=pytest.ExitCode.USAGE_ERROR,
+    )
+
+import psutil  # noqa: E402 - after the check that names the extra
+
+from conformance.common.families import INHERITED_FAMILIES  # noqa: E402
+from conformance.common.lifetime import process_gone  # noqa: E402
+from conformance.plan.matrix import in_rounds  # noqa: E402
 
 pytest_plugins = ["pytester"]
 
