@@ -730,6 +730,7 @@ def test_healthy_run_says_nothing_needs_setting(
     ]
     assert (folder / "recommended.env").read_text() == "\n".join(
         [
+            f"# CPU ONLY: no GPU was tested ({run.facts.cpu_only})",  # first: nothing below is about a GPU
             f"# recommended environment from conformance run {run.run_id}",
             ENV_USAGE,
             "# CPU: inherited: nothing to set",

@@ -295,3 +295,14 @@ def test_as_slurmd_runs_a_health_check_program_it_resumes_only_its_own_drain(
     assert wait_for_state(cluster, "n3", "drained")[1].startswith("gpu-conformance: SIMULATED: host check host:nvlink")
     run_check()
     assert wait_for_state(cluster, "n3", "idle") == ("idle", "none")  # its own drain, resumed
+
+
+def test_a_node_that_tested_no_gpu_says_so_in_its_last_line(
+    fake_slurm: Path, tmp_path: Path, run_tag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--reports-dir", str(tmp_path / "reports"), "--node", "vm1", "--virtual-devices", "2"]
+    assert main(argv, environ(fake_slurm)) == HEALTHY
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("conformance-healthcheck: node vm1: healthy (CPU ONLY: no GPU tested: "), last
+    env_file = next((tmp_path / "reports").glob("2*/recommended.env")).read_text()
+    assert env_file.startswith("# CPU ONLY: no GPU was tested ("), env_file

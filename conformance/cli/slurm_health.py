@@ -50,7 +50,7 @@ from conformance.common.outside_text import shown
 from conformance.common.suite import SUITES_DIR
 from conformance.record.results import LATEST
 from conformance.record.run_folder import run_id_of
-from conformance.record.runs import RunError, load_run
+from conformance.record.runs import Run, RunError, load_run
 from conformance.summarise.answer import answer
 from conformance.summarise.recommend import recommend
 
@@ -130,6 +130,7 @@ class Outcome:
 
     healthy: bool
     reason: str = ""
+    cpu_only: str | None = None  # a healthy run of CPU ranks: no GPU was tested
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -151,7 +152,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     outcome = run_quick_suite(args, pytest_args, reports, env)
     prune_runs(reports, args.keep)
     if outcome.healthy:
-        print(f"{PROG}: node {node}: healthy")
+        untested = f" (CPU ONLY: no GPU tested: {shown(outcome.cpu_only)})" if outcome.cpu_only else ""
+        print(f"{PROG}: node {node}: healthy{untested}")
         if not (args.no_resume or args.no_drain):
             resume_if_ours(node, reports, env)
         return HEALTHY
@@ -225,7 +227,7 @@ def run_quick_suite(
         where = f": stopped in {started[-1]}" if started else ""
         return Outcome(False, f"no answer within {args.time_limit:g}s (the health check's time limit){where}")
     if process.returncode == 0:
-        return Outcome(True)
+        return Outcome(True, cpu_only=_cpu_only(reports, before))
     return Outcome(False, failure_reason(reports, before, list(tail), process.returncode))
 
 
@@ -252,19 +254,30 @@ def _wait(process: subprocess.Popen[str], limit: float) -> bool:
     return False
 
 
+def _new_run(reports: Path, before: set[str]) -> Run | None:
+    """The run this health check just made (``latest``, new since it started); None where there is none."""
+    latest = reports / LATEST
+    if not latest.is_symlink() or latest.resolve().name in before:
+        return None
+    try:
+        return load_run(latest.resolve())
+    except RunError:
+        return None
+
+
+def _cpu_only(reports: Path, before: set[str]) -> str | None:
+    run = _new_run(reports, before)
+    return run.facts.cpu_only if run is not None else None
+
+
 def failure_reason(reports: Path, before: set[str], output: Sequence[str], status: int) -> str:
     """The answer's first failing line; where the run left no answer, pytest's own last word."""
-    latest = reports / LATEST
-    if latest.is_symlink() and latest.resolve().name not in before:
-        try:
-            run = load_run(latest.resolve())
-        except RunError:
-            run = None
-        if run is not None and (run.records or run.facts.harness_errors):
-            rows = answer(run, recommend(run)).rows()
-            bad = next((text for text, tone in rows if tone == "bad"), None)
-            if bad is not None:
-                return f"SIMULATED: {bad}" if run.simulated else bad
+    run = _new_run(reports, before)
+    if run is not None and (run.records or run.facts.harness_errors):
+        rows = answer(run, recommend(run)).rows()
+        bad = next((text for text, tone in rows if tone == "bad"), None)
+        if bad is not None:
+            return f"SIMULATED: {bad}" if run.simulated else bad
     errors = [line.strip().removeprefix("ERROR: ") for line in output if line.startswith("ERROR: ")]
     if errors:
         return errors[0]

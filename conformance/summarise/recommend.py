@@ -197,6 +197,7 @@ class Recommendation:
     inherited_env: dict[str, str] = field(default_factory=dict)
     incomplete: str | None = None  # the run did not cover its plan: no recommendation (RunFacts.incomplete)
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no recommendation
+    cpu_only: str | None = None  # why no GPU was tested (a run of CPU ranks that is no simulation)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -311,6 +312,8 @@ class Recommendation:
     # -- the .env file -------------------------------------------------------------------------
     def env_text(self) -> str:
         lines = [f"# recommended environment from conformance run {self.run_id or '(unknown run id)'}"]
+        if self.cpu_only is not None:  # first: nothing below is about a GPU
+            lines.insert(0, f"# CPU ONLY: no GPU was tested ({self.cpu_only})")
         if self.simulated:
             lines.append("# SIMULATED run: this is for the simulated machine, not this host")
         lines.append(
@@ -527,6 +530,7 @@ def recommend(run: Run) -> Recommendation:
         inherited_env={str(k): str(v) for k, v in inherited.items()} if isinstance(inherited, Mapping) else {},
         incomplete=run.facts.incomplete,
         harness_errors=run.facts.harness_errors,
+        cpu_only=run.facts.cpu_only,
     )
 
 
