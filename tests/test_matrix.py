@@ -36,6 +36,7 @@ from conformance.plan.matrix import (
 from conformance.plan.relevance import RUNG_REACH, Between, cannot_change
 from conformance.plan.transport import NcclHost, PairPath
 from conftest import COLLECTIVE_TEST, REPO, copy_suites, in_rounds_named, ladder_lines, read_records, scenario_text
+from test_seed_scenarios import failed_nodeids
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -862,7 +863,7 @@ def test_class_leader_searches_and_followers_jump(
         ]
     )
     assert paid == 2 or workers  # the leader on inherited and on cumem_off
-    failed = sorted(line.split(" ")[1] for line in result.outlines if line.startswith("FAILED "))
+    failed = failed_nodeids(result)
     assert failed == sorted(
         [
             "test_pair.py::test_pair[gpu0-gpu3-SYS-cumem_off]",

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from conformance.harness.junit import FAILED_VERDICT_WORDS
 from conformance.rank.scenario import load_scenario
 from conformance.verdict.stderr_causes import SHM_FULL
 from conftest import REPO, copy_suites, read_records
@@ -75,7 +76,12 @@ def skip_reasons(result: pytest.RunResult) -> Counter[str]:
 
 
 def failed_nodeids(result: pytest.RunResult) -> list[str]:
-    return sorted(line.split(" ")[1] for line in result.outlines if line.startswith("FAILED "))
+    """The failed tests of pytest's short summary: a failed case under its verdict (HANG ...), any other as FAILED."""
+    lines = result.outlines
+    start = next(i for i, line in enumerate(lines) if "short test summary info" in line) + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("="))
+    words = tuple(f"{word} " for word in (*FAILED_VERDICT_WORDS, "FAILED"))
+    return sorted(line.split(" ")[1] for line in lines[start:end] if line.startswith(words))
 
 
 def deadlines_paid(records: list[dict[str, Any]]) -> int:

@@ -87,7 +87,7 @@ def test_fail_wrong_data(pytester: pytest.Pytester, run_suite, reports_dir: Path
     message = "all_reduce 4B: 1 of 1 elements wrong; first at index 0: got 4.0, expected 3.0"
     assert failure_line(result) == f"[simulated] fail: rank 0 (cpu0) in verify (all_reduce 4B): WrongData: {message}"
     # the short summary shows the headline JUnit's message starts with (conformance/junit.py)
-    result.stdout.fnmatch_lines(["FAILED test_x.py::test_case - FAIL cpu0-cpu1 (all) in verify (all_reduce 4B) *"])
+    result.stdout.fnmatch_lines(["FAIL test_x.py::test_case - FAIL cpu0-cpu1 (all) in verify (all_reduce 4B) *"])
     record = only_record(reports_dir)
     assert record["verdict"] == "fail"
     assert record["root_cause"] == {

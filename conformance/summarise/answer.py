@@ -64,6 +64,11 @@ class ClassAnswer:
     def worst(self) -> Verdict:
         return self.verdicts[0] if self.verdicts else Verdict.PASS
 
+    @property
+    def machine_fault_only(self) -> bool:
+        """It failed on a machine fault and no rung passed: the fault's one line names it."""
+        return self.fault is not None and self.fix is None
+
     def text(self) -> str:
         verdicts = "/".join(v.value.upper() for v in self.verdicts)
         counts = ", ".join(f"{probe} {failed}/{ran}" for probe, failed, ran in self.probes)
@@ -163,7 +168,8 @@ class Answer:
         rows += [(f"DURING THE RUN: {f.text}", "bad") for f in self.machine_watched]
         rows += [(line, "bad") for line in self._fault_lines()]
         rows += [(line, "bad") for line in slow_lines(self.slow, self.slow_causes)]
-        rows += [(line, "bad") for c in self.classes for line in (c.text(), *c.causes)]
+        # a class that failed only on a machine fault is named in that fault's one line: no line of its own
+        rows += [(line, "bad") for c in self.classes if not c.machine_fault_only for line in (c.text(), *c.causes)]
         if self.passed and self.harness_errors:  # a test without a verdict may belong to any of them
             rows.append(
                 (f"passed as their records say (see the HARNESS ERROR above): {', '.join(self.passed)}", "plain")
@@ -178,7 +184,7 @@ class Answer:
         """One line per machine fault: the classes it failed and its fix (their lines name it only)."""
         classes: dict[MachineFault, list[str]] = {}
         for found in self.classes:
-            if found.fault is not None and found.fix is None:
+            if found.fault is not None and found.machine_fault_only:
                 classes.setdefault(found.fault, []).append(found.label)
         return [
             f"MACHINE FAULT: {fault.name} in {count_text(len(labels), 'class')} ({', '.join(labels)}) "
