@@ -273,7 +273,7 @@ def test_fixes_other_changes_new_and_missing() -> None:
     )
     new = run(
         record("gpu0-gpu1"),
-        record("gpu0-gpu2", verdict="fail", summary="rank 1: wrong data"),
+        record("gpu0-gpu2", verdict="error", summary="rank 1: NCCL error"),  # still failing, less badly
         record("gpu1-gpu2"),
         record("gpu1-gpu2", rung="p2p_off", verdict="error"),
     )
@@ -281,7 +281,7 @@ def test_fixes_other_changes_new_and_missing() -> None:
     prefix = "suites/test_pairs.py::test_pair_exchange"
     assert cases(comparison.fixes, "baseline", "current") == [(f"{prefix}[gpu0-gpu1-PIX-inherited]", "hang", "pass")]
     assert cases(comparison.verdict_changes, "baseline", "current", "summary") == [
-        (f"{prefix}[gpu0-gpu2-SYS-inherited]", "hang", "fail", "rank 1: wrong data")
+        (f"{prefix}[gpu0-gpu2-SYS-inherited]", "hang", "error", "rank 1: NCCL error")
     ]
     assert cases(comparison.new, "verdict", "env_name") == [(f"{prefix}[gpu1-gpu2-SYS-p2p_off]", "error", "p2p_off")]
     assert cases(comparison.missing, "verdict") == [(f"{prefix}[gpu0-gpu1-PIX-p2p_level_nvl]", "pass")]
@@ -292,6 +292,22 @@ def test_fixes_other_changes_new_and_missing() -> None:
         "missing": 1, "bandwidth_not_compared": 0,
     }  # fmt: skip
     assert json.loads(json.dumps(comparison.to_json()))["counts"] == comparison.counts()
+
+
+def test_a_worse_verdict_is_a_regression_and_wrong_data_turns_the_machine_not_fit() -> None:
+    """Hang -> fail (wrong data): the worst verdict, filed once as OTHER VERDICT CHANGES; and NOT FIT now."""
+    old = run(record("gpu0-gpu2", verdict="hang"), record("gpu1-gpu2", verdict="error"))
+    new = run(record("gpu0-gpu2", verdict="fail", summary="rank 1: wrong data"), record("gpu1-gpu2", verdict="hang"))
+    comparison = compare(old, new)
+    prefix = "suites/test_pairs.py::test_pair_exchange"
+    assert [(r["kind"], r["metric"], r["baseline"], r["current"]) for r in comparison.regressions] == [
+        ("machine", "NOT FIT", "fit", "NOT FIT"), ("verdict", "verdict", "hang", "fail"),
+        ("verdict", "verdict", "error", "hang"),
+    ]  # fmt: skip
+    assert comparison.regressions[0]["summary"] == f"wrong data: {prefix}[gpu0-gpu2-SYS-inherited]"
+    assert comparison.verdict_changes == [] and comparison.exit_status == 1
+    fixed = compare(new, old)  # fail -> hang, hang -> error: better, still failing: changes, no regression
+    assert fixed.regressions == [] and len(fixed.verdict_changes) == 2 and fixed.exit_status == 0
 
 
 def test_every_verdict_but_pass_is_a_regression_and_negative_controls_compare_as_usual() -> None:
@@ -305,9 +321,10 @@ def test_every_verdict_but_pass_is_a_regression_and_negative_controls_compare_as
         record(rung="x", expected_verdict="error", verdict="error"),
     )
     comparison = compare(old, new)
-    assert [(r["current"], r["env_name"]) for r in comparison.regressions] == [
+    assert [(r["current"], r["env_name"]) for r in comparison.regressions if r["kind"] == "verdict"] == [
         (v, r) for (_, r), v in zip(slots, worse, strict=True)
     ]
+    assert comparison.regressions[0]["metric"] == "NOT FIT"  # the wrong data among them
     assert comparison.matched == 7 and comparison.verdict_changes == [] and comparison.fixes == []
     # the negative control now passing is a verdict change like any other: reported as a fix
     fixed = compare(old, run(record(rung="x", expected_verdict="error", verdict="pass")))

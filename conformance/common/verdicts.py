@@ -50,6 +50,13 @@ READING_ORDER: tuple[Verdict, ...] = (Verdict.HANG, *(v for v in SEVERITY if v i
 FAILURES: tuple[Verdict, ...] = tuple(v for v in READING_ORDER if v.failed)
 
 
+def worse(current: Verdict | None, baseline: Verdict | None) -> bool:
+    """Whether ``current`` is a worse verdict than ``baseline`` (SEVERITY: wrong data worst, pass best)."""
+    if current is None or baseline is None:
+        return False
+    return SEVERITY.index(current) < SEVERITY.index(baseline)
+
+
 def worst(verdicts: Iterable[str]) -> Verdict:
     """The most severe of several verdict texts; one that names no verdict counts as an error."""
     return min((Verdict.of(v) or Verdict.ERROR for v in verdicts), key=SEVERITY.index)

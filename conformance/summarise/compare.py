@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from conformance.common.casefiles import write_json_atomic
+from conformance.common.verdicts import Verdict
 from conformance.discover.nvml_topology import sysfs_bus_id
 from conformance.record.records import CaseRecord
 from conformance.record.runs import Run, unusable
@@ -40,6 +41,7 @@ from conformance.summarise.comparison import (
     case_fields,
     run_host,
 )
+from conformance.summarise.summary import counted_cases
 from conformance.summarise.watched import run_watch_findings
 
 COMPARISON_FILE = "comparison.json"  # the last comparison of a run against a baseline, in its folder
@@ -179,6 +181,20 @@ WATCH_METRICS = {"xid": "Xid during the run", "link_errors": "link errors grew",
                  "slowdown": "clocks held down", "gpu_lost": "GPU lost during the run"}  # fmt: skip
 
 
+def turned_unfit(baseline: Run, current: Run) -> list[MachineChange]:
+    """The machine NOT FIT now (wrong data: ``recommend``'s rule) where the baseline's run was fit."""
+
+    def wrong(run: Run) -> list[CaseRecord]:
+        return [r for r in counted_cases(run.records) if r.outcome is Verdict.FAIL]
+
+    now = wrong(current)
+    if not now or wrong(baseline):
+        return []
+    named = ", ".join(r.nodeid for r in now[:3]) + (f" and {len(now) - 3} more" if len(now) > 3 else "")
+    return [MachineChange(case="the machine", kind="machine", metric="NOT FIT", baseline="fit", current="NOT FIT",
+                          summary=f"wrong data: {named}")]  # fmt: skip
+
+
 def watch_regressions(baseline: Run, current: Run) -> list[MachineChange]:
     """What the current run's watch saw fail that the baseline's did not (``summarise/watched.py``)."""
     before = {f.test_name for f in run_watch_findings(baseline) if f.machine}
@@ -248,6 +264,7 @@ def compare(
     comparison.new = [_with_verdict(new[k]) for k in _ordered(new, set(new) - set(old))]
     comparison.missing = [_with_verdict(old[k]) for k in _ordered(old, set(old) - set(new))]
     comparison.regressions[:0] = lost_gpus(baseline, current) + watch_regressions(baseline, current)
+    comparison.regressions[:0] = turned_unfit(baseline, current)
     order = ("machine", "link", "verdict", "bandwidth")  # the machine's own changes explain the cases'
     comparison.regressions.sort(key=lambda r: order.index(r["kind"]))
     return comparison

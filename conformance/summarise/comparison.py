@@ -4,7 +4,9 @@
 holds what changed and judges each matched case (verdict, link class, bandwidth, transports).
 
 Reported, regressions first: verdict regressions (``pass`` -> anything else, a host check that
-passed and fails now among them), bandwidth drops below
+passed and fails now among them, and any change to a worse verdict in ``verdicts.SEVERITY``: wrong
+data worst, so ``hang`` -> ``fail``), the machine turned NOT FIT (wrong data where the baseline had
+none), bandwidth drops below
 the tolerance (current/baseline, for ``bandwidth_gbps`` and every size of ``metrics.busbw_gbps``) on
 cases that pass on both sides and ran on GPUs (NCCL): gloo ranks on a shared CPU measure noise,
 fixes (anything else -> ``pass``), other verdict changes, changed NCCL transports (reported, not a
@@ -21,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal, TypedDict, TypeGuard, TypeVar
 
 from conformance.common.tables import align_columns
-from conformance.common.verdicts import Verdict
+from conformance.common.verdicts import Verdict, worse
 from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run
 from conformance.settings import default_of
@@ -234,7 +236,7 @@ class Comparison:
         before, after = old.verdict_text, new.verdict_text
         passed, passes = old.outcome is Verdict.PASS, new.outcome is Verdict.PASS
         verdicts: VerdictChange = {**case_fields(new), "baseline": before, "current": after}
-        if passed and not passes:
+        if (passed and not passes) or worse(new.outcome, old.outcome):  # hang -> fail (wrong data) is worse too
             self.regressions.append({**verdicts, "kind": "verdict", "metric": "verdict", "summary": _summary_text(new)})
         elif not passed and passes:
             self.fixes.append(verdicts)
