@@ -179,3 +179,27 @@ def test_the_answer_and_export_reach_junit_with_the_same_cases_plain_and_xdist(
         assert plain.get(attribute) == xdist.get(attribute), attribute
     names = {n: sorted(str(c.get("name")) for c in junit_suite(files[n]).iter("testcase")) for n in files}
     assert names["plain"] == names["xdist"]
+
+
+BROKEN_INIT = """[scenario]
+name = "every communicator fails to start"
+
+[[rule]]
+effect = "error"
+phase = "init"
+message = "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+"""
+
+
+def test_a_control_the_machine_failed_first_is_no_harness_error(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
+) -> None:
+    """The machine's failure reached the control's ranks before its injected raise: it skips saying so."""
+    files = copy_suites(pytester, "test_failure_handling.py", "test_collectives.py")
+    (pytester.path / "broken.toml").write_text(BROKEN_INIT)
+    result = run_suite("--virtual-devices=2", "--scenario=broken.toml", "--matrix=inherited", "-rs", *files)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert "HARNESS ERROR" not in result.stdout.str()
+    assert run_json(reports_dir)["end"]["harness_errors"] == []
+    result.stdout.fnmatch_lines(["SKIPPED * the machine failed this control before its injected failure (ERROR *"])
+    assert answer_rows(result)[0].startswith("all sets: ERROR on inherited")
