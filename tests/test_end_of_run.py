@@ -8,6 +8,7 @@ regression even when every test passed.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from conformance.cli.main import main
 from conftest import REPO, read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]
+LOAD_MARGIN = 15.0  # seconds a busy machine adds to starting and ending a run
 TOPOLOGIES = REPO / "scenarios" / "topologies"
 
 PAIR_TEST = """
@@ -223,3 +225,24 @@ def test_the_answer_is_the_last_thing_on_the_screen(pytester: pytest.Pytester, r
     if run == "failing":  # its failure reads as its verdict, not the suite's own frames
         assert "forkserver" not in result.stdout.str() and "runpy" not in result.stdout.str()
         result.stdout.fnmatch_lines(["ERROR *test_p.py::test_pair*"])  # the verdict word first in pytest's summary
+
+
+HANG = 'effect = "hang"\nphase = "probe"'
+
+
+def test_pytest_timeouts_limit_is_every_cases_outer_bound_or_refused(
+    pytester: pytest.Pytester, run_suite: RunSuite
+) -> None:
+    """--timeout 5 was silently overridden: a hanging pair ran to the suite's own 30 s deadline."""
+    pytester.makepyfile(test_p=PAIR_TEST)
+    pytester.path.joinpath("hang.toml").write_text(scenario_text(HANG))
+    too_short = run_suite("--virtual-devices=2", "--timeout=1")
+    assert too_short.ret == pytest.ExitCode.USAGE_ERROR
+    too_short.stderr.fnmatch_lines(["ERROR: conformance: pytest-timeout --timeout 1: below what one case needs *"])
+    begun = time.monotonic()
+    bounded = run_suite("--virtual-devices=2", "--scenario=hang.toml", "--matrix=inherited", "--timeout=15",
+                        "--init-timeout=5", "--op-timeout=5", "--step-timeout=60", "--case-timeout=120")  # fmt: skip
+    took = time.monotonic() - begun
+    bounded.stdout.fnmatch_lines(["conformance: pytest-timeout --timeout 15: every case ends within it (its limit *"])
+    bounded.assert_outcomes(failed=1)
+    assert took < 15 + LOAD_MARGIN, took  # not the 60 s step deadline the settings gave

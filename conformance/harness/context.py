@@ -51,6 +51,19 @@ class RunInputs:
     node_setup: NodeSetup | None = None  # a multi-node run's layout; the nodes are met at session start
 
 
+def user_timeout(config: pytest.Config) -> float | None:
+    """pytest-timeout's ``--timeout`` where the user gave one (0 or none: no limit)."""
+    try:
+        given = config.getoption("timeout")
+    except ValueError:  # pytest-timeout not loaded
+        return None
+    try:
+        seconds = float(given) if given is not None else 0.0
+    except (TypeError, ValueError):
+        return None  # pytest-timeout refuses it itself
+    return seconds if seconds > 0 else None
+
+
 @dataclass
 class RunOutcome:
     """How the run ended, filled in at its end (``harness.ending``) and read by the terminal and JUnit."""

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import pytest
 
-from conformance.harness.context import RunContext
+from conformance.harness.context import RunContext, user_timeout
 from conformance.plan.ladder import SKIPPED, RungDecision, Step
 from conformance.plan.matrix import DEVICE_SET_FIXTURES, NODE_SET_FIXTURES, DeviceSet
 from conformance.plan.parametrize import device_set_of
@@ -101,4 +101,5 @@ class Planner:
                 rung = planned.step.rung_index if planned else 0
                 crosses = any(name in fixtures for name in NODE_SET_FIXTURES)
                 net = self.run.deadlines.outer_net(rung, crosses)
-                item.add_marker(pytest.mark.timeout(net, method="thread"))
+                limit = user_timeout(self.run.config)  # the user's --timeout stays every case's outer bound
+                item.add_marker(pytest.mark.timeout(min(net, limit) if limit else net, method="thread"))

@@ -7,13 +7,14 @@ into one ``pytest.UsageError`` naming the bad value and where it came from.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from conformance.common.suite import baseline_path, shipped_baselines
 from conformance.discover.topology import Topology, TopologyError
 from conformance.discover.topology_source import discover, load_topology_file, refuse_broken_gpu_machine
-from conformance.harness.context import RunContext, RunInputs
+from conformance.harness.context import RunContext, RunInputs, user_timeout
 from conformance.harness.workers import RUN_ID, TOPOLOGY, Role, worker_input
 from conformance.nodes.layout import LauncherError, NodeError, NodeSetup, node_setup
 from conformance.plan.matrix import Rung, RungError, load_rungs_file, parse_rung_spec
@@ -21,7 +22,7 @@ from conformance.plan.scenario_fit import RunBounds, check_scenario_fits
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
 from conformance.record.runs import Run, RunError, load_run
-from conformance.settings import NODE_LAYOUT, SettingError, Settings
+from conformance.settings import NODE_LAYOUT, SettingError, Settings, deadlines
 from conformance.settings import resolve as resolve_settings
 from conformance.summarise.compare import machine_difference
 
@@ -39,7 +40,7 @@ def run_context(config: pytest.Config) -> RunContext:
 
 def _inputs(config: pytest.Config, role: Role) -> RunInputs:
     handed = worker_input(config) or {}
-    settings = resolve_settings(config)
+    settings = honour_pytest_timeout(user_timeout(config), resolve_settings(config))
     scenario = load_scenario(settings.scenario, settings.source("scenario")) if settings.scenario else None
     topology = Topology.from_json(handed[TOPOLOGY]) if TOPOLOGY in handed else _topology(settings, scenario)
     setup = _node_setup(config, settings, role)
@@ -57,6 +58,31 @@ def _inputs(config: pytest.Config, role: Role) -> RunInputs:
         baseline=None if role.worker else _baseline(settings),
         node_setup=setup,
     )
+
+
+IN_RANK_MARGIN = 1.0  # seconds between the in-rank timeouts and the case limit that bounds them
+
+
+def honour_pytest_timeout(limit: float | None, settings: Settings) -> Settings:
+    """Every case ends within pytest-timeout's ``--timeout``: the case limit shrinks to fit the stop ladder in it.
+
+    The in-rank timeouts must still fire inside the case limit (the deadlines' layers), and the stop
+    ladder must fit after it: a limit below that cannot judge a hang and reap its ranks, and is refused.
+    """
+    if limit is None:
+        return settings
+    stop = deadlines(settings, "gloo").stop_ladder.total
+    in_rank = max(settings.init_timeout, settings.op_timeout)
+    need = in_rank + IN_RANK_MARGIN + stop
+    if limit < need:
+        raise SettingError(
+            f"pytest-timeout --timeout {limit:g}: below what one case needs to be judged and stopped ({need:g}s: "
+            f"its in-rank timeouts of {in_rank:g}s, a margin of {IN_RANK_MARGIN:g}s and the stop ladder's {stop:g}s); "
+            f"give --timeout {need:g} or more, or shorter --init-timeout/--op-timeout, or leave it out: the suite "
+            "bounds each case itself (--case-timeout)"
+        )
+    case_timeout = min(settings.case_timeout, limit - stop)
+    return replace(settings, case_timeout=case_timeout, step_timeout=min(settings.step_timeout, case_timeout))
 
 
 def _topology(settings: Settings, scenario: Scenario | None) -> Topology:

@@ -11,7 +11,7 @@ from conformance.common.families import inherited_variables
 from conformance.common.outside_text import shown
 from conformance.discover.topology import link_matrix_lines, link_note_lines
 from conformance.discover.versions import package_version
-from conformance.harness.context import RunContext
+from conformance.harness.context import RunContext, user_timeout
 from conformance.summarise.answer import Tone
 from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
@@ -72,6 +72,12 @@ def header_lines(run: RunContext) -> list[str]:
     lines.extend(f"  {line}" for line in link_matrix_lines(t))
     lines.extend(link_note_lines(t))
     lines.append(f"matrix {run.plan.mode}, rungs: {', '.join(r.name for r in run.plan.rungs)}")
+    limit = user_timeout(run.config)
+    if limit is not None:
+        lines.append(
+            f"pytest-timeout --timeout {limit:g}: every case ends within it (its limit {run.settings.case_timeout:g}s, "
+            f"then the stop ladder's {run.deadlines.stop_ladder.total:g}s)"
+        )
     if t.kind == "gpu":
         lines.append(floors_text())
     inherited = inherited_variables()
