@@ -290,7 +290,12 @@ def reports_dir_outside_pytest(environ: Mapping[str, str]) -> Path:
 
 
 def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("conformance", "GPU environment conformance suite")
+    group = parser.getgroup(
+        "conformance",
+        "GPU environment conformance suite. Examples: pytest suites/ (this machine, as it is); "
+        "pytest suites/ --scenario driver-p2p-hang (a simulated broken box, no GPU needed); "
+        "pytest suites/ --junitxml=conformance.xml --baseline reports/good (CI, against a known-good run)",
+    )
     for setting in SETTINGS:
         default_note = f" Default: {setting.default}." if setting.default else ""
         help_text = f"{setting.help}{default_note} Also ini {setting.ini_key}, env {setting.env_var}."

@@ -48,3 +48,16 @@ def test_the_readme_stays_a_front_door() -> None:
 def test_the_settings_page_is_generated_from_settings() -> None:
     """Stale when a setting was added or changed: `python tools/settings_doc.py` writes it again."""
     assert settings_table() in SETTINGS_PAGE.read_text(), "docs/settings.md is stale: run python tools/settings_doc.py"
+
+
+def test_the_tutorial_comes_first_and_help_shows_three_examples(pytester: pytest.Pytester) -> None:
+    readme = (REPO / "README.md").read_text()
+    assert readme.index("docs/tutorial.md") < readme.index("## Set up and run")  # linked before anything else
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "conformance", "--help"], capture_output=True, text=True, timeout=60)
+    examples = done.stdout.split("examples:")[1]
+    assert sum(line.strip().startswith("conformance ") for line in examples.splitlines()) == 3, done.stdout
+    suite = pytester.runpytest_subprocess("-p", "conformance.plugin", "--help")
+    assert "Examples: pytest suites/ (this machine, as it is)" in " ".join(suite.stdout.str().split())

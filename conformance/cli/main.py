@@ -28,8 +28,21 @@ from conformance.discover.versions import SUITE_DISTRIBUTION, suite_version
 COMMANDS = (topology, recommend, compare, report, merge_junit, smoke, diagnose)
 
 
+EXAMPLES = """examples:
+  conformance diagnose slurm-1234.out           why a failed training job failed, and what fixes it
+  conformance compare reports/good reports/latest   what got worse since a known-good run (exit 1 if anything)
+  conformance report reports/latest             the last run as one self-contained HTML page
+
+the suite itself runs under pytest: pytest suites/  (docs/tutorial.md: five minutes, first run to CI)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = RaisingParser(prog=PROG, description="GPU environment conformance: what happens outside a test run.")
+    parser = RaisingParser(
+        prog=PROG,
+        description="GPU environment conformance: what happens outside a test run.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     version = suite_version() or "unknown (the package is not installed)"
     parser.add_argument("--version", action="version", version=f"{SUITE_DISTRIBUTION} {version}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
