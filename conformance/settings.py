@@ -57,6 +57,7 @@ _device_count = _checked(values.device_count)
 _port = _checked(values.port)
 _host = _checked(values.host)
 _floor = _checked(values.bandwidth_floor)
+_message_bytes = _checked(values.message_bytes)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,10 @@ RUN_TOKEN_HELP = (
     "Text every node of a run must present (the same on each), so a node of another run on the same port is "
     "turned away; runs by hand have no other identity (SLURM's job and step, torchrun's run id)."
 )
+MAX_BYTES_HELP = (
+    "The largest collective message, at which bus bandwidth is measured (bytes, or 64M, 8G: powers of 1024); "
+    "the default is 64M on GPUs, 1M on CPU ranks. 8G gives the busbw all_reduce_perf -b 8G -e 8G reports."
+)
 RUN_TOKEN_FILE_HELP = (
     "A file holding the run token (its first line), instead of --run-token: a file on a shared file system, or a "
     "Kubernetes Secret mounted as a file; a regular file of at most 4 KiB. Under SLURM without either, MUNGE "
@@ -202,6 +207,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio, metavar="RATIO"),
     Setting("slow_ratio", SLOW_RATIO_HELP, "0.6", _ratio, metavar="RATIO"),
     Setting("bandwidth_floor", BANDWIDTH_FLOOR_HELP, None, _floor, multiple=True, metavar="CLASS=GBPS"),
+    Setting("max_bytes", MAX_BYTES_HELP, None, _message_bytes, metavar="SIZE"),
     Setting("run_report", RUN_REPORT_HELP, "no", _flag, is_flag=True),
     Setting("nnodes", NNODES_HELP, None, _positive_int, metavar="N"),
     Setting("node_rank", NODE_RANK_HELP, None, _node_rank, metavar="N"),
@@ -259,6 +265,7 @@ class Settings:
     bandwidth_tolerance: float
     slow_ratio: float
     bandwidth_floor: tuple[tuple[str, float], ...]
+    max_bytes: int | None
     run_report: bool
     nnodes: int | None
     node_rank: int | None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli.main import main
-from conftest import REPO, read_records, scenario_text
+from conftest import REPO, copy_suites, read_records, scenario_text
 
 RunSuite = Callable[..., pytest.RunResult]
 LOAD_MARGIN = 15.0  # seconds a busy machine adds to starting and ending a run
@@ -246,3 +246,13 @@ def test_pytest_timeouts_limit_is_every_cases_outer_bound_or_refused(
     bounded.stdout.fnmatch_lines(["conformance: pytest-timeout --timeout 15: every case ends within it (its limit *"])
     bounded.assert_outcomes(failed=1)
     assert took < 15 + LOAD_MARGIN, took  # not the 60 s step deadline the settings gave
+
+
+def test_max_bytes_is_the_largest_message_and_where_busbw_is_measured(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path
+) -> None:
+    files = copy_suites(pytester, "test_collectives.py")
+    result = run_suite("--virtual-devices=2", "--max-bytes=2M", "-k", "test_all_reduce and all2", *files)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    (record,) = [r for r in read_records(reports_dir) if r["probe"] == "all_reduce" and len(r["devices"]) == 2]
+    assert list(record["metrics"]["busbw_gbps"]) == ["2MiB"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.common.values import BadValue, message_bytes
 from conformance.settings import SETTINGS
 
 EXTRA = ("pytest-html", "pytest-metadata", "pytest-cov", "coverage", "pytest-benchmark", "py-cpuinfo",
@@ -89,3 +90,17 @@ def test_help_names_the_kind_of_each_value(pytester: pytest.Pytester) -> None:
         else:
             assert metavar is not None and metavar != setting.name.upper(), (setting.option, metavar)
     assert "--case-timeout=SECONDS" in lines and "--backend={auto,gloo,nccl}" in lines
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("64M", 64 << 20), ("8G", 8 << 30), ("8GiB", 8 << 30), ("1024", 1024), ("256k", 256 << 10)],
+)
+def test_a_message_size_reads_as_nccl_tests_reads_it(raw: str, value: int) -> None:
+    assert message_bytes(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["", "8 T", "-1", "2", "17G", "lots"])
+def test_a_message_size_out_of_range_or_not_a_size_is_refused(raw: str) -> None:
+    with pytest.raises(BadValue):
+        message_bytes(raw)

@@ -74,6 +74,22 @@ def host(raw: str) -> str:
     return value
 
 
+_SIZE = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+MAX_MESSAGE_BYTES = 16 << 30  # nccl-tests users judge at 1-8 GiB; beyond 16 GiB a GPU holds little else
+
+
+def message_bytes(raw: str) -> int:
+    """A message size: bytes, or with K, M or G (powers of 1024: ``8G`` is 8 GiB, as nccl-tests' ``-e 8G``)."""
+    found = _SIZE.fullmatch(raw.strip())
+    if found is None:
+        raise BadValue(f"{raw!r} is not a size (bytes, or a number with K, M or G: 64M, 8G)")
+    value = int(found.group(1)) * SIZE_UNITS[found.group(2).upper()]
+    if not 4 <= value <= MAX_MESSAGE_BYTES:
+        raise BadValue(f"{raw!r} must be from 4 bytes to {MAX_MESSAGE_BYTES >> 30} GiB")
+    return value
+
+
 # The link classes a GPU pair has (nvidia-smi topo -m's names; NV<n>: n NVLinks).
 PAIR_LINK_CLASS = re.compile(r"NV[1-9][0-9]*|PIX|PXB|PHB|NODE|SYS")
 

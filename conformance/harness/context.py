@@ -159,7 +159,10 @@ class RunContext:
 
     @property
     def sizes(self) -> list[int]:
-        return COLLECTIVE_SIZES["gpu" if self.backend == "nccl" else "cpu"]
+        """The collectives' message sizes; the largest, where bus bandwidth is measured, is ``--max-bytes``."""
+        sizes = COLLECTIVE_SIZES["gpu" if self.backend == "nccl" else "cpu"]
+        top = self.settings.max_bytes
+        return sizes if top is None else [*(s for s in sizes if s < top), top]
 
     @property
     def shm_predicted(self) -> bool:
