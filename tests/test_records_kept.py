@@ -117,7 +117,8 @@ def test_a_disk_full_at_the_end_leaves_the_answer_one_line_per_file_and_no_tempo
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out  # every test passed; the run's files did not
     assert "Traceback" not in out + result.stderr.str()
     answer = out.index("conformance: the answer")
-    assert answer < out.index("run.json NOT written: No space left on device")
+    assert out.index("run.json NOT written: No space left on device") < answer  # the answer last, whole
+    assert "INCOMPLETE RUN" not in out[answer:]  # the end's facts in memory: the run reached its end
     assert "recommended.env NOT written: No space left on device" in out
     assert not [p.name for p in small_disk.rglob(".*.tmp")]  # no temporary file left behind
     assert 'verdict="failed"' in metrics.read_text() and "gpu_conformance_run_passed 0" in metrics.read_text()

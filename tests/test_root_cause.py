@@ -13,7 +13,7 @@ from conformance.rank import context, probes
 from conformance.verdict.decision import stack_excerpt, traceback_excerpt
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
-TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1")
+TIMEOUTS = ("--step-timeout=4", "--op-timeout=3", "--init-timeout=3", "--grace=1", "-v")  # -v: the ranks' stacks
 FOUR_RANKS = "--virtual-devices=4"
 SLACK = 1.0  # seconds for scheduling noise on a loaded 2-core machine
 

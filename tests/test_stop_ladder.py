@@ -42,7 +42,7 @@ def test_sigterm_ignored_hang_is_reaped_within_bound(
 ) -> None:
     pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce"))
     scenario = pytester.makefile(".toml", scen=scenario_text(f'effect = "hang"\n{ranks_rule}ignore_sigterm = true'))
-    result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "--virtual-devices=4")
+    result = run_suite(f"--scenario={scenario}", *TIMEOUTS, "--virtual-devices=4", "-v")  # -v: the ranks' stacks
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"conformance: SIMULATED run, scenario 'test scenario' ({scenario})"])
 

@@ -73,6 +73,7 @@ class RunOutcome:
     failed_nodes: tuple[str, ...] = ()  # other nodes that failed: the run failed here too
     node_notes: list[str] = field(default_factory=list)  # what the nodes' meetings said, for the summary
     unwritten: list[str] = field(default_factory=list)  # "run.json NOT written: <why>": each fails the run
+    facts: RunFacts | None = None  # the end's facts, where run.json could not take them
 
 
 class RunContext:

@@ -57,9 +57,9 @@ class JunitSummary:
     answer: tuple[str, ...]  # the answer's lines, as the terminal shows them
     exports: tuple[str, ...]  # the export lines for a launch script (none when withheld)
     cpu_only: str | None  # why no GPU was tested, when none was
-    unsigned: str | None = None  # why a run across nodes signed nothing
     # what the run found beyond its tests (a SLOW pair), each a failed test case of its own: (name, message)
     findings: tuple[tuple[str, str], ...] = ()
+    unsigned: str | None = None  # why a run across nodes signed nothing
 
     @property
     def suite_name(self) -> str:

@@ -59,8 +59,9 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
     facts = replace(run.run_facts(), end=run.outcome.end, watch=watched.to_json() if watched else None)
     try:
         run.folder.write_end(facts)
-    except OSError as exc:  # a full disk: said, and the run fails; the answer still comes from what was written
+    except OSError as exc:  # a full disk: said, and the run fails; the answer comes from the facts in memory
         run.outcome.unwritten.append(f"{run.folder.facts_file.name} NOT written: {exc.strerror or exc}")
+        run.outcome.facts = facts
 
 
 def conclude_run(run: RunContext, session: pytest.Session) -> None:
@@ -69,7 +70,7 @@ def conclude_run(run: RunContext, session: pytest.Session) -> None:
         return
     concluded = False
     try:
-        run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline)
+        run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline, run.outcome.facts)
         run.outcome.conclusion.lines += run.outcome.unwritten
         failed = run.outcome.conclusion.fails_run or run.outcome.unwritten
         if failed and session.exitstatus == pytest.ExitCode.OK:

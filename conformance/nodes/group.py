@@ -243,7 +243,7 @@ class NodeGroup(GroupWatch):
         """Why a run across nodes beyond loopback cannot sign its values; None where it signs or stays local."""
         if self.signed.signs or not self.setup.multi_node or _loopback(self.setup.master_addr or ""):
             return None
-        munge = "MUNGE not found here (munge, unmunge)" if self.setup.slurm_job else "not under SLURM (no MUNGE)"
+        munge = "no MUNGE answering here (munge, munged)" if self.setup.slurm_job else "not under SLURM (no MUNGE)"
         return f"no run token (--run-token, CONFORMANCE_RUN_TOKEN or --run-token-file), {munge}"
 
     def _claim_rank(self) -> str:

@@ -42,12 +42,17 @@ class Munge:
 
     @classmethod
     def find(cls, environ: Mapping[str, str]) -> Munge | None:
-        """MUNGE where both programs are found (PATH, then SLURM's usual places); None where it is not here."""
+        """MUNGE where both programs are found (PATH, then SLURM's usual places) and munged answers; else None."""
         path = os.pathsep.join([environ.get("PATH", ""), *SLURM_BIN_DIRS])
         munge, unmunge = shutil.which("munge", path=path), shutil.which("unmunge", path=path)
         if munge is None or unmunge is None:
             return None
-        return cls(munge, unmunge, slurm_munge_socket(environ))
+        found = cls(munge, unmunge, slurm_munge_socket(environ))
+        try:  # munged answers here, as on every node of a job (each node decides alike, without the store)
+            found._run(munge, ["--no-input"], b"")
+        except MungeError:
+            return None
+        return found
 
     def _run(self, program: str, options: list[str], given: bytes) -> bytes:
         socket = ["--socket", self.socket] if self.socket else []

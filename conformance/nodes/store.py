@@ -66,6 +66,10 @@ class ForgedValue(ValueError):
 SIGNATURE = b"\n#hmac-sha256:"
 
 
+class KeyUnknown(RuntimeError):
+    """The run signs its values, and this node has no key: the store is lost to it (a RuntimeError, as the store's)."""
+
+
 class SignedStore:
     """The run's store with every value signed, where the run can sign: a run token, or MUNGE under SLURM.
 
@@ -91,7 +95,8 @@ class SignedStore:
         self._key = key
 
     def _signature(self, key: str, value: bytes) -> bytes:
-        assert self._key is not None  # set before any signed value is written or read
+        if self._key is None:  # a node turned away, or one whose key never came: it writes and believes nothing
+            raise KeyUnknown(f"{key}: the run's key is not known to this node")
         return hmac.new(self._key, key.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
 
     def _signed(self, key: str, value: str | bytes) -> bytes:

@@ -7,10 +7,11 @@ its folder exactly as ``python -m conformance recommend/compare/report`` would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from conformance.record.records import RunFacts
 from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
 from conformance.summarise.answer import Answer, answer
@@ -37,14 +38,19 @@ class Conclusion:
             self.lines += [said.format(path=path)] if path else []
 
 
-def conclude(run_dir: Path, settings: Settings, baseline: Run | None) -> Conclusion:
-    """Recommend, compare and report on the finished run in ``run_dir``."""
+def conclude(run_dir: Path, settings: Settings, baseline: Run | None, facts: RunFacts | None = None) -> Conclusion:
+    """Recommend, compare and report on the finished run in ``run_dir``.
+
+    ``facts``: the run's own, where its run.json could not be written at the end (a full disk).
+    """
     conclusion = Conclusion()
     try:
         run = load_run(run_dir)
     except RunError as exc:
         conclusion.lines.append(f"no recommendation: {exc}")
         return conclusion
+    if facts is not None:
+        run = replace(run, facts=facts)
     if not run.records and not run.facts.harness_errors:
         return conclusion
     recommendation = recommend(run)
