@@ -72,6 +72,18 @@ class ConformanceSession:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.run.coverage.collected(len(session.items))
         across_nodes.same_collection(self.run, [item.nodeid for item in session.items])
+        self._say_fallbacks(session)
+
+    def _say_fallbacks(self, session: pytest.Session) -> None:
+        """Once, in words: the tests of fallback rungs run only where needed; pytest counts the rest deselected."""
+        later = sum(1 for item in session.items if (p := self.planner.of(item)) is not None and p.step.rung_index > 0)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if later and reporter is not None and not self.run.role.worker and self.run.plan.mode == "adaptive":
+            reporter.write_line(
+                f"conformance: {len(session.items) - later} tests on the machine as it is; {later} on fallback rungs "
+                "run only for a class that failed the rung before: pytest counts those not needed 'deselected' as "
+                "the run goes, so its percentage can jump"
+            )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:

@@ -256,3 +256,12 @@ def test_max_bytes_is_the_largest_message_and_where_busbw_is_measured(
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     (record,) = [r for r in read_records(reports_dir) if r["probe"] == "all_reduce" and len(r["devices"]) == 2]
     assert list(record["metrics"]["busbw_gbps"]) == ["2MiB"]
+
+
+def test_the_fallback_rungs_left_out_are_said_once_at_the_start(pytester: pytest.Pytester, run_suite: RunSuite) -> None:
+    """'486 deselected' with no -k, and a percentage that jumped: the start says why, in words, once."""
+    pytester.makepyfile(test_p=PAIR_TEST)
+    result = run_suite(f"--topology-file={TOPOLOGIES / 'pcie-2gpu.json'}")
+    (said,) = [line for line in result.outlines if "on fallback rungs run only for a class" in line]
+    later = int(said.split("; ")[1].split()[0])
+    assert said.index("conformance: ") == 0 and result.parseoutcomes()["deselected"] == later
