@@ -70,13 +70,14 @@ class ConformanceSession:
         self.planner.order(items)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.run.coverage.collected(len(session.items))
-        across_nodes.same_collection(self.run, [item.nodeid for item in session.items])
+        ids = [item.nodeid for item in session.items]
+        self.run.coverage.collected(ids, [i for i in ids if self.run.plan.on_fallback_rung(i)])
+        across_nodes.same_collection(self.run, ids)
         self._say_fallbacks(session)
 
     def _say_fallbacks(self, session: pytest.Session) -> None:
         """Once, in words: the tests of fallback rungs run only where needed; pytest counts the rest deselected."""
-        later = sum(1 for item in session.items if (p := self.planner.of(item)) is not None and p.step.rung_index > 0)
+        later = sum(1 for item in session.items if self.run.plan.on_fallback_rung(item.nodeid))
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if later and reporter is not None and not self.run.role.worker and self.run.plan.mode == "adaptive":
             reporter.write_line(

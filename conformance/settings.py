@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.common import values
 from conformance.common.deadlines import Deadlines
-from conformance.common.inputs import NO_JINJA2, NotReadable, jinja2_missing, read_bounded
+from conformance.common.inputs import (
+    NO_JINJA2,
+    NO_PROMETHEUS_CLIENT,
+    NotReadable,
+    jinja2_missing,
+    prometheus_client_missing,
+    read_bounded,
+)
 from conformance.common.values import BadValue
 
 if TYPE_CHECKING:
@@ -184,6 +191,10 @@ METRICS_FILE_HELP = (
     "Write the run's results in Prometheus' text format to this file (replaced atomically, at the run's start "
     "and end), e.g. for node_exporter's textfile collector; its folder must exist."
 )
+METRICS_PER_CASE_HELP = (
+    "Add a series per case to the metrics file (the pytest node id a label: about 500 on an 8-GPU node); by "
+    "default its series are bounded by the machine (at most 150 on an 8-GPU node)."
+)
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", BACKEND_HELP, "auto", _Choice("backend", BACKENDS)),
@@ -203,6 +214,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("scenario", SCENARIO_HELP, None, _text, is_path=True, metavar="FILE|NAME"),
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True, metavar="DIR"),
     Setting("metrics_file", METRICS_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
+    Setting("metrics_per_case", METRICS_PER_CASE_HELP, "no", _flag, is_flag=True),
     Setting("baseline", BASELINE_HELP, None, _text, is_path=True, metavar="RUN"),
     Setting("bandwidth_tolerance", BANDWIDTH_TOLERANCE_HELP, "0.8", _ratio, metavar="RATIO"),
     Setting("slow_ratio", SLOW_RATIO_HELP, "0.6", _ratio, metavar="RATIO"),
@@ -261,6 +273,7 @@ class Settings:
     scenario: Path | None
     reports_dir: Path
     metrics_file: Path | None
+    metrics_per_case: bool
     baseline: Path | None
     bandwidth_tolerance: float
     slow_ratio: float
@@ -385,6 +398,10 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
     if settings.metrics_file is not None:
         check_metrics_file(settings.metrics_file, settings.source("metrics_file"))
+        if prometheus_client_missing():  # refused now, not after the whole run
+            raise SettingError(f"{settings.source('metrics_file')}: --metrics-file: {NO_PROMETHEUS_CLIENT}")
+    elif settings.metrics_per_case:
+        raise SettingError(f"{settings.source('metrics_per_case')}: --metrics-per-case: give --metrics-file too")
     if settings.run_report and jinja2_missing():  # refused now, not after the whole run
         raise SettingError(f"{settings.source('run_report')}: --run-report: {NO_JINJA2}")
     return settings

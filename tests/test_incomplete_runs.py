@@ -35,6 +35,7 @@ def test_3_broadcast(conformance_case, conformance):
     conformance_case("broadcast", _all(conformance), sizes=[4])
 """
 BARRIER_HANGS = scenario_text('effect = "hang"\nprobes = ["barrier"]')
+NONE = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected"), 0)
 OPTIONS = ("--virtual-devices=2", "--step-timeout=60", "--op-timeout=50", "--init-timeout=50", "--grace=1")
 
 
@@ -91,7 +92,12 @@ def test_an_interrupted_run_says_incomplete_everywhere(
         "stopped_by": None,
         "harness_errors": [],
         "failed_nodes": [],
+        "fallback": 0,
+        "fallback_ran": 0,
+        "not_needed": 0,
+        "tests": {**NONE, "passed": 3},
     }
+    complete.stdout.fnmatch_lines(["=* 3 passed in *", "tests: pytest's 3 = 3 cases", "=* conformance: the answer *"])
 
     scenario = pytester.makefile(".toml", scen=BARRIER_HANGS)
     text = interrupt_when_hanging(pytester, reports_dir, scenario, baseline)
@@ -135,6 +141,10 @@ def test_a_run_stopped_by_maxfail_is_incomplete(pytester: pytest.Pytester, run_s
         "stopped_by": end["stopped_by"],
         "harness_errors": [],
         "failed_nodes": [],
+        "fallback": 0,
+        "fallback_ran": 0,
+        "not_needed": 0,
+        "tests": {**NONE, "failed": 1},  # pytest's own counts, as its last line gives them
     }, end
     assert end["stopped_by"].startswith("stopped early ("), end
     result.stdout.fnmatch_lines(["conformance: INCOMPLETE RUN (stopped early (*): 1 of 3 tests ran)*"])
@@ -152,6 +162,10 @@ def test_a_deselected_test_is_not_missing(pytester: pytest.Pytester, run_suite, 
         "stopped_by": None,
         "harness_errors": [],
         "failed_nodes": [],
+        "fallback": 0,
+        "fallback_ran": 0,
+        "not_needed": 0,
+        "tests": {**NONE, "passed": 2},  # as pytest's last line: xdist's workers deselect, its controller counts none
     }
     assert "INCOMPLETE" not in result.stdout.str()
 
@@ -173,15 +187,35 @@ def test_what_an_end_says(end: RunEnd | None, says: str | None) -> None:
 
 def test_coverage_counts_what_got_an_outcome() -> None:
     coverage = Coverage()
-    coverage.collected(3)
-    coverage.collected(5)  # a second xdist worker's collection: the first one counts
+    coverage.collected(["a", "b", "c"], [])
+    coverage.collected(["a", "b", "c", "d", "e"], [])  # a second xdist worker's collection: the first one counts
     for nodeid in ("a", "a", "b"):
         coverage.reported(nodeid)
-    assert coverage.end(1, False) == RunEnd("incomplete", 3, 2, "ended with tests not run")
+    counted = {"fallback": 0, "fallback_ran": 0, "not_needed": 0}
+    assert coverage.end(1, False) == RunEnd("incomplete", 3, 2, "ended with tests not run", **counted)
     assert coverage.end(2, False).stopped_by == "interrupted"
     assert coverage.end(1, "stopping after 1 failures").stopped_by == "stopped early (stopping after 1 failures)"
     coverage.reported("c")
-    assert coverage.end(2, False) == RunEnd("complete", 3, 3)  # Ctrl-C after the last test: all ran
+    assert coverage.end(2, False) == RunEnd("complete", 3, 3, **counted)  # Ctrl-C after the last test: all ran
+
+
+def test_an_interrupted_adaptive_run_counts_the_tests_that_would_run() -> None:
+    """Fallback rungs run only for a class that failed: "49 of 601 tests ran" said 601 where 115 would."""
+    coverage = Coverage()
+    first = [f"t[gpu{i}-inherited]" for i in range(115)]
+    fallback = [f"t[gpu{i}-{rung}]" for i in range(115) for rung in ("p2p_off", "shm_off", "ib_off", "nvls_off")]
+    coverage.collected(first + fallback, fallback)
+    for nodeid in first[:40] + fallback[:3]:
+        coverage.reported(nodeid)
+    for nodeid in fallback[3:9]:
+        coverage.not_needed(nodeid)  # deselected as the run goes: covered, never run
+    end = coverage.end(2, False, {"passed": 43, "deselected": 6})
+    assert (end.planned, end.ran, end.fallback, end.fallback_ran, end.not_needed) == (575, 43, 460, 3, 6)
+    assert end.incomplete == (
+        "interrupted: 40 of the 115 tests on the machine as it is ran, and 3 of the 460 on fallback rungs "
+        "(those run only for a class that failed the rung before)"
+    )
+    assert RunFacts.from_json(RunFacts(run_id="r", end=end).to_json()).end == end
 
 
 def test_a_taken_run_id_gets_another_folder(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """``--metrics-file``: the run's results for Prometheus (node_exporter's textfile collector).
 
 Real runs of the suite, each once per module and read by several tests: a healthy run on two
-virtual devices (collectives, pairs, host checks), the simulated box whose pair gpu1-gpu5 is SLOW
-(every case passes, the run fails), the one whose PCIe P2P hangs, and a run interrupted half-way
-that also looks at the file while it runs.  Each file is parsed with ``prometheus_client``'s parser
-and, where ``promtool`` is installed, checked by it; bad paths are refused before any case.
+virtual devices (collectives, pairs, host checks; with ``--metrics-per-case``), the simulated box
+whose pair gpu1-gpu5 is SLOW (every case passes, the run fails), the one whose PCIe P2P hangs, the
+whole suite on that 8-GPU box (its series bounded), and a run interrupted half-way that also looks
+at the file while it runs.  Each file is parsed with ``prometheus_client``'s parser and, where
+``promtool`` is installed, checked by it; bad paths are refused before any case.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import pytest
 from conformance.common import files
 from conformance.common.families import INHERITED_FAMILIES
 from conformance.common.verdicts import Verdict
-from conformance.record.records import CaseRecord, RunEnd, RunFacts
+from conformance.record.records import PYTEST_OUTCOMES, CaseRecord, RunEnd, RunFacts
 from conformance.record.runs import Run, load_run
 from conformance.settings import SETTINGS
 from conformance.summarise import metrics
 from conformance.summarise.metrics import RunStatus, metrics_text, run_verdict, write_metrics
-from conftest import COLLECTIVE_TEST, REPO, TAG_VARIABLE, copy_suite_files, wait_until_gone
+from conftest import COLLECTIVE_TEST, REPO, TAG_VARIABLE, WHOLE_SUITE, copy_suite_files, wait_until_gone
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client is in the dev extra")
 
@@ -78,7 +79,7 @@ def isolated_environ(tag: str) -> dict[str, str]:
     return {**environ, "CUDA_VISIBLE_DEVICES": "", TAG_VARIABLE: tag}
 
 
-def run_in(folder: Path, *args: str) -> Finished:
+def run_in(folder: Path, *args: str, timeout: float = 180) -> Finished:
     folder.mkdir(parents=True, exist_ok=True)
     metrics_file = folder / "textfile" / PROM
     metrics_file.parent.mkdir(exist_ok=True)
@@ -88,7 +89,7 @@ def run_in(folder: Path, *args: str) -> Finished:
         f"--reports-dir={folder / 'reports'}", f"--metrics-file={metrics_file}", *args,
     ]  # fmt: skip
     done = subprocess.run(
-        command, cwd=folder, env=isolated_environ(tag), capture_output=True, text=True, timeout=180, check=False
+        command, cwd=folder, env=isolated_environ(tag), capture_output=True, text=True, timeout=timeout, check=False
     )
     assert not wait_until_gone(tag), "processes left behind"
     return Finished(folder, done.returncode, done.stdout + done.stderr, metrics_file)
@@ -98,7 +99,7 @@ def run_in(folder: Path, *args: str) -> Finished:
 def healthy(tmp_path_factory: pytest.TempPathFactory) -> Finished:
     folder = tmp_path_factory.mktemp("healthy")
     files = copy_suite_files(folder, "test_collectives.py", "test_pairs.py", "test_environment.py")
-    return run_in(folder, "--virtual-devices=2", *files)
+    return run_in(folder, "--virtual-devices=2", "--metrics-per-case", *files)
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +108,14 @@ def slow_pair(tmp_path_factory: pytest.TempPathFactory) -> Finished:
     folder = tmp_path_factory.mktemp("slow")
     files = copy_suite_files(folder, "test_pairs.py", "test_collectives.py")
     return run_in(folder, "--scenario=slow-pair", "-k", "gpu1-gpu5 or gpu0-gpu5 or test_all_reduce", *files)
+
+
+@pytest.fixture(scope="module")
+def whole_suite_8_gpus(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """Every test of the suite on the 8-GPU PCIe box whose P2P hangs: classes fail, fallback rungs run."""
+    folder = tmp_path_factory.mktemp("eight")
+    files = copy_suite_files(folder, *WHOLE_SUITE)
+    return run_in(folder, "--scenario=driver-p2p-hang", "--metrics-per-case", *files, timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +188,17 @@ def test_every_verdict_is_counted_zero_or_more(healthy: Finished) -> None:
     assert sum(counted.values()) == counted["pass"]
 
 
-def test_each_case_and_host_check_has_its_series(healthy: Finished) -> None:
+def test_the_tests_are_pytest_s_count(healthy: Finished) -> None:
+    tests = {labels["outcome"]: v for labels, v in healthy.families["gpu_conformance_tests"]}
+    last = re.search(r"(\d+) passed, (\d+) skipped in ", healthy.output)
+    assert last is not None, healthy.output
+    assert tests == {**dict.fromkeys(PYTEST_OUTCOMES, 0), "passed": int(last[1]), "skipped": int(last[2])}
+    assert f"tests: pytest's {int(last[1]) + int(last[2])} = " in healthy.output
+
+
+def test_per_case_series_behind_the_option(healthy: Finished, hang: Finished) -> None:
     run = healthy.run()
     cases = [r for r in run.usable_records if r.set_kind != "host"]
-    checks = [r for r in run.usable_records if r.set_kind == "host"]
     assert len(healthy.families["gpu_conformance_case_passed"]) == len(cases)
     for record in cases:
         assert healthy.value("gpu_conformance_case_passed", test=record.nodeid) == 1
@@ -194,32 +210,61 @@ def test_each_case_and_host_check_has_its_series(healthy: Finished) -> None:
     assert all_reduce == {
         "test": "suites/test_collectives.py::test_all_reduce[all2-inherited]",
         "family": "suites/test_collectives.py::test_all_reduce",
-        "device_set": "all2", "rung": "inherited", "link": "all", "node": "0",
+        "device_set": "all2", "rung": "inherited", "link": "all",
     }  # fmt: skip
+    probes = {labels["probe"] for labels, _ in healthy.families["gpu_conformance_case_bandwidth_bytes_per_second"]}
+    assert probes == {"pair_exchange", "peer_copy"}
+    assert not [name for name in hang.families if name.startswith("gpu_conformance_case_")]  # not by default
+
+
+def test_each_host_check_that_ran_has_its_series(healthy: Finished) -> None:
+    checks = [r for r in healthy.run().usable_records if r.set_kind == "host"]
     assert {r.probe for r in checks} >= {"host:dev_shm", "host:hostname"}
-    for record in checks:
-        check = record.probe.removeprefix("host:")
-        passed = float(record.outcome is Verdict.PASS)
-        assert healthy.value("gpu_conformance_host_check_passed", check=check, test=record.nodeid) == passed
-        assert healthy.value("gpu_conformance_host_check_verdict", check=check, verdict=record.verdict_text) == 1
+    ran = {labels["check"]: v for labels, v in healthy.families["gpu_conformance_host_check_passed"]}
+    assert ran == {
+        r.probe.removeprefix("host:"): float(r.outcome is Verdict.PASS) for r in checks if r.outcome is not Verdict.SKIP
+    }
+    assert any(r.outcome is Verdict.SKIP for r in checks)  # a skipped check has no series: never a false red
 
 
 def test_bandwidths_per_pair_and_collective(healthy: Finished) -> None:
-    pairs = {(labels["probe"], labels["pair"], labels["link"]) for labels, _ in
-             healthy.families["gpu_conformance_pair_bandwidth_bytes_per_second"]}  # fmt: skip
-    assert pairs == {("pair_exchange", "cpu0-cpu1", "CPU"), ("peer_copy", "cpu0-cpu1", "CPU")}
-    assert all(v > 0 for _, v in healthy.families["gpu_conformance_pair_bandwidth_bytes_per_second"])
-    # gloo on CPU ranks measures host copies: no GPU link, so no share of a link's rate and no SLOW judgement
-    assert "gpu_conformance_pair_bandwidth_link_ratio" not in healthy.families
-    assert "gpu_conformance_pair_slow" not in healthy.families
+    assert healthy.families["gpu_conformance_pair_passed"] == [({"pair": "cpu0-cpu1", "link": "CPU"}, 1.0)]
+    (pair, figure), *more = healthy.families["gpu_conformance_pair_bandwidth_bytes_per_second"]
+    assert pair == {"pair": "cpu0-cpu1", "link": "CPU"} and figure > 0 and not more
+    figures = [r.bandwidth_gbps for r in healthy.run().records if r.set_kind == "pair"]
+    assert figure == round(min(f for f in figures if f is not None) * 1e9)  # the lowest of its probes
+    # gloo on CPU ranks measures host copies: no GPU link, so no link rate
+    assert "gpu_conformance_link_rate_bytes_per_second" not in healthy.families
     busbw = healthy.families["gpu_conformance_collective_busbw_bytes_per_second"]
     assert {labels["collective"] for labels, _ in busbw} == {"all_reduce", "all_gather", "reduce_scatter"}
-    assert {(labels["device_set"], labels["ranks"], labels["link"]) for labels, _ in busbw} == {("all2", "2", "CPU")}
+    assert {(labels["device_set"], labels["link"]) for labels, _ in busbw} == {("all2", "CPU")}
     record = next(r for r in healthy.run().records if r.probe == "all_reduce" and "busbw_gbps" in r.metrics)
     (size, gbps), *_ = record.metrics["busbw_gbps"].items()
     assert healthy.value("gpu_conformance_collective_busbw_bytes_per_second", collective="all_reduce", size=size) == (
         round(gbps * 1e9)
     )
+
+
+def test_an_8_gpu_node_writes_at_most_150_series_by_default(whole_suite_8_gpus: Finished) -> None:
+    """About 500 series a node with the pytest node id a label; bounded by the machine, not the tests."""
+    run = whole_suite_8_gpus
+    assert run.ret == 1, run.output
+    series = {name: len(samples) for name, samples in run.families.items()}
+    per_case = sum(n for name, n in series.items() if name.startswith("gpu_conformance_case_"))
+    bounded = sum(series.values()) - per_case
+    assert bounded <= metrics.SERIES_BOUND_8_GPUS == 150, series
+    assert per_case > 150, series  # what the option adds grows with the tests and rungs
+    classes = len(run.families["gpu_conformance_class_passed"])
+    links = len(run.families.get("gpu_conformance_link_rate_bytes_per_second", []))
+    checks = len(run.families["gpu_conformance_host_check_passed"])
+    collectives = len(run.families["gpu_conformance_collective_algbw_bytes_per_second"])
+    assert series["gpu_conformance_pair_passed"] == 28  # every pair of 8 GPUs, whatever rungs it climbed
+    assert bounded <= metrics.series_bound(28, classes, links, collectives, checks) <= 150
+    assert run.value("gpu_conformance_class_rung", **{"class": "PIX pairs"}) == 1
+    (pix,) = [labels for labels, _ in run.families["gpu_conformance_class_rung"] if labels["class"] == "PIX pairs"]
+    assert pix["rung"] == "p2p_level_nvl"
+    assert run.value("gpu_conformance_pair_passed", pair="gpu0-gpu1") == 0  # PIX: hangs as it is
+    assert run.value("gpu_conformance_pair_passed", pair="gpu0-gpu4") == 1  # SYS: passes as it is
 
 
 def test_the_file_is_well_formed(healthy: Finished) -> None:
@@ -259,35 +304,29 @@ def test_a_slow_pair_fails_the_run_though_every_case_passed(slow_pair: Finished)
     assert slow_pair.value("gpu_conformance_answer_problems", kind="slow_pair") == 2  # pair_exchange, peer_copy
     counted = {labels["verdict"]: v for labels, v in slow_pair.families["gpu_conformance_cases"]}
     assert counted["pass"] == 5 and sum(counted.values()) == 5  # every case passed
-    slow = {
-        labels["pair"]: v
-        for labels, v in slow_pair.families["gpu_conformance_pair_slow"]
-        if labels["probe"] == "pair_exchange"
-    }
-    assert slow == {"gpu1-gpu5": 1, "gpu0-gpu5": 0}
+    passed = {labels["pair"]: v for labels, v in slow_pair.families["gpu_conformance_pair_passed"]}
+    assert passed == {"gpu1-gpu5": 0, "gpu0-gpu5": 1}  # SLOW: not passed, though its cases passed
     # a simulated pair's figure is its link's physical rate times its share: 0.8 healthy, 0.8 x 0.3 slow
-    share = "gpu_conformance_pair_bandwidth_link_ratio"
-    assert slow_pair.value(share, probe="pair_exchange", pair="gpu0-gpu5", link="SYS") == 0.8
-    assert slow_pair.value(share, probe="pair_exchange", pair="gpu1-gpu5", link="SYS") == 0.24
-    assert slow_pair.value(
-        "gpu_conformance_pair_bandwidth_bytes_per_second", probe="pair_exchange", pair="gpu1-gpu5"
-    ) == (7.56e9)
+    rate = slow_pair.value("gpu_conformance_link_rate_bytes_per_second", link="SYS")
+    bandwidth = "gpu_conformance_pair_bandwidth_bytes_per_second"
+    assert slow_pair.value(bandwidth, pair="gpu0-gpu5", link="SYS") / rate == pytest.approx(0.8, abs=0.001)
+    assert slow_pair.value(bandwidth, pair="gpu1-gpu5", link="SYS") / rate == pytest.approx(0.24, abs=0.001)
     # a collective over all eight GPUs: its slowest link, the farthest path among links of one rate
     (labels, ratio), *_ = slow_pair.families["gpu_conformance_collective_busbw_link_ratio"]
     assert (labels["device_set"], labels["link"]) == ("all8", "SYS") and ratio > 0
 
 
-def test_a_hang_shows_as_a_failed_case(hang: Finished) -> None:
+def test_a_hang_shows_as_a_failed_pair_and_class(hang: Finished) -> None:
     assert hang.ret == 1, hang.output
     assert hang.value("gpu_conformance_run_info", verdict="failed") == 1
     assert hang.value("gpu_conformance_run_passed") == 0
     assert hang.value("gpu_conformance_cases", verdict="hang") == 1
     assert hang.value("gpu_conformance_cases", verdict="pass") == 1
     assert hang.value("gpu_conformance_answer_problems", kind="failing_class") == 1
-    test = "suites/test_pairs.py::test_pair_exchange[gpu0-gpu1-PIX-inherited]"
-    assert hang.value("gpu_conformance_case_passed", test=test, link="PIX", device_set="gpu0-gpu1-PIX") == 0
-    assert hang.value("gpu_conformance_case_verdict", test=test, verdict="hang") == 1
-    assert hang.value("gpu_conformance_case_duration_seconds", test=test) >= 3  # the step deadline
+    assert hang.value("gpu_conformance_pair_passed", pair="gpu0-gpu1", link="PIX") == 0
+    assert hang.value("gpu_conformance_pair_passed", pair="gpu0-gpu4", link="SYS") == 1
+    assert hang.value("gpu_conformance_class_passed", **{"class": "PIX pairs"}) == 0
+    assert hang.value("gpu_conformance_class_rung", **{"class": "PIX pairs"}, rung="none") == 1  # inherited only
     bandwidth = hang.families["gpu_conformance_pair_bandwidth_bytes_per_second"]
     assert [labels["pair"] for labels, _ in bandwidth] == ["gpu0-gpu4"]  # a hung pair measured nothing
 
@@ -316,7 +355,7 @@ def test_under_xdist_the_controller_writes_every_worker_s_cases(
     pytester.makepyfile(test_p=PAIR_TEST, test_c=COLLECTIVE_TEST.format(probe="all_reduce"))
     textfile = pytester.path / "textfile"
     textfile.mkdir()
-    result = run_suite("--virtual-devices=3", "-n", "2", f"--metrics-file={textfile / PROM}")
+    result = run_suite("--virtual-devices=3", "-n", "2", f"--metrics-file={textfile / PROM}", "--metrics-per-case")
     assert result.ret == 0, result.stdout.str()
     finished = Finished(pytester.path, result.ret, "", textfile / PROM)
     assert finished.value("gpu_conformance_run_info", verdict="passed") == 1
@@ -397,18 +436,17 @@ def a_run(*records: CaseRecord, end: RunEnd | None = None) -> Run:
 def test_label_values_are_escaped() -> None:
     nasty = 'suites/t.py::test_x[a\\b-"q"-line\nbreak]'
     record = CaseRecord(nodeid=nasty, probe="all_reduce", verdict=Verdict.PASS, env_name="inherited", seconds=1.5)
-    text = metrics_text(a_run(record), RunStatus(started=1.0, ended=2.0, exit_status=0))
+    text = metrics_text(a_run(record), RunStatus(started=1.0, ended=2.0, exit_status=0), per_case=True)
     assert 'test="suites/t.py::test_x[a\\\\b-\\"q\\"-line\\nbreak]"' in text
     parsed = {f.name: f for f in prometheus_parser.text_string_to_metric_families(text)}
     (sample,) = parsed["gpu_conformance_case_passed"].samples
     assert sample.labels["test"] == nasty and sample.value == 1
-    assert metrics.escape_help("a\\b\nc") == "a\\\\b\\nc"
 
 
 def test_a_test_recorded_twice_is_one_series() -> None:
     first = CaseRecord(nodeid="t.py::test_x[all2-inherited]", probe="all_reduce", verdict=Verdict.HANG, seconds=9.0)
     again = CaseRecord(nodeid=first.nodeid, probe="all_reduce", verdict=Verdict.PASS, seconds=1.0)
-    text = metrics_text(a_run(first, again), RunStatus(0, 1, 0))
+    text = metrics_text(a_run(first, again), RunStatus(0, 1, 0), per_case=True)
     parsed = {f.name: f.samples for f in prometheus_parser.text_string_to_metric_families(text)}
     assert [s.value for s in parsed["gpu_conformance_case_passed"]] == [1]
     assert [s.labels["verdict"] for s in parsed["gpu_conformance_case_verdict"]] == ["pass"]
@@ -428,7 +466,7 @@ def test_no_false_green_whatever_the_answer_says() -> None:
     assert run_verdict(cut, RunStatus(0, 1, 0)) == "incomplete"
     assert run_verdict(cut, RunStatus(0, 1, 1)) == "failed"
     text = metrics_text(run, RunStatus(0, 1, 3))
-    assert "gpu_conformance_run_passed 0\n" in text and 'verdict="failed"} 1\n' in text
+    assert "gpu_conformance_run_passed 0.0\n" in text and 'verdict="failed"} 1.0\n' in text
 
 
 @pytest.fixture
@@ -474,3 +512,23 @@ def test_every_metric_is_documented() -> None:
     section = docs[docs.index("## Metrics for Prometheus") :]
     missing = [name for name in names if f"`gpu_conformance_{name}`" not in section]
     assert missing == []
+
+
+def test_the_file_is_readable_by_node_exporter_whatever_the_umask(textfile: Path) -> None:
+    """prometheus_client's write_to_textfile leaves 0600 under umask 077 (measured): the suite writes 0644."""
+    old = os.umask(0o077)
+    try:
+        write_metrics(textfile, "x 1\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(textfile.stat().st_mode) == 0o644
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_per_case_series_without_a_metrics_file_are_refused(pytester: pytest.Pytester, run_suite: RunSuite) -> None:
+    pytester.makepyfile(test_p=PAIR_TEST)
+    result = run_suite("--virtual-devices=2", "--metrics-per-case")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: conformance: command-line option --metrics-per-case: --metrics-per-case: give --metrics-file too"]
+    )

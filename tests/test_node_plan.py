@@ -181,6 +181,6 @@ def test_negative_controls_that_went_as_expected_stay_out_of_the_verdict_counts(
     missed = CaseRecord("t::test_oom", "all_reduce", "pass", expected_verdict="error")  # did not go as expected
     lines = [text for text, _ in summary_lines([node_pair_record(0, 1, "pass"), control, missed])]
     assert lines[-5].split() == ["probe", "pass"]  # only the verdicts some counted case had: no error column
-    assert lines[-2].split() == ["total", "2"]
+    assert lines[-2].split() == ["total", "(cases", "+", "host", "checks)", "2"]
     assert lines[-1] == "negative controls: 1 ended as their tests expected (error); not counted above"
     assert not any("negative controls" in text for text, _ in summary_lines([missed]))

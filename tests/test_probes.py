@@ -251,3 +251,39 @@ def test_the_rank_identity_check_compares_or_fails(found: str, expected: str, pr
 
     got = identity_problem(1, found, expected, "GPU-a,GPU-b")
     assert got == problem if problem is None or "*" not in problem else fnmatchcase(got or "", problem), got
+
+
+@pytest.mark.parametrize(
+    ("users", "given"),
+    [
+        (None, "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"),
+        ("COLL", "COLL,INIT,BOOTSTRAP,ENV,P2P,SHM,NET"),  # the user's COLL kept, the read-back's added
+        ("init,coll", "init,coll,BOOTSTRAP,ENV,P2P,SHM,NET"),  # names compare case-insensitively
+        ("ALL", "ALL"),
+        ("^COLL,NET", "^COLL"),  # every subsystem but those listed: NET taken out of the exclusion
+        ("^NET,P2P", "ALL"),
+    ],
+)
+def test_the_user_s_nccl_debug_subsys_keeps_what_the_suite_reads(users: str | None, given: str) -> None:
+    from conformance.launch.environment import debug_subsystems
+
+    assert debug_subsystems(users) == given
+
+
+def test_an_inherited_nccl_debug_subsys_is_added_to_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conformance.launch.environment import rank_environments
+
+    topology = gpu_topology(2)
+    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "COLL")
+    monkeypatch.setenv("NCCL_DEBUG", "TRACE")
+    spec = CaseSpec("t", "pair_exchange", topology.devices, "nccl", visible=topology.devices)
+    env = rank_environments(spec, tmp_path).per_rank[0]
+    assert env["NCCL_DEBUG_SUBSYS"].split(",")[:2] == ["COLL", "INIT"] and "NET" in env["NCCL_DEBUG_SUBSYS"]
+    assert env["NCCL_DEBUG"] == "TRACE"
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # too quiet for the read-back: INFO
+    assert rank_environments(spec, tmp_path).per_rank[0]["NCCL_DEBUG"] == "INFO"
+    rung = CaseSpec("t", "pair_exchange", topology.devices, "nccl", visible=topology.devices,
+                    env_set={"NCCL_DEBUG_SUBSYS": "^P2P"})  # fmt: skip
+    assert rank_environments(rung, tmp_path).per_rank[0]["NCCL_DEBUG_SUBSYS"] == "ALL"

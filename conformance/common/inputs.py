@@ -166,6 +166,14 @@ def junitparser_missing() -> bool:
     return _cannot_import("junitparser")
 
 
+NO_PROMETHEUS_CLIENT = "the metrics file needs prometheus_client: pip install 'gpu-conformance[metrics]'"
+
+
+def prometheus_client_missing() -> bool:
+    """Whether prometheus_client cannot be imported here (the metrics file's text is its)."""
+    return _cannot_import("prometheus_client")
+
+
 def jinja2_missing() -> bool:
     """Whether jinja2 cannot be imported here (the HTML report needs it)."""
     return _cannot_import("jinja2")

@@ -41,5 +41,5 @@ class LaterRungs:
         self.run.book.record(planned.step, SKIPPED, decision.reason)
         self.not_needed.append(item.nodeid)
         deselect_during_run(item, nextitem)
-        self.run.coverage.reported(item.nodeid)
+        self.run.coverage.not_needed(item.nodeid)
         return True

@@ -17,7 +17,7 @@ from conformance.discover.versions import suite_version
 from conformance.harness.across_nodes import meet_nodes
 from conformance.harness.context import RunContext
 from conformance.harness.junit import JunitSummary
-from conformance.record.records import JunitRun
+from conformance.record.records import PYTEST_OUTCOMES, JunitRun
 from conformance.record.run_folder import RunFolder, stop_watch
 from conformance.record.runs import Run, RunError, load_run
 from conformance.summarise.conclude import conclude
@@ -52,7 +52,7 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
             watch.close()
         return
     records = run.folder.own_records()
-    end = run.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop)
+    end = run.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop, pytest_counts(run.config))
     failed_nodes = run.outcome.failed_nodes
     run.outcome.end = replace(end, harness_errors=run.failed_tests.unexplained(records), failed_nodes=failed_nodes)
     watched = stop_watch(watch, records, run.node_rank) if watch is not None else None
@@ -62,6 +62,14 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
     except OSError as exc:  # a full disk: said, and the run fails; the answer comes from the facts in memory
         run.outcome.unwritten.append(f"{run.folder.facts_file.name} NOT written: {exc.strerror or exc}")
         run.outcome.facts = facts
+
+
+def pytest_counts(config: pytest.Config) -> dict[str, int] | None:
+    """The tests by outcome as pytest's last line counts them (``TerminalReporter.stats``); None without it."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return None
+    return {outcome: len(reporter.stats.get(outcome, ())) for outcome in PYTEST_OUTCOMES}
 
 
 def conclude_run(run: RunContext, session: pytest.Session) -> None:
@@ -88,7 +96,12 @@ def metrics_at_start(run: RunContext) -> None:
     if path is None:
         return
     try:
-        write_metrics(path, metrics_text(load_run(run.run_dir), RunStatus(started=run.config.stash[STARTED])))
+        write_metrics(
+            path,
+            metrics_text(
+                load_run(run.run_dir), RunStatus(started=run.config.stash[STARTED]), run.settings.metrics_per_case
+            ),
+        )
     except (OSError, RunError) as exc:
         raise pytest.UsageError(f"conformance: {run.settings.source('metrics_file')}: {path}: {exc}") from None
 
@@ -108,7 +121,7 @@ def metrics_at_end(run: RunContext, exit_status: int) -> bool:
         read = Run(str(run.run_dir), replace(run.run_facts(), end=run.outcome.end), [])
         status = replace(status, unreadable=True)
     try:
-        write_metrics(path, metrics_text(read, status))
+        write_metrics(path, metrics_text(read, status, run.settings.metrics_per_case))
     except OSError as exc:
         why = exc.strerror or exc
         try:  # a file left saying "running" would outlive the run

@@ -15,7 +15,7 @@ from conformance.harness.context import RunContext, user_timeout
 from conformance.summarise.answer import Tone
 from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
-from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines
+from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines, tally
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -142,7 +142,12 @@ def write_summary(run: RunContext, write: TerminalReporter) -> None:
 
 
 def _write_answer(run: RunContext, write: TerminalReporter, simulated: str) -> None:
-    """The answer, first: red where something failed, green where all passed."""
+    """The tests in the suite's words, then the answer: red where something failed, green where all passed."""
+    me = run.node_rank or 0
+    own = [r for r in run.folder.own_records() if (r.node_rank or 0) == me] if run.folder.facts_file.exists() else []
+    counted = tally(own, run.outcome.end, run.node_rank if run.nodes is not None else None)
+    if counted is not None:
+        write.write_line(counted.text())
     answer = run.outcome.conclusion.answer
     if answer is None:
         return

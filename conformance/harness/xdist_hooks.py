@@ -31,14 +31,14 @@ class XdistHooks:
         """A worker's later rungs not run (never reported): covered, and counted deselected as pytest counts them."""
         ids = list(getattr(node, "workeroutput", {}).get(NOT_NEEDED, ()))
         for nodeid in ids:
-            self.run.coverage.reported(nodeid)
+            self.run.coverage.not_needed(nodeid)
         terminal = self.run.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.stats.setdefault("deselected", []).extend(ids)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """The controller collects nothing itself: the run's plan is what its workers collected."""
-        self.run.coverage.collected(len(ids))
+        self.run.coverage.collected(ids, [i for i in ids if self.run.plan.on_fallback_rung(i)])
 
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         """Plain ``-n N`` (xdist's ``load``): every rung of a device set goes to one worker (``Plan.worker_scope``)."""

@@ -7,6 +7,7 @@ sets a recorder variable keeps its value), and on NCCL the suite's logging and G
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,28 @@ if TYPE_CHECKING:
 
 # What NCCL logs at INFO to each rank's file: enough to read the transports and set-up back.
 NCCL_DEBUG_SUBSYS = "INIT,BOOTSTRAP,ENV,P2P,SHM,NET"
+LOG_LEVELS_KEPT = ("INFO", "TRACE")  # a user's TRACE logs all INFO does (NCCL's src/debug.cc): kept
+
+
+def debug_subsystems(users: str | None, needed: str = NCCL_DEBUG_SUBSYS) -> str:
+    """The user's NCCL_DEBUG_SUBSYS with the subsystems the suite reads added to it.
+
+    NCCL's ``ncclDebugInit`` (src/debug.cc, v2.18.3-1 to v2.30.7-1): a comma-separated list, names
+    compared case-insensitively, ``ALL`` for every subsystem; a leading ``^`` starts from every
+    subsystem and removes those listed.  So the needed ones are added to a list, taken out of an
+    exclusion, and ``ALL`` already holds them.
+    """
+    if not users or not users.strip():
+        return needed
+    want = needed.split(",")
+    if users.startswith("^"):
+        excluded = [name for name in users[1:].split(",") if name and name.upper() not in want]
+        return "^" + ",".join(excluded) if excluded else "ALL"
+    given = [name for name in users.split(",") if name]
+    if any(name.upper() == "ALL" for name in given):
+        return users
+    have = {name.upper() for name in given}
+    return ",".join(given + [name for name in want if name not in have])
 
 
 def device_id(device: Device) -> str:
@@ -45,8 +68,9 @@ def rank_environments(spec: CaseSpec, case_dir: Path, deadlines: Deadlines | Non
     """
     case_wide = dict(spec.env_set)
     if spec.backend == "nccl":
-        case_wide["NCCL_DEBUG"] = "INFO"
-        case_wide.setdefault("NCCL_DEBUG_SUBSYS", NCCL_DEBUG_SUBSYS)
+        level = _users("NCCL_DEBUG", spec)
+        case_wide["NCCL_DEBUG"] = level if level in LOG_LEVELS_KEPT else "INFO"
+        case_wide["NCCL_DEBUG_SUBSYS"] = debug_subsystems(_users("NCCL_DEBUG_SUBSYS", spec))
         case_wide["CUDA_VISIBLE_DEVICES"] = ",".join(device_id(d) for d in spec.seen)
         heartbeat = deadlines.heartbeat_timeout if deadlines else None
         if heartbeat is not None:
@@ -59,3 +83,10 @@ def rank_environments(spec: CaseSpec, case_dir: Path, deadlines: Deadlines | Non
             env["NCCL_DEBUG_FILE"] = str(rank_path / casefiles.NCCL_LOG)
         per_rank.append(env)
     return RankEnvironments(tuple(per_rank), tuple(spec.env_unset))
+
+
+def _users(name: str, spec: CaseSpec) -> str | None:
+    """The value the case would give ``name`` without the suite: its rung's, else the run's environment's."""
+    if name in spec.env_set:
+        return spec.env_set[name]
+    return None if name in spec.env_unset else os.environ.get(name)

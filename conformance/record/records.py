@@ -214,6 +214,10 @@ class HarnessError:
         return f"{self.nodeid} ({self.when}: {self.message})"
 
 
+# pytest's outcomes as its last line counts them (``TerminalReporter.stats``), kept in ``RunEnd.tests``
+PYTEST_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected")
+
+
 @dataclass(frozen=True)
 class RunEnd:
     """How far a run got: ``started`` is written when it begins, the rest when it ends.
@@ -224,10 +228,14 @@ class RunEnd:
 
     state: str = "started"  # started | complete | incomplete
     planned: int | None = None  # tests collected to run (after -k/-m/deselection)
-    ran: int | None = None  # tests that got an outcome
+    ran: int | None = None  # tests that got an outcome (fallback rungs found not needed are not counted)
     stopped_by: str | None = None  # what ended an incomplete run early
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no answer from them
     failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed ("node 2: exit 1"): it failed here too
+    fallback: int | None = None  # of ``planned``, tests on fallback rungs: they run only where a class needs them
+    fallback_ran: int | None = None  # of ``ran``, those on fallback rungs
+    not_needed: int | None = None  # fallback-rung tests found not needed (pytest counts them deselected)
+    tests: Mapping[str, int] | None = None  # pytest's counts by outcome (``PYTEST_OUTCOMES``); None: older runs
 
     @property
     def incomplete(self) -> str | None:
@@ -235,8 +243,20 @@ class RunEnd:
             return None
         if self.state == "started":
             return "it never reached its end: killed, or still running"
-        how_far = f"{self.ran} of {self.planned} tests ran" if self.planned is not None else f"{self.ran} tests ran"
-        return f"{self.stopped_by or 'stopped'}: {how_far}"
+        return f"{self.stopped_by or 'stopped'}: {self.how_far}"
+
+    @property
+    def how_far(self) -> str:
+        """``40 of the 115 tests on the machine as it is ran, and 3 on fallback rungs (run only where needed)``."""
+        if self.planned is None:
+            return f"{self.ran} tests ran"
+        if not self.fallback or self.fallback_ran is None:
+            return f"{self.ran} of {self.planned} tests ran"
+        first, first_ran = self.planned - self.fallback, (self.ran or 0) - self.fallback_ran
+        return (
+            f"{first_ran} of the {first} tests on the machine as it is ran, and {self.fallback_ran} of the "
+            f"{self.fallback} on fallback rungs (those run only for a class that failed the rung before)"
+        )
 
     @classmethod
     def from_json(cls, data: object) -> RunEnd:
@@ -251,6 +271,11 @@ class RunEnd:
         if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
             raise FactsError(f"run.json: end.failed_nodes is not a list of texts: {nodes!r}")
         values["failed_nodes"] = tuple(nodes)
+        tests = values.get("tests")
+        if tests is not None and not (
+            isinstance(tests, dict) and all(isinstance(k, str) and type(v) is int for k, v in tests.items())
+        ):
+            raise FactsError(f"run.json: end.tests is not pytest's counts by outcome: {tests!r}")
         return cls(**values)
 
 

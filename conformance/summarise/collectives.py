@@ -39,6 +39,14 @@ class CollectiveRow:
         return (self.collective, self.devices, str(self.ranks), self.size, f"{self.algbw:.2f}", busbw, share, self.rung)
 
 
+def size_bytes(label: str) -> int:
+    """The bytes of a size as the probes name it (``rank/probes.py``'s ``size_label``: 4B, 64KiB, 8192MiB)."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
+        if label.endswith(unit) and label[: -len(unit)].isdigit():
+            return int(label[: -len(unit)]) * scale
+    return 0
+
+
 def _set_name(record: CaseRecord) -> str:
     """``all4`` from ``test_all_reduce[all4]`` (the ladder key: the test id without the rung)."""
     key = record.ladder_key or ""

@@ -2,25 +2,32 @@
 
     pytest suites/ --metrics-file /var/lib/node_exporter/textfile_collector/gpu_conformance.prom
 
-Every metric is a gauge named ``gpu_conformance_*`` with a HELP and a TYPE line (docs/after-a-run.md
-lists them): the run (its id, verdict, exit status, start and duration), the cases counted by
-verdict (every verdict, 0 where none, so a dashboard never loses a series), each case and host
-check passed or not, and the bandwidth of each pair and collective, with its share of the link's
-physical rate where the suite knows it (``discover/link_rate.py``).  Samples carry no timestamp
-(the textfile collector refuses them).
+Every metric is a gauge named ``gpu_conformance_*`` (docs/after-a-run.md lists them with their
+labels).  By default the series are bounded by the machine, never by the tests: the run, the tests
+by pytest's outcome, the cases by verdict, each class, each GPU pair, each link class, each
+collective on the whole device set, each host check.  An 8-GPU node writes at most
+:data:`SERIES_BOUND_8_GPUS` series (``series_bound``), a fleet of 1,000 such nodes about 140,000,
+whatever the ladder or the sizes.  ``--metrics-per-case`` adds a series per case (about 500 on an
+8-GPU node, the pytest node id a label) for a fleet that keeps them.  Each node's file holds its own
+node's pairs and checks (node 0's run folder holds every node's records); the run, count and class
+series are the answer's, the same on every node.
 
 No false green: the file is written at the run's start saying ``running`` (a run killed before its
 end leaves that, never the last run's green), and at its end from the run folder read back
 (``record.runs.Run``) together with what only the run's own process knows (``RunStatus``): a run
 whose exit status is not 0 never reads as passed.
 
-The file is replaced atomically (a temporary file in the same folder, then ``os.replace``), so the
-collector never reads half a file; the temporary file's name does not end in ``.prom``.
+The text is ``prometheus_client``'s (the reference client: its escaping, its number format); the
+file is written by the suite's one atomic writer (``common/files.py``), not by the client's
+``write_to_textfile``: that one opens its temporary file with the process's umask, so a run as root
+under ``umask 077`` leaves a ``0600`` file node_exporter (its own user) cannot read, and it does not
+fsync before the rename.  Ours is ``0644``, fsynced, hidden until renamed (not ``*.prom``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -30,12 +37,12 @@ from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
 from conformance.discover.link_rate import pair_link_gbps
 from conformance.plan.transport import PCIE_PATHS_NEAREST_FIRST
-from conformance.record.records import HOST_SET_KIND, CaseRecord
+from conformance.record.records import HOST_SET_KIND, PYTEST_OUTCOMES, CaseRecord
 from conformance.record.runs import Run
 from conformance.summarise.answer import Answer
 from conformance.summarise.bandwidth import judged_gbps, link_gbps
-from conformance.summarise.collectives import collective_rows
-from conformance.summarise.summary import link_class_of, one_record_per_case
+from conformance.summarise.collectives import CollectiveRow, collective_rows, size_bytes
+from conformance.summarise.summary import link_class_of, one_record_per_case, run_ladder
 
 PREFIX = "gpu_conformance_"
 GIGA = 1e9  # the suite's GB/s are 10^9 bytes a second (rank/timing.py), as nccl-tests counts them
@@ -43,6 +50,8 @@ GIGA = 1e9  # the suite's GB/s are 10^9 bytes a second (rank/timing.py), as nccl
 OK, TESTS_FAILED, INTERRUPTED, INTERNAL_ERROR = 0, 1, 2, 3
 RUNNING, PASSED, FAILED, INCOMPLETE = "running", "passed", "failed", "incomplete"
 RUN_VERDICTS = (PASSED, FAILED, INCOMPLETE, RUNNING)
+WHOLE_SETS = ("all", "across_nodes")  # the device sets whose collectives the bounded series keep
+SERIES_BOUND_8_GPUS = 150  # docs/after-a-run.md states it; tests/test_metrics.py holds a full 8-GPU run to it
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,17 @@ def answer_problems(answer: Answer) -> dict[str, int]:
     }
 
 
-# -- the text format --------------------------------------------------------------------------
+def series_bound(pairs: int, classes: int, link_classes: int, collectives: int, host_checks: int) -> int:
+    """The most series the bounded file holds (``metrics_text`` without per-case series).
+
+    Fixed: the run's 17, pytest's outcomes, the verdicts; then two per class and per pair, one per
+    link class, three per collective on a whole device set, one per host check that ran.
+    """
+    fixed = 17 + len(PYTEST_OUTCOMES) + len(Verdict)
+    return fixed + 2 * classes + 2 * pairs + link_classes + 3 * collectives + host_checks
+
+
+# -- the families -----------------------------------------------------------------------------
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -98,38 +117,58 @@ class Family:
     def add(self, value: float | None, **labels: object) -> None:
         if value is None or not math.isfinite(value):
             return
-        self.samples[tuple((k, "" if v is None else str(v)) for k, v in labels.items())] = float(value)
-
-    def lines(self) -> list[str]:
-        if not self.samples:
-            return []
-        head = [f"# HELP {self.name} {escape_help(self.help)}", f"# TYPE {self.name} gauge"]
-        return head + [f"{self.name}{label_text(labels)} {number_text(v)}" for labels, v in self.samples.items()]
+        self.samples[tuple((k, shown_lines("" if v is None else str(v))) for k, v in labels.items())] = float(value)
 
 
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+class _Families:
+    """The families as a ``prometheus_client`` collector: it writes HELP, TYPE, escapes and numbers."""
+
+    def __init__(self, families: Iterable[Family]) -> None:
+        self.families = [f for f in families if f.samples]
+
+    def collect(self) -> Iterator[object]:
+        from prometheus_client.core import GaugeMetricFamily  # the metrics extra: imported where used
+
+        for family in self.families:
+            names = [name for name, _ in next(iter(family.samples))]
+            gauge = GaugeMetricFamily(family.name, family.help, labels=names)
+            for labels, value in family.samples.items():
+                gauge.add_metric([v for _, v in labels], value)
+            yield gauge
 
 
-def escape_label(value: str) -> str:
-    return shown_lines(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def render(families: Iterable[Family]) -> str:
+    """The text exposition format, as ``prometheus_client`` writes it."""
+    from prometheus_client import CollectorRegistry, generate_latest  # the metrics extra: imported where used
 
-
-def label_text(labels: Labels) -> str:
-    return "{" + ",".join(f'{name}="{escape_label(value)}"' for name, value in labels) + "}" if labels else ""
-
-
-def number_text(value: float) -> str:
-    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))  # type: ignore[arg-type]
+    return generate_latest(registry).decode()
 
 
 # -- what a run holds -------------------------------------------------------------------------
 
 
-def metrics_text(run: Run, status: RunStatus) -> str:
-    """The whole file: the run, its cases, host checks and bandwidths."""
-    families = _run_families(run, status) + _case_families(run) + _bandwidth_families(run, status.answer)
-    return "".join(line + "\n" for family in families for line in family.lines())
+def metrics_text(run: Run, status: RunStatus, per_case: bool = False) -> str:
+    """The whole file: bounded series; with ``per_case``, a series per case and per size too."""
+    own = own_records(run)
+    families = (
+        _run_families(run, status)
+        + _count_families(run)
+        + _class_families(status.answer, run_ladder(run)[0].name)
+        + _pair_families(run, own, status.answer)
+        + _collective_families(run, own)
+        + _host_check_families(own)
+    )
+    if per_case:
+        families += _case_families(run, own)
+    return render(families)
+
+
+def own_records(run: Run) -> list[CaseRecord]:
+    """The usable records of the node that writes: node 0's run folder holds every node's, each writes its own."""
+    me = run.facts.node_rank or 0
+    return [r for r in run.usable_records if (r.node_rank or 0) == me]
 
 
 def _run_families(run: Run, status: RunStatus) -> list[Family]:
@@ -163,27 +202,138 @@ def _run_families(run: Run, status: RunStatus) -> list[Family]:
     )
     for kind, count in answer_problems(status.answer).items() if status.answer is not None else ():
         problems.add(count, kind=kind)
+    return [info, passed, verdicts, exit_status, started, ended, duration, problems]
+
+
+def _count_families(run: Run) -> list[Family]:
+    tests = Family(
+        f"{PREFIX}tests",
+        "pytest's count of tests by outcome, as its last line gives them (every outcome listed); absent while running.",
+    )
+    counted = run.facts.end.tests if run.facts.end is not None else None
+    for outcome in PYTEST_OUTCOMES:
+        tests.add(counted.get(outcome, 0) if counted is not None else None, outcome=outcome)
     cases = Family(
         f"{PREFIX}cases",
-        "Cases by verdict, every verdict listed (host checks and negative controls not counted).",
+        "Cases (the tests that ran a probe on a device set) by verdict, every verdict listed; host checks and "
+        "negative controls are counted apart.",
     )
-    counted = [r.outcome for r in one_record_per_case(_cases(run)) if r.expected_verdict is None]
+    verdicts = [r.outcome for r in one_record_per_case(_cases(run.usable_records)) if r.expected_verdict is None]
     for known in Verdict:
-        cases.add(counted.count(known), verdict=known.value)
-    return [info, passed, verdicts, exit_status, started, ended, duration, problems, cases]
+        cases.add(verdicts.count(known), verdict=known.value)
+    return [tests, cases]
 
 
-def _cases(run: Run) -> list[CaseRecord]:
-    return [r for r in run.usable_records if r.set_kind != HOST_SET_KIND]
+def _class_families(answer: Answer | None, first_rung: str) -> list[Family]:
+    passed = Family(f"{PREFIX}class_passed", "1 when the class passed with the environment as it is, else 0.")
+    rung = Family(
+        f"{PREFIX}class_rung",
+        "Always 1: the first rung on which every case of the class passed (none: no rung did).",
+    )
+    for label in answer.passed if answer is not None else ():
+        passed.add(1, **{"class": label})
+        rung.add(1, **{"class": label, "rung": first_rung})
+    for failed in answer.classes if answer is not None else ():
+        passed.add(0, **{"class": failed.label})
+        rung.add(1, **{"class": failed.label, "rung": failed.fix.name if failed.fix is not None else "none"})
+    return [passed, rung]
+
+
+def _cases(records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    return [r for r in records if r.set_kind != HOST_SET_KIND]
+
+
+def _first_rung(run: Run, records: list[CaseRecord]) -> list[CaseRecord]:
+    """The records of the environment as it is: the ladder's first rung."""
+    first = run_ladder(run)[0].name
+    return [r for r in records if (r.env_name or first) == first]
+
+
+def pair_name(record: CaseRecord) -> str:
+    return "-".join(record.devices) if record.set_kind == "pair" else device_set(record)
+
+
+def _pair_families(run: Run, own: list[CaseRecord], answer: Answer | None) -> list[Family]:
+    passed = Family(
+        f"{PREFIX}pair_passed",
+        "1 when every case of the pair passed with the environment as it is and the answer found it not SLOW, else 0.",
+    )
+    bandwidth = Family(
+        f"{PREFIX}pair_bandwidth_bytes_per_second",
+        "The pair's lowest bandwidth among its passing cases with the environment as it is: NCCL's on GPUs, its "
+        "simulated link's on a simulation, host copies on gloo.",
+    )
+    slow = {p.pair for p in answer.slow} if answer is not None else set()
+    by_pair: dict[tuple[str, str], list[CaseRecord]] = {}
+    for record in _first_rung(run, own):
+        if record.set_kind in ("pair", "node_pair") and record.outcome is not Verdict.SKIP:
+            by_pair.setdefault((pair_name(record), record.link or link_class_of(record)), []).append(record)
+    for (name, link), records in by_pair.items():
+        all_passed = all(r.outcome is Verdict.PASS for r in records)
+        passed.add(all_passed and name not in slow, pair=name, link=link)
+        figures = [_pair_figure(r) for r in records if r.outcome is Verdict.PASS]
+        bandwidth.add(_bytes(min((f for f in figures if f is not None), default=None)), pair=name, link=link)
+    rate = Family(
+        f"{PREFIX}link_rate_bytes_per_second",
+        "A link class's physical rate per direction, where the run knew it: a pair's bandwidth over it is its share.",
+    )
+    for record in own:
+        if record.set_kind == "pair":
+            rate.add(_bytes(link_gbps(record)), link=record.link or link_class_of(record))
+    return [passed, bandwidth, rate]
+
+
+def _pair_figure(record: CaseRecord) -> float | None:
+    judged = judged_gbps(record)
+    return judged if judged is not None else record.bandwidth_gbps
+
+
+def _collective_families(run: Run, own: list[CaseRecord]) -> list[Family]:
+    algbw = Family(
+        f"{PREFIX}collective_algbw_bytes_per_second",
+        "A collective's algbw (bytes / time) at its largest size, on the whole device set, the environment as it is.",
+    )
+    busbw = Family(f"{PREFIX}collective_busbw_bytes_per_second", "Its busbw (algbw times nccl-tests' factor).")
+    share = Family(
+        f"{PREFIX}collective_busbw_link_ratio",
+        "Its busbw over the slowest physical link of its device set, where the run knew the rate.",
+    )
+    whole = [r for r in _first_rung(run, own) if r.set_kind in WHOLE_SETS]
+    for record in whole:
+        rows = collective_rows([record])
+        if not rows:
+            continue
+        row = max(rows, key=lambda r: size_bytes(r.size))  # the probes time their largest size only
+        labels = {"collective": row.collective, "device_set": row.devices, "size": row.size,
+                  "link": set_link(run, record)}  # fmt: skip
+        _add_collective(row, labels, algbw, busbw, share)
+    return [algbw, busbw, share]
+
+
+def _add_collective(row: CollectiveRow, labels: dict[str, str], *families: Family) -> None:
+    algbw, busbw, share = families
+    algbw.add(_bytes(row.algbw), **labels)
+    busbw.add(_bytes(row.busbw), **labels)
+    ratio = row.busbw / row.link_gbps if row.busbw is not None and row.link_gbps else None
+    share.add(None if ratio is None else round(ratio, 4), **labels)
+
+
+def _host_check_families(own: list[CaseRecord]) -> list[Family]:
+    check_passed = Family(
+        f"{PREFIX}host_check_passed", "1 when the host or health check passed, 0 when it failed; absent when skipped."
+    )
+    for record in own:
+        if record.set_kind == HOST_SET_KIND and record.outcome is not Verdict.SKIP:
+            check_passed.add(record.outcome is Verdict.PASS, check=record.probe.removeprefix("host:"))
+    return [check_passed]
+
+
+# -- per case, behind --metrics-per-case --------------------------------------------------------
 
 
 def _latest(records: list[CaseRecord]) -> list[CaseRecord]:
-    """A test's last record on each node: one series per test, whatever a results file holds twice."""
-    return list({(r.nodeid, _node(r)): r for r in records}.values())
-
-
-def _node(record: CaseRecord) -> str:
-    return str(record.node_rank or 0)
+    """A test's last record: one series per test, whatever a results file holds twice."""
+    return list({r.nodeid: r for r in records}.values())
 
 
 def device_set(record: CaseRecord) -> str:
@@ -201,7 +351,6 @@ def case_labels(record: CaseRecord) -> dict[str, str]:
         "device_set": device_set(record),
         "rung": record.env_name or "",
         "link": link_class_of(record),
-        "node": _node(record),
     }
 
 
@@ -210,73 +359,26 @@ def passed(record: CaseRecord) -> bool:
     return record.outcome is Verdict.PASS or record.ended_as_expected
 
 
-def _case_families(run: Run) -> list[Family]:
+def _case_families(run: Run, own: list[CaseRecord]) -> list[Family]:
     case_passed = Family(
         f"{PREFIX}case_passed", "1 when the case passed (a negative control: ended as expected), else 0."
     )
     case_verdict = Family(f"{PREFIX}case_verdict", "The case's verdict (a label), always 1.")
     case_seconds = Family(f"{PREFIX}case_duration_seconds", "The case's wall time.")
-    for record in _latest(_cases(run)):
+    case_bandwidth = Family(
+        f"{PREFIX}case_bandwidth_bytes_per_second", "A passing pair case's bandwidth, per probe and rung."
+    )
+    case_busbw = Family(f"{PREFIX}case_busbw_bytes_per_second", "A passing collective case's busbw per size.")
+    for record in _latest(_cases(own)):
         labels = case_labels(record)
         case_passed.add(passed(record), **labels)
         case_verdict.add(1, **labels, verdict=record.verdict_text)
         case_seconds.add(record.seconds, **labels)
-    check_passed = Family(f"{PREFIX}host_check_passed", "1 when the host or health check passed, else 0.")
-    check_verdict = Family(f"{PREFIX}host_check_verdict", "The check's verdict (pass, skip, error; a label), always 1.")
-    for record in _latest(run.usable_records):
-        if record.set_kind == HOST_SET_KIND:
-            labels = {"check": record.probe.removeprefix("host:"), "test": record.nodeid, "node": _node(record)}
-            check_passed.add(record.outcome is Verdict.PASS, **labels)
-            check_verdict.add(1, **labels, verdict=record.verdict_text)
-    return [case_passed, case_verdict, case_seconds, check_passed, check_verdict]
-
-
-def _bandwidth_families(run: Run, answer: Answer | None) -> list[Family]:
-    pair = Family(
-        f"{PREFIX}pair_bandwidth_bytes_per_second",
-        "A passing pair's bandwidth: measured by NCCL, its simulated link's on a simulation, host copies on gloo.",
-    )
-    pair_share = Family(
-        f"{PREFIX}pair_bandwidth_link_ratio",
-        "A pair's bandwidth over its link's physical rate, where the run measured a GPU link and knew the rate.",
-    )
-    pair_slow = Family(
-        f"{PREFIX}pair_slow",
-        "1 when the answer found the pair SLOW (below its class's median times --slow-ratio, or its floor), else 0; "
-        "only pairs whose bandwidth measures a GPU link are judged.",
-    )
-    slow = {(p.case, p.probe) for p in answer.slow} if answer is not None else set()
-    algbw = Family(f"{PREFIX}collective_algbw_bytes_per_second", "A collective's algbw (bytes / time) per size.")
-    busbw = Family(f"{PREFIX}collective_busbw_bytes_per_second", "A collective's busbw (nccl-tests' factor) per size.")
-    bus_share = Family(
-        f"{PREFIX}collective_busbw_link_ratio",
-        "A collective's busbw over the slowest physical link of its device set, where the run knew the rate.",
-    )
-    for record in run.usable_records:
-        if record.outcome is not Verdict.PASS:
-            continue
-        node, rung, link = _node(record), record.env_name or "", record.link or link_class_of(record)
-        if record.set_kind in ("pair", "node_pair"):
-            judged = judged_gbps(record)
-            figure = judged if judged is not None else record.bandwidth_gbps
-            name = "-".join(record.devices) if record.set_kind == "pair" else device_set(record)
-            labels = {"probe": record.probe, "pair": name, "link": link, "rung": rung, "node": node}
-            pair.add(_bytes(figure), **labels)
-            rate = link_gbps(record)
-            pair_share.add(round(judged / rate, 4) if judged is not None and rate else None, **labels)
-            pair_slow.add(None if judged is None else (record.nodeid, record.probe) in slow, **labels)
-        rows = collective_rows([record])
-        link = set_link(run, record) if rows else link
-        for row in rows:
-            labels = {
-                "collective": row.collective, "device_set": row.devices, "ranks": str(row.ranks), "size": row.size,
-                "link": link, "rung": rung, "node": node,
-            }  # fmt: skip
-            algbw.add(_bytes(row.algbw), **labels)
-            busbw.add(_bytes(row.busbw), **labels)
-            share = row.busbw / row.link_gbps if row.busbw is not None and row.link_gbps else None
-            bus_share.add(None if share is None else round(share, 4), **labels)
-    return [pair, pair_share, pair_slow, algbw, busbw, bus_share]
+        if record.set_kind in ("pair", "node_pair") and record.outcome is Verdict.PASS:
+            case_bandwidth.add(_bytes(_pair_figure(record)), **labels, probe=record.probe)
+        for row in collective_rows([record]):
+            case_busbw.add(_bytes(row.busbw), **labels, size=row.size)
+    return [case_passed, case_verdict, case_seconds, case_bandwidth, case_busbw]
 
 
 def set_link(run: Run, record: CaseRecord) -> str:

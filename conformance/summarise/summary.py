@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.plan.matrix import BUILTIN_LADDER, INHERITED, Rung
-from conformance.record.records import HOST_SET_KIND, CaseRecord
+from conformance.record.records import HOST_SET_KIND, CaseRecord, RunEnd
 from conformance.record.runs import Run
 
 
@@ -82,6 +82,68 @@ def record_counts(records: Sequence[CaseRecord]) -> RecordCounts:
     )
 
 
+@dataclass(frozen=True)
+class Tally:
+    """pytest's tests in the suite's words (docs/after-a-run.md, "Tests, cases, host checks").
+
+    A test is what pytest counts; a case is a test that ran a probe on a device set on a rung (what
+    the answer counts); a host check is a test of the machine itself; a negative control proves the
+    harness catches a failure.  Tests with no record were skipped before they ran anything (a
+    multi-node test on one node).  Deselected tests are apart, as pytest counts them.
+    """
+
+    tests: int  # pytest's count on this node: its last line's outcomes, deselected apart
+    cases: int
+    skipped_cases: int
+    host_checks: int
+    controls: int
+    deselected: int = 0
+    not_needed: int = 0  # of the deselected: fallback-rung tests no class needed
+    node: int | None = None  # on a run of several nodes: this node's tests only
+
+    def text(self) -> str:
+        """``tests: pytest's 52 = 27 cases + 19 host checks + 1 negative control + 5 skipped with no record``."""
+        no_record = self.tests - self.cases - self.skipped_cases - self.host_checks - self.controls
+        parts = [count_text(self.cases, "case")]
+        parts += [f"{self.skipped_cases} skipped cases"] if self.skipped_cases else []
+        parts += [count_text(self.host_checks, "host check")] if self.host_checks else []
+        parts += [count_text(self.controls, "negative control")] if self.controls else []
+        parts += [f"{no_record} skipped with no record (not for this run)"] if no_record > 0 else []
+        where = f" on node {self.node}" if self.node is not None else ""
+        line = f"tests: pytest's {self.tests}{where} = {' + '.join(parts)}"
+        if self.deselected:
+            by_user = self.deselected - self.not_needed
+            why = [f"{self.not_needed} on fallback rungs no class needed"] if self.not_needed else []
+            why += [f"{by_user} by -k/-m or another plugin"] if by_user > 0 else []
+            line += f"; {self.deselected} deselected ({', '.join(why)})"
+        return line
+
+
+def tally(own: Sequence[CaseRecord], end: RunEnd | None, node: int | None = None) -> Tally | None:
+    """The tests of the node in the suite's words: its own records and pytest's counts (None: not kept, older runs).
+
+    ``node``: this node's rank on a run of several nodes (its pytest counts its own tests only).
+    """
+    if end is None or end.tests is None:
+        return None
+    controls = sum(r.expected_verdict is not None for r in own)
+    cases = [r for r in own if r.set_kind != HOST_SET_KIND and r.expected_verdict is None]
+    skipped = sum(r.outcome is Verdict.SKIP for r in cases)
+    return Tally(
+        tests=sum(n for outcome, n in end.tests.items() if outcome != "deselected"),
+        cases=len(cases) - skipped, skipped_cases=skipped, controls=controls,
+        host_checks=sum(r.set_kind == HOST_SET_KIND for r in own),
+        deselected=end.tests.get("deselected", 0), not_needed=end.not_needed or 0, node=node,
+    )  # fmt: skip
+
+
+def run_tally(run: Run) -> Tally | None:
+    """``tally`` of a run read back: the records of the node that wrote its run folder."""
+    me = run.facts.node_rank or 0
+    own = [r for r in run.records if (r.node_rank or 0) == me]
+    return tally(own, run.facts.end, me if run.facts.nnodes > 1 else None)
+
+
 def link_class_of(record: CaseRecord) -> str:
     """Pairs (of devices, of nodes: NET) by link class; other sets by their kind (all, single, ...)."""
     kind = record.set_kind or "all"
@@ -134,6 +196,9 @@ def bad_nodes(records: Iterable[CaseRecord]) -> list[BadNode]:
     return [BadNode(node, tuple(sorted(others))) for node, others in sorted(failed_with.items()) if node not in good]
 
 
+TOTAL_ROW = "total (cases + host checks)"  # records, not tests: the tally line above the answer gives pytest's
+
+
 def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
     """Bad nodes, hangs and wrong data first (each marked bad), then probe x verdict counts.
 
@@ -151,9 +216,9 @@ def summary_lines(records: list[CaseRecord]) -> list[tuple[str, bool]]:
         by_probe.setdefault(r.probe, Counter())[r.outcome] += 1
     total = Counter(r.outcome for r in counted)
     shown = [v for v in READING_ORDER if total[v]]
-    width = max(len("probe"), len("total"), *(len(p) for p in by_probe))
+    width = max(len("probe"), len(TOTAL_ROW), *(len(p) for p in by_probe))
     table = ["probe".ljust(width) + "".join(f"{v.value:>{len(v.value) + 2}}" for v in shown)]
-    for probe, counts in [*sorted(by_probe.items()), ("total", total)]:
+    for probe, counts in [*sorted(by_probe.items()), (TOTAL_ROW, total)]:
         table.append(probe.ljust(width) + "".join(f"{counts.get(v, 0):>{len(v.value) + 2}}" for v in shown))
     lines += [(line, False) for line in table]
     if controls:
