@@ -38,13 +38,12 @@ CROSS_NODE_KINDS = ("node_pair", "across_nodes")
 SUITE = "test_multinode.py"
 DEADLINES = ("--init-timeout=4", "--op-timeout=4", "--step-timeout=8", "--rendezvous-timeout=30")
 NODE_ARGS = ("--virtual-devices=1", *DEADLINES, f"suites/{SUITE}")
-# How long both nodes may take, start to exit.  Measured: about 20 s per node on this 2-core machine
-# (four inherited cases, each ended by the grace, 3 s, after the other node's rank failed; four
-# fallback cases under 1 s each; start-up: interpreter, torch import, the nodes' rendezvous).  Were
-# the waiting node not told of the other's failure, each inherited case would pay its 8 s deadline
-# (about 38 s in all, measured before that was built), above this bound; a hang is caught at
-# NODE_LIMIT, where both nodes are stopped.
-EXIT_BOUND = 32.0
+# Measured: about 20 s per node on this 2-core machine (four inherited cases, each ended by the
+# grace, 3 s, after the other node's rank failed; four fallback cases under 1 s each; start-up).
+# Were the waiting node not told of the other's failure, each inherited case would pay its 8 s step
+# deadline (about 38 s in all): that is asserted from the records (no case stopped as stalled), not
+# from the wall clock, which a busy machine stretches.  A hang is caught at NODE_LIMIT, where both
+# nodes are stopped.
 NODE_LIMIT = 90.0
 HEADER = re.compile(r"^conformance: node (\d+) of (\d+) \(.*\), run store on (\S+); shared interfaces: (.*)$", re.M)
 CLASS_LINE = re.compile(r"^# (\S+): (\w+): (.*)$", re.M)
@@ -151,6 +150,11 @@ def cross_node_records(nodes: list[Node]) -> list[dict[str, Any]]:
     return records
 
 
+def paid_the_step_deadline(records: list[dict[str, Any]]) -> list[str]:
+    """Cases the watchdog stopped as stalled: a node that was not told its peer's rank had failed."""
+    return [r["nodeid"] for r in records if r.get("stop_reason") == "stalled"]
+
+
 def by_case(records: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, str]]:
     """(node rank, case without its rung) -> {rung: verdict}."""
     cases: dict[tuple[int, str], dict[str, str]] = {}
@@ -185,9 +189,9 @@ def test_wrong_interface_falls_back_to_the_shared_one(
         assert f"suites/{SUITE}::test_node_pair[node0-node1-{INHERITED}]" in failed
         assert not [nodeid for nodeid in failed if nodeid.endswith(f"-{FALLBACK}]")]
     assert codes == [1, 1], f"exit codes {codes}: the inherited failures must fail both runs\n{describe(nodes)}"
-    assert seconds < EXIT_BOUND, f"the nodes took {seconds:.1f}s (bound {EXIT_BOUND:g}s)\n{describe(nodes)}"
-
     records = cross_node_records(nodes)
+    assert not paid_the_step_deadline(records), describe(nodes)
+
     pairs = [r for r in records if r["set_kind"] == "node_pair"]
     assert pairs and all(r["link"] == "NET" for r in pairs)
     for (rank, case), verdicts in by_case(records).items():
@@ -222,9 +226,10 @@ def test_no_interface_forced_ends_passing(
 
     for rank, node in enumerate(nodes):
         check_header(node, rank, namespaces)
-    assert seconds < EXIT_BOUND, f"the nodes took {seconds:.1f}s (bound {EXIT_BOUND:g}s)\n{describe(nodes)}"
+    records = cross_node_records(nodes)
+    assert not paid_the_step_deadline(records), describe(nodes)
 
-    cases = by_case(cross_node_records(nodes))
+    cases = by_case(records)
     inherited_failed = False
     for (rank, case), verdicts in cases.items():
         assert set(verdicts) <= {INHERITED, FALLBACK}, f"node {rank} {case}: {verdicts}"

@@ -40,7 +40,26 @@ SHM_FULL = "  /dev/shm is full: rank 0 (gpu0) in init of "
 SHM_FIX = "free it or enlarge it: docker `--shm-size` or `--ipc=host`"
 CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HOST_ENABLE=0"
 CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
+CLEAN_FIXED = "passes with unset every NCCL_*/TORCH_NCCL_* variable -> unset every NCCL_*/TORCH_NCCL_* variable"
+SHM_FULL_LOC = "  /dev/shm is full: rank 0 (gpu* in init of *: SimulatedError: NCCL Error 2: * -> fix: " + SHM_FIX
 ANSWERS = {
+    "nccl-conf-p2p-loc": [  # /etc/nccl.conf's LOC puts every pair on SHM; clean's empty value brings NVLink P2P back
+        f"NV18 pairs: ERROR on inherited (pair_exchange 28/28); {CLEAN_FIXED}",
+        SHM_FULL_LOC,
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
+        f"broadcast 1/1, reduce_scatter 1/1); {CLEAN_FIXED}",
+        SHM_FULL_LOC,
+        *(
+            line
+            for name in ("every_other", "last_half", "last_half_all_visible", "reversed")
+            for line in (
+                f"{name} sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {CLEAN_FIXED}",
+                SHM_FULL_LOC,
+            )  # fmt: skip
+        ),
+        "passed as they are: single sets",
+        "for every class together: unset every NCCL_*/TORCH_NCCL_* variable; export NCCL_P2P_LEVEL=",
+    ],
     "container-dev-shm": [  # NCCL's SHM transport joins the two GPUs; a world of one has no SHM and passes
         PERSISTENCE_OFF_2GPU,  # two workstation GPUs without persistence mode: a WARNING, as in DCGM
         f"PHB pairs: ERROR on inherited (pair_exchange 1/1); {SHM_FIXED}",
@@ -265,6 +284,13 @@ ANSWERS = {
 
 # Lines beyond the answer a scenario's run must print (its comparison with the baseline its header names).
 ALSO = {
+    "nccl-conf-p2p-loc": [  # the header names the file's setting and how clean overrides it; recommend names the file
+        "conformance: NCCL config /etc/nccl.conf: NCCL_P2P_LEVEL=LOC",
+        "conformance: rung clean: NCCL_CONF_FILE=/dev/null and NCCL_P2P_LEVEL= (empty: NCCL reads an empty value as "
+        "unset, and reads /etc/nccl.conf whatever NCCL_CONF_FILE says)",
+        "note: NCCL_P2P_LEVEL=LOC is set in /etc/nccl.conf: unset cannot remove it (NCCL reads the file again); "
+        "remove it there, or give it an empty value, which NCCL reads as unset",
+    ],
     "gpu-lost": [
         "  GPU lost  gpu3 (GPU-nvid0003-0000-0000-0000-000000000003, 0000:48:00.0)  present*missing  NVML lists 7 "
         "GPU(s) now, 8 in the baseline",

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from conformance.common.families import inherited_variables
+from conformance.common.versions import release
+from conformance.discover.nccl_config import NcclConfig, read_nccl_config, simulated_config
 from conformance.discover.topology import Topology
 from conformance.discover.topology_source import choose_backend
 from conformance.discover.versions import NcclVersions, loaded_nccl_version, nccl_wheel_version, package_version
@@ -92,6 +94,7 @@ class RunContext:
         self.deadlines = deadlines(self.settings, self.backend)
         self.nccl = self._nccl_versions()
         self.nccl_host = NcclHost(self.topology.cpu, self.nccl.used, self.topology.cuda_driver)
+        self.nccl_config = self._nccl_config()
         self.nodes: NodeGroup | None = None  # a multi-node run's group, once met
         self.start: StartCheck | None = None
         self.coverage = Coverage()
@@ -138,6 +141,17 @@ class RunContext:
         # The library torch loads, asked only on NCCL runs (importing torch here costs a second or two).
         return NcclVersions(loaded_nccl_version() if self.backend == "nccl" else None, nccl_wheel_version())
 
+    def _nccl_config(self) -> NcclConfig:
+        """NCCL's configuration files: a simulated image's (its scenario's), else this host's on NCCL runs."""
+        if self.simulated:
+            return simulated_config(self.scenario.nccl_conf if self.scenario else None)
+        return read_nccl_config(os.environ, release(self.nccl.used)) if self.backend == "nccl" else NcclConfig()
+
+    @property
+    def nccl_environ(self) -> dict[str, str]:
+        """The environment NCCL sees in a rank that inherits the run's: its configuration files' values added."""
+        return self.nccl_config.environment(os.environ)
+
     @property
     def simulated(self) -> bool:
         """Faults injected, or a GPU machine (a topology file) played by gloo ranks on CPU."""
@@ -169,7 +183,7 @@ class RunContext:
     def shm_predicted(self) -> bool:
         """Whether NCCL would use its SHM transport between some of the run's GPUs (transport.py; unknown: yes)."""
         devices = self.topology.devices
-        transports = self.nccl_host.transports(pair_paths(self.topology, devices), len(devices), os.environ)
+        transports = self.nccl_host.transports(pair_paths(self.topology, devices), len(devices), self.nccl_environ)
         return transports is None or SHM in transports
 
     @property
@@ -189,6 +203,7 @@ class RunContext:
             nccl=self.nccl.used,
             nccl_warning=self.nccl.warning,
             inherited_env=inherited_variables(),
+            nccl_config=self.nccl_config.to_json() if self.nccl_config.files else None,
             simulated=self.simulated,
             scenario=self.scenario.path if self.scenario else None,
             matrix=self.plan.mode,

@@ -7,7 +7,6 @@ the same decision.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -63,7 +62,7 @@ class Planner:
         Taken once: a case started ahead of its turn keeps the decision it started on.
         """
         if planned.decision is None:
-            planned.decision = self.run.book.decide(planned.step, os.environ, self.run.plan.selected)
+            planned.decision = self.run.book.decide(planned.step, self.run.nccl_environ, self.run.plan.selected)
         return planned.decision
 
     def runs_now(self, planned: PlannedCase) -> RungDecision | None:
@@ -74,9 +73,9 @@ class Planner:
         """
         if planned.decision is not None:
             return planned.decision if planned.decision.run else None
-        if not self.run.book.ready(planned.step, self.run.plan.selected):
+        if not self.run.book.ready(planned.step, self.run.plan.selected, self.run.nccl_environ):
             return None
-        decision = self.run.book.decide(planned.step, os.environ, self.run.plan.selected)
+        decision = self.run.book.decide(planned.step, self.run.nccl_environ, self.run.plan.selected)
         return decision if decision.run else None
 
     @staticmethod

@@ -14,11 +14,12 @@ from typing import Any, Protocol
 import pytest
 
 from conformance.common.suite import record_nodeid
+from conformance.discover.nccl_config import CONF_FILE_VARIABLE, NO_FILE, neutralised
 from conformance.harness.context import RunContext
 from conformance.harness.planned import PlannedCase
 from conformance.harness.side_by_side import CaseCall, case_call
 from conformance.launch.case import CaseResult, CaseSpec
-from conformance.plan.matrix import DeviceSet
+from conformance.plan.matrix import DeviceSet, Rung
 
 # How bandwidth is timed: the send/recv message, then warm-up and timed iterations (probes.py);
 # on CPU, collectives larger than chunk_bytes move in parts, each reported as progress.
@@ -70,6 +71,8 @@ def case_spec(
     pair = device_set.devices if len(device_set.devices) == 2 else None
     single_process = bool(params.pop("single_process", False))
     grace = params.pop("grace", None)
+    environ = run.nccl_environ  # what NCCL sees: the run's environment and its configuration files
+    unset = rung.unset(environ)
     return CaseSpec(
         nodeid=record_nodeid(item.path, item.nodeid),
         probe=probe,
@@ -77,14 +80,12 @@ def case_spec(
         backend=run.backend,
         link=device_set.link,
         env_name=rung.name,
-        env_set=dict(rung.set),
-        env_unset=rung.unset(os.environ),
+        env_set={**rung.set, **config_overrides(run, rung, list(unset))},
+        env_unset=tuple(name for name in unset if name in os.environ),
         params={**MEASUREMENT["gpu" if run.backend == "nccl" else "cpu"], **params},
         set_kind=device_set.kind,
         links=device_set.links,
-        predicted=run.nccl_host.summary(
-            run.plan.paths(device_set), len(device_set.devices), rung.effective(os.environ)
-        ),
+        predicted=run.nccl_host.summary(run.plan.paths(device_set), len(device_set.devices), rung.effective(environ)),
         isolate=device_set.isolate,
         visible=run.topology.devices,
         p2p_status=run.topology.p2p_status(*pair) if pair else None,
@@ -92,3 +93,15 @@ def case_spec(
         nodes=device_set.nodes,
         grace=None if grace is None else float(grace),
     )
+
+
+def config_overrides(run: RunContext, rung: Rung, unset: list[str]) -> dict[str, str]:
+    """What a rung that removes variables must set for NCCL's configuration files not to give them back.
+
+    An empty value for each a file sets; ``NCCL_CONF_FILE=/dev/null`` where the rung removes every NCCL
+    variable (the user's file stays out; /etc/nccl.conf is read whatever it says: ``discover/nccl_config.py``).
+    """
+    overrides = neutralised(unset, run.nccl_config, os.environ)
+    if run.nccl_config.files and rung.unset_families and CONF_FILE_VARIABLE.startswith(rung.unset_families):
+        overrides.setdefault(CONF_FILE_VARIABLE, NO_FILE)
+    return overrides

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -83,9 +84,26 @@ def header_lines(run: RunContext) -> list[str]:
     inherited = inherited_variables()
     if inherited:
         lines.append("inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
+    lines += _nccl_config_lines(run)
     if run.scenario:
         lines.append(f"SIMULATED run, scenario {run.scenario.name!r} ({run.scenario.path})")
     return lines + _node_lines(run)
+
+
+def _nccl_config_lines(run: RunContext) -> list[str]:
+    """What NCCL's configuration files set, and how a rung that removes variables overrides them."""
+    config = run.nccl_config
+    lines = config.header_lines(os.environ)
+    for rung in run.plan.rungs:
+        removed = [
+            k for k in config.from_files(os.environ) if rung.unset_families and k.startswith(rung.unset_families)
+        ]
+        if removed:
+            lines.append(
+                f"rung {rung.name}: NCCL_CONF_FILE=/dev/null and {', '.join(f'{k}=' for k in sorted(removed))} (empty: "
+                "NCCL reads an empty value as unset, and reads /etc/nccl.conf whatever NCCL_CONF_FILE says)"
+            )
+    return lines
 
 
 def _inventory_lines(run: RunContext) -> list[str]:

@@ -4,6 +4,7 @@
     name = "one rank hangs"
     description = "what real failure this reproduces"
     topology = "machine.json"  # optional: the simulated machine (relative to this file)
+    nccl_conf = "NCCL_P2P_LEVEL=LOC"  # optional: the simulated image's /etc/nccl.conf (discover/nccl_config.py)
 
     [[rule]]
     effect = "hang"            # hang | device_hang | crash | error | wrong_data | oom | slow | slow_link
@@ -168,6 +169,7 @@ class Scenario:
     path: str
     rules: tuple[Rule, ...]
     topology: Path | None = None
+    nccl_conf: str | None = None  # the simulated image's /etc/nccl.conf; this host's files are not read
 
 
 def _string_list(value: Any, where: str, item_type: type) -> tuple[Any, ...]:
@@ -299,9 +301,9 @@ def load_scenario(path: Path, where: str) -> Scenario:
     if unknown:
         raise ScenarioError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected [scenario] and [[rule]]")
     header = data.get("scenario", {})
-    if not isinstance(header, dict) or set(header) - {"name", "description", "topology"}:
-        raise ScenarioError(f"{path}: [scenario] takes only name, description and topology")
-    for key in ("name", "description"):
+    if not isinstance(header, dict) or set(header) - {"name", "description", "topology", "nccl_conf"}:
+        raise ScenarioError(f"{path}: [scenario] takes only name, description, topology and nccl_conf")
+    for key in ("name", "description", "nccl_conf"):
         if not isinstance(header.get(key, ""), str):
             raise ScenarioError(f"{path}: [scenario] {key} must be a string, got {header[key]!r}")
     topology = header.get("topology")
@@ -318,4 +320,5 @@ def load_scenario(path: Path, where: str) -> Scenario:
         path=str(path),
         rules=rules,
         topology=(path.parent / topology).resolve() if topology else None,
+        nccl_conf=header.get("nccl_conf"),
     )

@@ -305,6 +305,7 @@ class RunFacts:
     nccl: str | None = None  # the NCCL torch loads (pip's nvidia-nccl-cu* version where that is not known)
     nccl_warning: str | None = None  # pip's metadata names another NCCL than the one loaded
     inherited_env: Mapping[str, str] = field(default_factory=dict)
+    nccl_config: JsonObject | None = None  # what NCCL's configuration files set (``discover/nccl_config.py``)
     simulated: bool = False
     scenario: str | None = None
     matrix: str | None = None

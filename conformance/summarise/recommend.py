@@ -26,6 +26,7 @@ from typing import TypeGuard
 
 from conformance.common.files import write_atomic
 from conformance.common.verdicts import Verdict
+from conformance.discover.nccl_config import ConfigValue, NcclConfig
 from conformance.plan.matrix import Rung
 from conformance.record.records import CaseRecord, HarnessError, JsonObject
 from conformance.record.runs import Run, RunError
@@ -198,12 +199,19 @@ class Recommendation:
     incomplete: str | None = None  # the run did not cover its plan: no recommendation (RunFacts.incomplete)
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no recommendation
     cpu_only: str | None = None  # why no GPU was tested (a run of CPU ranks that is no simulation)
+    config: NcclConfig = field(default_factory=NcclConfig)  # NCCL's configuration files, as the run read them
 
     # -- derived ---------------------------------------------------------------------------
     @property
     def withheld(self) -> bool:
         """No environment is handed out: wrong data (unfit), a run that did not cover its plan, harness errors."""
         return self.unfit or self.incomplete is not None or bool(self.harness_errors)
+
+    @property
+    def from_config(self) -> dict[str, ConfigValue]:
+        """What the unset removes that NCCL's configuration files set: ``unset`` cannot reach a file."""
+        unset = self.unset_families
+        return {k: v for k, v in sorted(self.config.values.items()) if unset and k.startswith(unset)}
 
     @property
     def fixed(self) -> list[ClassAdvice]:
@@ -229,6 +237,7 @@ class Recommendation:
         if self.withheld:
             return []
         lines = [rung_env_text(Rung("overall", unset_families=self.unset_families))] if self.unset_families else []
+        lines += [f"export {k}=" for k in self.from_config]  # empty: NCCL reads it as unset (nccl_config.py)
         return lines + [f"export {k}={v}" for k, v in sorted(self.env.items())]
 
     # -- text --------------------------------------------------------------------------------
@@ -298,7 +307,14 @@ class Recommendation:
             broader = ", ".join(f"{cls} (needs {rung})" for cls, rung in self.broader)
             lines.append(f"  would then run on a broader setting than they need: {broader}")
         lines += [f"  {line}" for line in self.exports()]
-        return lines + self._inherited_note()
+        return lines + self._config_note() + self._inherited_note()
+
+    def _config_note(self) -> list[str]:
+        return [
+            f"note: {k}={v.value} is set in {v.file}: unset cannot remove it (NCCL reads the file again); remove it "
+            f"there, or give it an empty value, which NCCL reads as unset"
+            for k, v in self.from_config.items()
+        ]
 
     def _inherited_note(self) -> list[str]:
         unset = self.unset_families
@@ -332,12 +348,13 @@ class Recommendation:
         if not self.classes:
             lines.append("# nothing to recommend: no case ran that can be used")
             return "\n".join(lines) + "\n"
-        lines += [f"# {line}" for line in [*self._class_comments(), *self._inherited_note()]]
+        lines += [f"# {line}" for line in [*self._class_comments(), *self._config_note(), *self._inherited_note()]]
         if self.unset_families:
             text = rung_env_text(Rung("overall", unset_families=self.unset_families))
             lines.append(f"# {text} before these: a .env file cannot unset")
         if not self.env and not self.unset_families:
             lines.append("# nothing needs setting: the environment as it is")
+        lines += [f"{k}=" for k in self.from_config]
         lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
         return "\n".join(lines) + "\n"
 
@@ -531,6 +548,7 @@ def recommend(run: Run) -> Recommendation:
         incomplete=run.facts.incomplete,
         harness_errors=run.facts.harness_errors,
         cpu_only=run.facts.cpu_only,
+        config=NcclConfig.from_json(run.facts.nccl_config),
     )
 
 
