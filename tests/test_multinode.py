@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from conformance.common.suite import SCENARIOS_DIR
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
 from conformance.nodes.layout import token_tag
@@ -93,6 +94,28 @@ def test_nodes_with_different_device_counts_stop_before_any_collective(pytester:
         assert f"node {rank}: the nodes differ in what must match (gpu_count); stopping before any collective" in text
         row = next(line for line in text.splitlines() if line.startswith("gpu_count"))
         assert row.split() == ["gpu_count", "2", "1", "MUST", "MATCH"]
+        assert not list(node.reports.glob("*/cases")), "a case started"
+
+
+def test_nodes_that_load_different_nccl_stop_before_any_cross_node_case(pytester: pytest.Pytester) -> None:
+    """The NCCL each node loads (a simulated machine's own here), not pip's metadata, must match (F20)."""
+    files = copy_suites(pytester, "test_multinode.py")
+    machine = json.loads((SCENARIOS_DIR / "topologies" / "single-gpu.json").read_text())
+    tops = []
+    for rank, nccl in enumerate(("2.27.3", "2.21.5+cuda12.4")):
+        path = pytester.path / f"node{rank}.json"
+        path.write_text(json.dumps({**machine, "nccl": nccl}))
+        tops.append(path)
+    port = free_port()
+    nodes = [
+        start_node(pytester.path, rank, 2, port, *files, *FAST, f"--topology-file={tops[rank]}") for rank in (0, 1)
+    ]
+    for rank, node in enumerate(nodes):
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.USAGE_ERROR, node.output
+        assert f"node {rank}: the nodes differ in what must match (nccl); stopping before any collective" in node.output
+        row = next(line for line in node.output.splitlines() if line.startswith("nccl "))
+        assert row.split() == ["nccl", "2.27.3", "2.21.5+cuda12.4", "MUST", "MATCH"]
         assert not list(node.reports.glob("*/cases")), "a case started"
 
 

@@ -172,6 +172,7 @@ def fingerprint(rank: int, **changes: object) -> Fingerprint:
     base: dict[str, object] = dict(
         node_rank=rank, hostname=f"node{rank}", gpu_count=8, gpu_uuids=(), cuda_visible_devices=None,
         driver="570.124.06", cuda="12.8", nccl="2.26.2", torch="2.13.0", suite="0.1.0", nccl_env={},
+        nccl_plugins={"net": "/usr/lib/libnccl-net.so sha256:0123456789ab", "tuner": "none"},
     )  # fmt: skip
     base.update(changes)
     return Fingerprint(**base)  # type: ignore[arg-type]
@@ -198,6 +199,14 @@ def test_fewer_gpus_on_one_node_is_fatal_and_shown() -> None:
 def test_version_mismatches_are_fatal() -> None:
     check = compare_fingerprints([fingerprint(0), fingerprint(1, nccl="2.21.5", torch="2.12.0"), fingerprint(2)])
     assert check.fatal == ("nccl", "torch")
+
+
+def test_a_node_loading_another_nccl_plugin_is_fatal_and_named() -> None:
+    other = {"net": "/opt/aws-ofi-nccl/lib/libnccl-net.so sha256:fedcba987654", "tuner": "none"}
+    check = compare_fingerprints([fingerprint(0), fingerprint(1, nccl_plugins=other)])
+    assert check.fatal == ("nccl_plugins",)
+    row = next(r for r in check.table if r.startswith("nccl_plugins"))
+    assert "sha256:0123456789ab" in row and "sha256:fedcba987654" in row and row.endswith("MUST MATCH")
 
 
 def test_fingerprints_travel_as_json_and_shared_interfaces_leave_loopback_out() -> None:

@@ -21,6 +21,15 @@ def suite_version() -> str | None:
     return package_version(SUITE_DISTRIBUTION)
 
 
+def nccl_version_text(parts: tuple[object, ...]) -> str:
+    """``2.21.5``, or with its suffix as NCCL prints it (``2.21.5+cuda12.4``).
+
+    torch appends the suffix as a fourth element where NCCL was built with one (torch/cuda/nccl.py ``version``).
+    """
+    text = ".".join(str(part) for part in parts[:3])
+    return text + "".join(str(part) for part in parts[3:])
+
+
 def loaded_nccl_version() -> str | None:
     """The NCCL the torch of this process loads (``torch.cuda.nccl.version()``); None on CPU torch.
 
@@ -29,7 +38,7 @@ def loaded_nccl_version() -> str | None:
     try:
         import torch
 
-        return ".".join(str(part) for part in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
+        return nccl_version_text(torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
     except Exception:  # a CPU build has no NCCL: torch raises AttributeError or RuntimeError, by version
         return None
 

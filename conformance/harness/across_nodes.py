@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from conformance.common.verdicts import Verdict
+from conformance.discover.nccl_plugins import nccl_plugins
 from conformance.harness.context import RunContext
 from conformance.harness.planned import PlannedCase, Planner
 from conformance.harness.runner import Runner
@@ -33,7 +34,8 @@ def meet_nodes(run: RunContext) -> None:
         group = NodeGroup.connect(setup, run.settings.rendezvous_timeout, limits)
     except NodeGroupError as exc:
         raise pytest.UsageError(f"conformance: {exc}") from None
-    start = group.start(local_fingerprint(setup.node_rank, run.topology), run.run_id)
+    plugins = nccl_plugins(run.nccl_environ) if run.backend == "nccl" and not run.simulated else {}
+    start = group.start(local_fingerprint(setup.node_rank, run.topology, run.nccl.used, plugins), run.run_id)
     if start.fatal_text:
         group.close()
         raise pytest.UsageError(f"conformance: node {setup.node_rank}: {start.fatal_text}")

@@ -38,7 +38,7 @@ from conformance.common import values
 from conformance.common.families import inherited_variables
 from conformance.common.tables import align_columns
 from conformance.discover.topology import Topology
-from conformance.discover.versions import nccl_wheel_version, package_version, suite_version
+from conformance.discover.versions import package_version, suite_version
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on node 0
 # Under SLURM without MASTER_PORT, the port comes from the job id, so two jobs on shared nodes do not
@@ -46,7 +46,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's default, for a run's one TCPStore on n
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 12000
 
 # Fields that must be equal on every node, and fields that are shown but may differ.
-MUST_MATCH = ("gpu_count", "nccl", "torch", "suite")
+MUST_MATCH = ("gpu_count", "nccl", "nccl_plugins", "torch", "suite")
 MAY_DIFFER = ("hostname", "cuda_visible_devices", "driver", "cuda", "nccl_env", "interfaces")
 Addresses = tuple[str, ...]  # an interface's IP addresses, IPv4 first
 
@@ -364,6 +364,7 @@ class Fingerprint:
     suite: str | None
     nccl_env: Mapping[str, str] = field(default_factory=dict)
     interfaces: Mapping[str, Addresses] = field(default_factory=dict)  # name -> addresses (network_interfaces)
+    nccl_plugins: Mapping[str, str] = field(default_factory=dict)  # net, tuner -> what NCCL loads (nccl_plugins.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -472,8 +473,15 @@ def shared_interfaces(prints: Sequence[Fingerprint]) -> list[str]:
     return sorted(n for n in names if not any(is_loopback(p.interfaces[n]) for p in prints))
 
 
-def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
-    """What this node tells the others before any collective (``MUST_MATCH`` must agree)."""
+def local_fingerprint(
+    node_rank: int, topology: Topology, nccl: str | None, plugins: Mapping[str, str] | None = None
+) -> Fingerprint:
+    """What this node tells the others before any collective (``MUST_MATCH`` must agree).
+
+    ``nccl``: the NCCL the run tests (the library torch loads, its suffix kept; a simulated machine's
+    own), not pip's metadata, which a source build or LD_PRELOAD makes wrong; ``plugins``: the net and
+    tuner plugins NCCL would load (``discover/nccl_plugins.py``).
+    """
     return Fingerprint(
         node_rank=node_rank,
         hostname=socket.gethostname(),
@@ -482,9 +490,10 @@ def local_fingerprint(node_rank: int, topology: Topology) -> Fingerprint:
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         driver=topology.driver,
         cuda=topology.cuda_driver,
-        nccl=nccl_wheel_version(),
+        nccl=nccl,
         torch=package_version("torch"),
         suite=suite_version(),
         nccl_env={k: v for k, v in inherited_variables().items() if k.startswith("NCCL_")},
         interfaces=network_interfaces(),
+        nccl_plugins=dict(plugins or {}),
     )
