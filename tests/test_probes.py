@@ -287,3 +287,26 @@ def test_an_inherited_nccl_debug_subsys_is_added_to_not_replaced(
     rung = CaseSpec("t", "pair_exchange", topology.devices, "nccl", visible=topology.devices,
                     env_set={"NCCL_DEBUG_SUBSYS": "^P2P"})  # fmt: skip
     assert rank_environments(rung, tmp_path).per_rank[0]["NCCL_DEBUG_SUBSYS"] == "ALL"
+
+
+@pytest.mark.parametrize(("world", "chunk"), [(2, 1), (3, 5), (4, 64), (8, 1 << 15)])
+def test_all_to_all_expects_each_chunk_from_its_rank_at_its_place(world: int, chunk: int) -> None:
+    """All-to-all worked out from every rank's send buffer is ``exchanged``; a misrouted delivery is not."""
+    import torch
+
+    from conformance.rank.probes import exchanged, pattern
+
+    sends = [pattern(r, chunk * world).view(world, chunk) for r in range(world)]
+    for rank in range(world):
+        delivered = torch.cat([sends[source][rank] for source in range(world)])
+        assert torch.equal(delivered, exchanged(world, chunk, rank))
+        swapped_sources = torch.cat([sends[(source + 1) % world][rank] for source in range(world)])
+        wrong_slot = torch.cat([sends[source][(rank + 1) % world] for source in range(world)])
+        assert not torch.equal(swapped_sources, exchanged(world, chunk, rank))
+        assert not torch.equal(wrong_slot, exchanged(world, chunk, rank))
+
+
+def test_all_to_all_bus_bandwidth_is_nccl_tests() -> None:
+    from conformance.rank.probes import bus_factor
+
+    assert bus_factor("all_to_all", 8) == 7 / 8  # nccl-tests src/alltoall.cu: busBw = algBw * (n-1)/n

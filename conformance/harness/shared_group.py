@@ -37,7 +37,7 @@ ProbeParams = dict[str, object]  # a probe's parameters as a test gives them (JS
 SHARED_PROBE = "collectives"  # the rank probe that runs a sequence (rank/probes.py)
 # Collectives with no set-up of their own and nothing left behind in the group: running one after
 # another changes nothing for the next one.
-SHAREABLE = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter"})
+SHAREABLE = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"})
 MARKER_HELP = (
     f"{MARKER}(probe, **params): the test runs this collective (one of {', '.join(sorted(SHAREABLE))}) "
     "through the collective_case fixture; it may share one process group with the other collectives "

@@ -97,6 +97,18 @@ def gathered(world_size: int, n: int, device: torch.device | str = "cpu") -> tor
     return (cycle_values(0, n, device).unsqueeze(0) * scales).reshape(-1)
 
 
+def exchanged(world_size: int, chunk: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """What all-to-all delivers to ``rank``: chunk ``rank`` of every rank's pattern, in rank order.
+
+    Each rank's chunks carry its scale and their own offset in its pattern (251 is prime, the chunks
+    powers of two), so a chunk from the wrong rank or for the wrong rank differs from this.
+    """
+    import torch
+
+    scales = torch.arange(1, world_size + 1, dtype=torch.float32, device=device).unsqueeze(1)
+    return (cycle_values(rank * chunk, chunk, device).unsqueeze(0) * scales).reshape(-1)
+
+
 def size_label(nbytes: int) -> str:
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
@@ -145,7 +157,7 @@ def bus_factor(collective: str, world_size: int) -> float:
     n = world_size
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):  # nccl-tests' src/alltoall.cu: (n-1)/n
         return (n - 1) / n
     return 1.0
 
@@ -169,14 +181,18 @@ def timed(ctx: RankContext, label: str, operation: Callable[[], object], *device
     return seconds
 
 
-def measure_busbw(ctx: RankContext, collective: str, nbytes: int, run_once: Callable[[], object]) -> None:
-    """Time the collective after its data was verified; record algbw and busbw in GB/s."""
-    seconds = timed(ctx, f"{collective} bandwidth {size_label(nbytes)}", run_once)
+def measure_busbw(
+    ctx: RankContext, collective: str, nbytes: int, run_once: Callable[[], object], size: int | None = None
+) -> None:
+    """Time the collective after its data was verified; record algbw and busbw in GB/s.
+
+    ``size``: the size it is shown as, where the buffer had to be a multiple of the ranks (``nbytes``).
+    """
+    label = size_label(size or nbytes)
+    seconds = timed(ctx, f"{collective} bandwidth {label}", run_once)
     algbw = timing.gbps(nbytes, seconds)
-    ctx.metrics.setdefault("algbw_gbps", {})[size_label(nbytes)] = algbw
-    ctx.metrics.setdefault("busbw_gbps", {})[size_label(nbytes)] = round(
-        algbw * bus_factor(collective, ctx.world_size), 4
-    )
+    ctx.metrics.setdefault("algbw_gbps", {})[label] = algbw
+    ctx.metrics.setdefault("busbw_gbps", {})[label] = round(algbw * bus_factor(collective, ctx.world_size), 4)
 
 
 # -- collectives over the whole group --------------------------------------------------------
@@ -255,6 +271,33 @@ def reduce_scatter(ctx: RankContext) -> None:
         measure_busbw(
             ctx, "reduce_scatter", full.numel() * 4, lambda: dist.reduce_scatter_tensor(out, full, group=ctx.group)
         )
+
+
+@probe("all_to_all")
+def all_to_all(ctx: RankContext) -> None:
+    """Every rank sends a distinct chunk to every rank (MoE's exchange), each delivered chunk checked.
+
+    A size is each rank's whole send buffer, as nccl-tests' alltoall counts it (``count * nranks``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    device, world = ctx.torch_device, ctx.world_size
+    for n, label in sized_steps(ctx, "all_to_all"):
+        chunk = max(1, n // world)
+        send, out = pattern(ctx.rank, chunk * world, device), torch.zeros(chunk * world, device=device)
+        for part in in_parts(ctx, chunk):
+            width = part.stop - part.start
+            received = torch.empty(world * width, device=device)
+            dist.all_to_all_single(received, send.view(world, chunk)[:, part].reshape(-1), group=ctx.group)
+            out.view(world, chunk)[:, part].copy_(received.view(world, width))
+        ctx.synchronize()
+        ctx.verify(label, out, partial(exchanged, world, chunk, ctx.rank, device))
+    if ctx.params.get("measure"):
+        n = max(world, _numel(_largest(ctx)) // world * world)
+        send, out = torch.empty(n, device=device), torch.empty(n, device=device)
+        run_once = partial(dist.all_to_all_single, out, send, group=ctx.group)
+        measure_busbw(ctx, "all_to_all", n * 4, run_once, size=_largest(ctx))
 
 
 @probe("collectives")

@@ -52,3 +52,9 @@ def test_all_gather(collective_case: RunCollective, device_set: DeviceSet) -> No
 @pytest.mark.collective("reduce_scatter", measure=True)
 def test_reduce_scatter(collective_case: RunCollective, device_set: DeviceSet) -> None:
     collective_case(device_set)
+
+
+@pytest.mark.collective("all_to_all", measure=True)
+def test_all_to_all(collective_case: RunCollective, device_set: DeviceSet) -> None:
+    """Every rank a distinct chunk to every rank at once: MoE training's exchange, every pair busy together."""
+    collective_case(device_set)
