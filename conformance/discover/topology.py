@@ -21,6 +21,7 @@ from conformance.discover.health import GpuHealth, health_from_json
 from conformance.discover.inventory import Inventory, inventory_from_json
 from conformance.discover.iommu import IommuFacts, iommu_from_json
 from conformance.discover.platform import PlatformFacts, platform_from_json
+from conformance.discover.rdma import RdmaFacts, rdma_from_json
 from conformance.discover.watch import RunWatch, watch_from_json
 
 CPU_LINK = "CPU"
@@ -84,6 +85,7 @@ class Topology:
     cpu: str = ""  # the host CPU as NCCL classifies it (discover/cpu.py: intel, amd, ...); "" unknown
     nccl: str | None = None  # a simulated machine's NCCL ("2.21.5"); a real run reads the one torch loads
     platform: PlatformFacts = field(default_factory=PlatformFacts)  # a VM, WSL, the stack limit, libcuda (GPU runs)
+    rdma: RdmaFacts = field(default_factory=RdmaFacts)  # the node's InfiniBand and RoCE ports (rdma.py)
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -115,6 +117,8 @@ class Topology:
             data["iommu"] = iommu_from_json(data["iommu"])
         if "platform" in data:
             data["platform"] = platform_from_json(data["platform"])
+        if "rdma" in data:
+            data["rdma"] = rdma_from_json(data["rdma"])
         if data.get("watch") is not None:
             data["watch"] = watch_from_json(data["watch"])
         return cls(devices=devices, **data)

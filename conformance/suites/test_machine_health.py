@@ -20,6 +20,7 @@ import pytest
 from conformance.discover import health as rules
 from conformance.discover.iommu import IOMMU_FIX
 from conformance.discover.platform import WSL_NOTE, PlatformFacts
+from conformance.discover.rdma import port_problems, rdma_warnings
 from conformance.discover.watch import kernel_xid_problems
 from conformance.harness.context import RunContext
 from conformance.harness.host_checks import WARNING, HostMetric
@@ -64,6 +65,26 @@ def _fail_on(problems: rules.Problems) -> None:
     for name, problem in problems.items():
         gpus.setdefault(problem, []).append(name)
     assert not problems, "; ".join(f"{', '.join(names)}: {problem}" for problem, names in gpus.items())
+
+
+@pytest.mark.host_check("rdma_ports")
+def test_rdma_ports_up_at_their_rate(conformance: RunContext, host_metric: HostMetric) -> None:
+    """Every InfiniBand and RoCE port NCCL may use is ACTIVE at its siblings' rate (``discover/rdma.py``).
+
+    A port down among active siblings, one whose link is up but not ACTIVE, or one below its siblings'
+    rate is an ERROR naming it; no GPUDirect RDMA module, or RoCE without a RoCE v2 GID, a WARNING.
+    """
+    facts = conformance.topology.rdma
+    if facts.unread:
+        pytest.skip(f"the RDMA ports could not be read: {facts.unread}")
+    if not facts.ports:
+        pytest.skip("no InfiniBand or RoCE port on this node (/sys/class/infiniband)")
+    host_metric("ports", [p.text() for p in facts.ports])
+    warnings = rdma_warnings(facts, len(conformance.topology.devices) if conformance.topology.kind == "gpu" else 0)
+    if warnings:
+        host_metric(WARNING, "; ".join(warnings))
+    problems = port_problems(facts, conformance.nccl_environ)
+    assert not problems, "; ".join(problems)
 
 
 @pytest.mark.host_check("pcie_link")
