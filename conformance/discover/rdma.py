@@ -66,15 +66,24 @@ class RdmaFacts:
 
 
 def rdma_from_json(data: object) -> RdmaFacts:
+    """The facts a topology file or run.json holds; a port of the wrong shape is left out, never guessed."""
     if not isinstance(data, Mapping):
         return RdmaFacts()
-    ports = tuple(
-        RdmaPort(**{**p, "roce_v2_gids": tuple(p.get("roce_v2_gids") or ())})
-        for p in data.get("ports") or ()
-        if isinstance(p, Mapping)
-    )
+    ports = tuple(port for p in data.get("ports") or () if (port := _port(p)) is not None)
     peermem = data.get("peermem")
     return RdmaFacts(ports, peermem if isinstance(peermem, bool) else None, str(data.get("unread") or ""))
+
+
+def _port(data: object) -> RdmaPort | None:
+    if not isinstance(data, Mapping):
+        return None
+    known = {k: v for k, v in data.items() if k in RdmaPort.__dataclass_fields__}
+    try:
+        port = RdmaPort(**{**known, "roce_v2_gids": tuple(known.get("roce_v2_gids") or ())})
+    except TypeError:  # a required field missing
+        return None
+    rate_ok = port.rate_gbps is None or isinstance(port.rate_gbps, (int, float))
+    return port if isinstance(port.device, str) and isinstance(port.port, int) and rate_ok else None
 
 
 def _text(path: Path) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from conformance.discover.health import GpuHealth, HealthError, health_from_json
 from conformance.discover.iommu import IOMMU_FIX, IommuError, IommuFacts, iommu_from_json
 from conformance.discover.platform import PlatformError, PlatformFacts, platform_from_json
+from conformance.discover.rdma import RdmaFacts, rdma_from_json
 from conformance.discover.topology import Topology
 
 
@@ -26,6 +27,7 @@ class MachineFacts:
     iommu: IommuFacts = field(default_factory=IommuFacts)
     platform: PlatformFacts = field(default_factory=PlatformFacts)
     health: Mapping[str, GpuHealth] = field(default_factory=dict)  # by GPU name, as read when the run started
+    rdma: RdmaFacts = field(default_factory=RdmaFacts)  # the node's InfiniBand and RoCE ports (discover/rdma.py)
     topology: Topology | None = None  # the whole topology, where it reads back as one
 
     @property
@@ -53,6 +55,7 @@ class MachineFacts:
             iommu=_iommu(data.get("iommu")),
             platform=_platform(data.get("platform")),
             health=_health(data.get("health")),
+            rdma=rdma_from_json(data.get("rdma")),
             topology=_topology(data),
         )
 

@@ -30,6 +30,7 @@ from conformance.summarise.bandwidth import (
     slow_pairs,
 )
 from conformance.summarise.causes import cause_lines, p2p_path_line
+from conformance.summarise.network import network_warnings
 from conformance.summarise.recommend import ClassAdvice, Recommendation
 from conformance.summarise.summary import (
     count_text,
@@ -347,6 +348,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
             *([f"WARNING {run.facts.nccl_warning}"] if run.facts.nccl_warning else []),
             *_host_warnings(run.usable_records),
             *_transport_warnings(counted),
+            *network_warnings(run.usable_records, run.machine.rdma),
         ),
         watched=tuple(run_watch_findings(run)),
         failed_nodes=run.facts.failed_nodes,
