@@ -91,6 +91,17 @@ TRANSPORT = FailureClass(
     "NCCL_SHM_DISABLE=1, NCCL_IB_DISABLE=1) and whether the machine needs fixing",
     _suite("pair_exchange or peer_copy", "every GPU pair; the ladder tries p2p_level_nvl, p2p_off, shm_off"),
 )
+IB_NETWORK = FailureClass(
+    "ib_network",
+    "INFINIBAND/ROCE NETWORK ERROR",
+    "a verbs call or an RDMA completion between NICs failed: check every NIC port is ACTIVE at its rate on every "
+    "node (`ibv_devinfo`, the suite's rdma_ports check); on RoCE, that the GID index NCCL uses holds each node's "
+    "RoCE v2 address (`show_gids`; set NCCL_IB_GID_INDEX, per node where they differ) and that the MTU matches "
+    "along the path; NCCL_IB_HCA names only NICs that reach the other nodes (NCCL_IB_HCA=^mlx5_N leaves a broken "
+    "one out); on a rail-optimised fabric NCCL_CROSS_NIC=0; NICs of one node that cannot reach each other: "
+    "NCCL_NET_DISABLE_INTRA=1 keeps traffic within a node off them",
+    _suite("rdma_ports or across_nodes", "every node's RDMA ports (state, rate, RoCE v2 GID) and every node pair"),
+)
 NETWORK_INTERFACE = FailureClass(
     "network_interface",
     "WRONG NETWORK INTERFACE",
@@ -165,6 +176,7 @@ CLASSES: tuple[FailureClass, ...] = (
     HOST_LIMIT,
     BARRIER_DEVICE,
     RENDEZVOUS,
+    IB_NETWORK,
     TRANSPORT,
     NETWORK_INTERFACE,
     DESYNC,
@@ -284,18 +296,27 @@ LINE_SIGNS: tuple[LineSign, ...] = (
             r"connect\w*\W[^\n]{0,80}\b127\.\d{1,3}\.\d{1,3}\.\d{1,3}\b[^\n]{0,80}(?:refused|failed|timed out)",
         ),
     ),
-    # NCCL src/transport/net_ib.cc: "NET/IB : Got completion from peer <addr> with status=<n> opcode=...
-    # (transport retry counter exceeded)", "Call to ibv_<verb> failed"; src/transport/p2p.cc and src/graph/paths.cc:
-    # "Cuda failure 'peer access is not supported between these two devices'", "P2P is disabled between NVLINK
-    # connected GPUs"; a WARN from transport/{p2p,shm,net_ib}.cc in general.
+    # The RDMA network between NICs: NCCL src/transport/net_ib.cc (and the IB plugins' ib_plugin.c) "NET/IB : Got
+    # completion from peer <addr> with status=<n> opcode=... vendor err <n>" (ibv_wc_status: 12 transport retry
+    # counter exceeded), src/misc/ibvwrap.cc "Call to ibv_modify_qp failed with 110 Connection timed out" / "with
+    # error No such device" (a GID index or NIC that cannot route); ibv_reg_mr failing for memory is the locked-memory
+    # limit, not the network (stderr_causes.py).
+    LineSign(
+        IB_NETWORK,
+        _any(
+            r"NET/IB ?: Got completion from peer .{0,200}(?:error|status)",
+            r"Call to ibv_(?!reg_mr)\w+ failed",
+            r"transport/net_ib\.cc:\d+ NCCL WARN",
+        ),
+    ),
+    # src/transport/p2p.cc and src/graph/paths.cc: "Cuda failure 'peer access is not supported between these two
+    # devices'", "P2P is disabled between NVLINK connected GPUs"; a WARN from transport/{p2p,shm,net_ib}.cc in general.
     LineSign(
         TRANSPORT,
         _any(
-            r"NET/IB ?: Got completion from peer .{0,200}(?:error|status)",
-            r"Call to ibv_\w+ failed",
             r"peer access is not supported between these two devices",
             r"P2P is disabled between NVLINK connected GPUs",
-            r"transport/(?:p2p|shm|net_ib|net_socket)\.cc:\d+ NCCL WARN",
+            r"transport/(?:p2p|shm|net_socket)\.cc:\d+ NCCL WARN",
         ),
     ),
     # This suite's own rank result (conformance/common/casefiles.py RankStatus.FAIL), as diagnose.sources quotes it;
