@@ -42,7 +42,23 @@ CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HO
 CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
 CLEAN_FIXED = "passes with unset every NCCL_*/TORCH_NCCL_* variable -> unset every NCCL_*/TORCH_NCCL_* variable"
 SHM_FULL_LOC = "  /dev/shm is full: rank 0 (gpu* in init of *: SimulatedError: NCCL Error 2: * -> fix: " + SHM_FIX
+IB_FIXED = "passes with NCCL_IB_DISABLE=1 -> export NCCL_IB_DISABLE=1"
+IB_CAUSE = "  NET/IB : Got completion from peer * in probe of *"
 ANSWERS = {
+    "net-intra-gdr-broken": [  # the pairs across the sockets use the NIC (ncclTopoCheckNet): only ib_off passes
+        f"SYS pairs: ERROR on inherited (pair_exchange 16/16); {IB_FIXED}",
+        IB_CAUSE,
+        "all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, all_to_all 1/1, barrier 1/1, "
+        f"barrier_no_device_ids 1/1, broadcast 1/1, reduce_scatter 1/1); {IB_FIXED}",
+        IB_CAUSE,
+        f"every_other sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {IB_FIXED}",
+        IB_CAUSE,
+        f"reversed sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {IB_FIXED}",
+        IB_CAUSE,
+        "  FIRST BARRIER ON ANOTHER RANK'S GPU: *",
+        "passed as they are: PIX pairs, PXB pairs, last_half sets, last_half_all_visible sets, single sets",
+        "for every class together: export NCCL_IB_DISABLE=1",
+    ],
     "nccl-conf-p2p-loc": [  # /etc/nccl.conf's LOC puts every pair on SHM; clean's empty value brings NVLink P2P back
         f"NV18 pairs: ERROR on inherited (pair_exchange 28/28); {CLEAN_FIXED}",
         SHM_FULL_LOC,
@@ -284,6 +300,10 @@ ANSWERS = {
 
 # Lines beyond the answer a scenario's run must print (its comparison with the baseline its header names).
 ALSO = {
+    "net-intra-gdr-broken": [
+        "conformance: NIC mlx5_0 (200 Gb/s, PCIe Gen4 x16): gpu0 PIX, gpu1 PIX, gpu2 PXB, gpu3 PXB, gpu4 SYS, *",
+        "conformance: NCCL's transports as the run starts (its rules, predicted): PIX P2P, PXB P2P, SYS NET",
+    ],
     "nccl-conf-p2p-loc": [  # the header names the file's setting and how clean overrides it; recommend names the file
         "conformance: NCCL config /etc/nccl.conf: NCCL_P2P_LEVEL=LOC",
         "conformance: rung clean: NCCL_CONF_FILE=/dev/null and NCCL_P2P_LEVEL= (empty: NCCL reads an empty value as "

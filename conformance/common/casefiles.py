@@ -125,6 +125,7 @@ class CaseFile:
     links: tuple[str, ...] = ()
     store_file: str = ""  # the case's FileStore (local_store_path); "" in older case files: <case dir>/store
     p2p_links: tuple[str, ...] = ()  # the link classes NCCL would use P2P over here (plan/transport.py)
+    net_links: tuple[str, ...] = ()  # the link classes NCCL would send over the network inside the node
     refused: bool = False  # NCCL's own rule refuses a pair of the case (P2P disabled between NVLink GPUs)
     visible: tuple[str, ...] = ()  # the GPUs the ranks see, in order (UUIDs)
     params: Mapping[str, Any] = field(default_factory=dict)  # the probe's own parameters (JSON)
@@ -140,7 +141,7 @@ class CaseFile:
         values["devices"] = tuple(RankDevice(**d) for d in data.get("devices", ()))
         values["peers"] = tuple(RankDevice(**d) for d in data.get("peers", ()))
         values["store"] = StoreAddress(**data["store"]) if data.get("store") else None
-        for name in ("links", "p2p_links", "visible", "rank_env", "env_unset", "rules"):
+        for name in ("links", "p2p_links", "net_links", "visible", "rank_env", "env_unset", "rules"):
             values[name] = tuple(data.get(name, ()))
         return cls(**values)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from conformance.common.inputs import read_bounded
@@ -194,3 +194,96 @@ def rdma_warnings(facts: RdmaFacts, gpus: int) -> list[str]:
         if port.link_layer == "Ethernet" and port.state == ACTIVE and not port.roce_v2_gids:
             warnings.append(f"{port.name}: RoCE without a RoCE v2 GID: set one up, or NCCL_IB_GID_INDEX by hand")
     return warnings
+
+
+# -- the NICs as NCCL's topology sees them (``plan/net_path.py`` applies its rule) -----------------
+
+PATH_CLASSES = ("PIX", "PXB", "PHB", "SYS")
+
+
+@dataclass(frozen=True)
+class Nic:
+    """An RDMA device NCCL may use (one with an ACTIVE port), and how far it is from each GPU."""
+
+    device: str  # mlx5_0
+    pci: str  # 0000:18:00.0
+    rate_gbps: float  # its fastest ACTIVE port's rate
+    pcie_gen: int | None = None  # the link's maximum generation (the lower of the device's and its port's)
+    pcie_width: int | None = None
+    paths: Mapping[str, str] = field(default_factory=dict)  # GPU name -> PIX, PXB, PHB or SYS
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def nics_from_json(data: object) -> tuple[Nic, ...]:
+    """A topology file's ``nics``; an entry of the wrong shape is left out."""
+    found = []
+    for entry in data if isinstance(data, list) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        try:
+            nic = Nic(**{k: v for k, v in entry.items() if k in Nic.__dataclass_fields__})
+        except TypeError:
+            continue
+        if isinstance(nic.device, str) and isinstance(nic.rate_gbps, (int, float)) and isinstance(nic.paths, Mapping):
+            found.append(nic)
+    return tuple(found)
+
+
+def pci_path_class(gpu: Path, nic: Path) -> str:
+    """The PCIe path between two functions from their sysfs paths (``/sys/devices/pci0000:00/.../0000:18:00.0``).
+
+    NCCL's classes (src/graph/paths.cc): PIX through at most one PCIe switch, PXB through several, PHB
+    through a host bridge, SYS across host bridges (NCCL's PHB and SYS; nvidia-smi's NODE is PHB, its
+    SYS across NUMA nodes).  A switch shows in sysfs as an upstream port above its downstream ports.
+    """
+    a, b = gpu.resolve().parts, nic.resolve().parts
+    roots = [i for i, part in enumerate(a) if part.startswith("pci")]
+    if not roots or len(b) <= roots[0] or a[: roots[0] + 1] != b[: roots[0] + 1]:  # another host bridge
+        same_node = _text(gpu / "numa_node") == _text(nic / "numa_node") and _text(gpu / "numa_node") != ""
+        return "PHB" if same_node else "SYS"
+    common = 0
+    while common < min(len(a), len(b)) - 1 and a[common] == b[common]:
+        common += 1
+    bridges = common - roots[0] - 1  # bridges both share below the host bridge: root port, switch ports
+    if bridges <= 0:
+        return "PHB"
+    below = max(len(a), len(b)) - common - 1  # ports below the shared one, down to the farther device
+    return "PIX" if below <= 1 and bridges >= 2 else "PXB"
+
+
+def _pcie_max(function: Path) -> tuple[int | None, int | None]:
+    """The lower of the device's and its upstream port's maximum speed and width (NCCL's xml.cc reads both)."""
+    gens, widths = [], []
+    for folder in (function, function.resolve().parent):
+        speed = re.match(r"\s*(\d+(?:\.\d+)?)\s*GT/s", _text(folder / "max_link_speed"))
+        if speed:
+            gens.append(GEN_OF_SPEED.get(speed[1].rstrip("0").rstrip("."), 3))
+        width = _text(folder / "max_link_width")
+        if width.isdigit():
+            widths.append(int(width))
+    return (min(gens) if gens else None), (min(widths) if widths else None)
+
+
+GEN_OF_SPEED = {"2.5": 1, "5": 2, "8": 3, "16": 4, "32": 5, "64": 6}  # GT/s per lane -> PCIe generation
+
+
+def read_nics(facts: RdmaFacts, gpu_functions: Mapping[str, str], pci_devices: Path) -> tuple[Nic, ...]:
+    """Each device with an ACTIVE port (NCCL keeps only those: net_ib.cc ``ncclIbInit``), its link and GPU paths."""
+    nics = []
+    for device in sorted({p.device for p in facts.ports if p.state == ACTIVE}):
+        ports = [p for p in facts.ports if p.device == device and p.state == ACTIVE]
+        pci = next((p.pci for p in ports if p.pci), "")
+        if not pci or not (pci_devices / pci).exists():
+            continue
+        function = pci_devices / pci
+        gen, width = _pcie_max(function)
+        paths = {
+            gpu: pci_path_class(pci_devices / bus, function)
+            for gpu, bus in gpu_functions.items()
+            if (pci_devices / bus).exists()
+        }
+        rate = max((p.rate_gbps or 0.0) for p in ports)
+        nics.append(Nic(device, pci, rate, gen, width, paths))
+    return tuple(nics)

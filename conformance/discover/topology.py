@@ -21,7 +21,7 @@ from conformance.discover.health import GpuHealth, health_from_json
 from conformance.discover.inventory import Inventory, inventory_from_json
 from conformance.discover.iommu import IommuFacts, iommu_from_json
 from conformance.discover.platform import PlatformFacts, platform_from_json
-from conformance.discover.rdma import RdmaFacts, rdma_from_json
+from conformance.discover.rdma import Nic, RdmaFacts, nics_from_json, rdma_from_json
 from conformance.discover.watch import RunWatch, watch_from_json
 
 CPU_LINK = "CPU"
@@ -86,6 +86,7 @@ class Topology:
     nccl: str | None = None  # a simulated machine's NCCL ("2.21.5"); a real run reads the one torch loads
     platform: PlatformFacts = field(default_factory=PlatformFacts)  # a VM, WSL, the stack limit, libcuda (GPU runs)
     rdma: RdmaFacts = field(default_factory=RdmaFacts)  # the node's InfiniBand and RoCE ports (rdma.py)
+    nics: tuple[Nic, ...] = ()  # the RDMA devices NCCL may use, their PCIe links and paths to the GPUs (rdma.py)
 
     def link(self, a: Device, b: Device) -> str:
         if self.kind == "cpu":
@@ -119,6 +120,8 @@ class Topology:
             data["platform"] = platform_from_json(data["platform"])
         if "rdma" in data:
             data["rdma"] = rdma_from_json(data["rdma"])
+        if "nics" in data:
+            data["nics"] = nics_from_json(data["nics"])
         if data.get("watch") is not None:
             data["watch"] = watch_from_json(data["watch"])
         return cls(devices=devices, **data)

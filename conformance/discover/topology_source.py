@@ -24,7 +24,7 @@ from conformance.discover.inventory import HostPaths, Inventory, broken_gpu_mach
 from conformance.discover.iommu import read_iommu
 from conformance.discover.nvml_topology import nvml_view, sysfs_bus_id
 from conformance.discover.platform import read_platform
-from conformance.discover.rdma import read_rdma
+from conformance.discover.rdma import read_nics, read_rdma
 from conformance.discover.topology import BrokenGpuMachine, Device, Topology, TopologyError, cpu_topology, pair_key
 from conformance.discover.watch import KernelXids, PlayedWatch, Watch, kernel_log_lines, kernel_xids, start_nvml_watch
 
@@ -183,7 +183,10 @@ def discover(
         buses = tuple(sysfs_bus_id(d.pci_bus_id or "") for d in view.topology.devices)
         iommu = read_iommu(buses, host.pci_devices, host.cmdline)
         platform = read_platform(host.cpuinfo, host.dmi, host.osrelease)
-        facts = replace(view.topology, inventory=machine, iommu=iommu, platform=platform, rdma=read_rdma())
+        rdma = read_rdma()
+        gpus = {d.name: sysfs_bus_id(d.pci_bus_id or "") for d in view.topology.devices if d.pci_bus_id}
+        nics = read_nics(rdma, gpus, host.pci_devices)
+        facts = replace(view.topology, inventory=machine, iommu=iommu, platform=platform, rdma=rdma, nics=nics)
         return with_kernel_xids(facts, host.kmsg)
     note = f"no GPU: {view.reason}"
     refuse_broken_gpu_machine(machine, backend)

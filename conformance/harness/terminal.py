@@ -13,6 +13,7 @@ from conformance.common.outside_text import shown
 from conformance.discover.topology import link_matrix_lines, link_note_lines
 from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext, user_timeout
+from conformance.plan.transport import pair_paths
 from conformance.summarise.answer import Tone
 from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
@@ -81,6 +82,7 @@ def header_lines(run: RunContext) -> list[str]:
         )
     if t.kind == "gpu":
         lines.append(floors_text())
+        lines += _transport_lines(run)
     inherited = inherited_variables()
     if inherited:
         lines.append("inherited " + " ".join(f"{k}={v}" for k, v in inherited.items()))
@@ -88,6 +90,21 @@ def header_lines(run: RunContext) -> list[str]:
     if run.scenario:
         lines.append(f"SIMULATED run, scenario {run.scenario.name!r} ({run.scenario.path})")
     return lines + _node_lines(run)
+
+
+def _transport_lines(run: RunContext) -> list[str]:
+    """The NICs NCCL may use, and the transport NCCL's rules predict per link class as the run starts."""
+    t = run.topology
+    lines = [
+        f"NIC {nic.device} ({nic.rate_gbps:g} Gb/s, PCIe Gen{nic.pcie_gen or '?'} x{nic.pcie_width or '?'}): "
+        + ", ".join(f"{gpu} {path}" for gpu, path in sorted(nic.paths.items()))
+        for nic in t.nics
+    ]
+    predicted = run.nccl_host.summary(pair_paths(t, t.devices), len(t.devices), run.nccl_environ)
+    if predicted:
+        uses = ", ".join(f"{link} {transport}" for link, transport in predicted.items())
+        lines.append(f"NCCL's transports as the run starts (its rules, predicted): {uses}")
+    return lines
 
 
 def _nccl_config_lines(run: RunContext) -> list[str]:

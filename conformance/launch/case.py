@@ -22,7 +22,7 @@ from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess, StopReason, StopStep
 from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
-from conformance.plan.transport import P2P, REFUSED
+from conformance.plan.transport import NET, P2P, REFUSED
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
 from conformance.verdict.decision import (
@@ -196,6 +196,7 @@ class CaseRunner:
             links=spec.links,
             store_file=str(local_store(case_dir)),
             p2p_links=tuple(link for link, used in spec.predicted.items() if P2P in used.split("+")),
+            net_links=tuple(link for link, used in spec.predicted.items() if NET in used.split("+")),
             refused=any(REFUSED in used.split("+") for used in spec.predicted.values()),
             visible=tuple(device_id(d) for d in spec.seen),
             params=dict(spec.params),

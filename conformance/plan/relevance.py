@@ -110,7 +110,7 @@ def cannot_change(
     if name in TRANSPORT_CHOICE:
         return _same_transports(ladder, k, between, host, environ, tried)
     if name == "ib_off":
-        return _no_network(ladder[k], between, host, environ)
+        return _no_network(ladder[0], ladder[k], between, host, environ)
     return None
 
 
@@ -141,14 +141,16 @@ def _cumem_host_futile(first: Rung, between: Between, host: NcclHost, environ: M
     return None
 
 
-def _no_network(rung: Rung, between: Between, host: NcclHost, environ: Mapping[str, str]) -> str | None:
+def _no_network(first: Rung, rung: Rung, between: Between, host: NcclHost, environ: Mapping[str, str]) -> str | None:
     """Why InfiniBand off cannot change the case: NCCL uses no network between its GPUs (None: it may).
 
-    Within a node NCCL tries P2P, then SHM, then the network (ncclTransports, src/transport.cc v2.28.9-1).
+    Within a node NCCL tries P2P, then SHM, then the network (ncclTransports, src/transport.cc v2.28.9-1),
+    unless the network is faster (ncclTopoCheckNet: net_path.py); the rung acts where either rung uses it.
     """
-    transports = host.transports(between.paths, between.devices, rung.effective(environ))
-    if transports is None or NET in transports:
-        return None
+    for environment in (first.effective(environ), rung.effective(environ)):
+        transports = host.transports(between.paths, between.devices, environment)
+        if transports is None or NET in transports:
+            return None
     return f"rung {rung.name} cannot change a case over {', '.join(between.links)}: NCCL uses no network there"
 
 

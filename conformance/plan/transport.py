@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from conformance.common.versions import release
 from conformance.discover.cpu import AMD, ARM, INTEL, ZHAOXIN
 from conformance.discover.topology import Device, Topology
+from conformance.plan.net_path import net_better, network_off
 
 P2P, SHM, NET, REFUSED = "P2P", "SHM", "NET", "REFUSED"  # REFUSED: NCCL's init fails (see pair_transport)
 # NCCL's path types, nearest first (src/graph/topo.h, v2.28.9-1: LOC NVL NVB C2C PIX PXB P2C PXN PHB SYS).
@@ -52,6 +53,7 @@ class PairPath:
 
     link: str  # "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"; anything else is not a path NCCL's rule covers
     p2p_ok: bool | None = None  # NVML reports read and write OK (None: not known, taken as OK)
+    net_better: bool = False  # each GPU reaches a NIC faster than the other GPU (net_path.py: ncclTopoCheckNet)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,10 @@ class NcclHost:
         if path is None:
             return None
         level, why = self.level(gpus, environ)
+        # p2p.cc and shm.cc (v2.18.3-1 .. v2.30.7-1) both give way to the network where it is faster (net_path.py)
+        net = Prediction(NET, f"{pair.link}: each GPU reaches a NIC faster than the other GPU (ncclTopoCheckNet)")
+        if pair.net_better and network_off(environ) is None and not (path == "NVL" and pair.p2p_ok is False):
+            return net
         if NCCL_PATHS.index(path) <= NCCL_PATHS.index(level):
             if pair.p2p_ok is not False:
                 return Prediction(P2P, f"{pair.link} within P2P level {level} ({why})")
@@ -174,5 +180,5 @@ def pair_paths(topology: Topology, devices: Sequence[Device]) -> tuple[PairPath,
         for b in devices[i + 1 :]:
             status = topology.p2p_status(a, b)
             ok = None if not status else status.get("read") == "OK" and status.get("write") == "OK"
-            paths.append(PairPath(topology.link(a, b), ok))
+            paths.append(PairPath(topology.link(a, b), ok, net_better(topology, a, b)))
     return tuple(paths)

@@ -79,7 +79,14 @@ class RankContext:
         self.params: Mapping[str, Any] = case.params
         self.rules = [Rule.from_dict(r) for r in case.rules]
         self.placement = Placement(
-            self.rank, self.device.name, self.probe, case.set_kind, case.links, case.p2p_links, refused=case.refused
+            self.rank,
+            self.device.name,
+            self.probe,
+            case.set_kind,
+            case.links,
+            case.p2p_links,
+            case.net_links,
+            refused=case.refused,
         )
         self.fired: set[int] = set()
         self.metrics: dict[str, Any] = {}

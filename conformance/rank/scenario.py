@@ -20,6 +20,9 @@
                                #   those links under the case's environment, by NCCL's own rule
                                #   (plan/transport.py: default level PXB, SYS on AMD with <= 2 GPUs;
                                #   NVML's P2P status; NCCL_P2P_DISABLE and NCCL_P2P_LEVEL)
+    net = true                 # optional: only when NCCL would (true) / would not (false) send traffic between
+                               #   GPUs of the node over the network over those links (plan/net_path.py:
+                               #   ncclTopoCheckNet, a NIC faster than the GPUs' own path)
     refused = true             # optional: only when NCCL's own rule refuses a pair of the case: P2P
                                #   disabled in NVML between NVLink-connected GPUs (plan/transport.py,
                                #   NCCL's graph/paths.cc), under the case's environment
@@ -80,7 +83,7 @@ EFFECT_FIELDS = {
 # slow_link is read in the parent, where no rank's environment or barrier exists: it selects by these only
 PARENT_SIDE_FILTERS = {"devices", "links", "probes", "sets"}
 COMMON_FIELDS = {
-    "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "refused", "wrong_barrier_device",
+    "effect", "phase", "ranks", "devices", "probes", "links", "sets", "p2p", "net", "refused", "wrong_barrier_device",
     "when_env", "unless_env",
 }  # fmt: skip
 ALL_EFFECT_FIELDS = set().union(*EFFECT_FIELDS.values())
@@ -100,6 +103,7 @@ class Placement:
     set_kind: str = "all"
     links: tuple[str, ...] = ()
     p2p_links: tuple[str, ...] = ()  # the links NCCL would use P2P over (the parent predicts it: transport.py)
+    net_links: tuple[str, ...] = ()  # the links NCCL would send over the network inside the node (net_path.py)
     wrong_barrier_device: bool | None = None  # known only while a barrier probe is about to run one
     refused: bool = False  # NCCL's own rule refuses a pair of the case (the parent predicts it: transport.py)
 
@@ -114,6 +118,7 @@ class Rule:
     links: tuple[str, ...] | None = None
     sets: tuple[str, ...] | None = None
     p2p: bool | None = None
+    net: bool | None = None
     wrong_barrier_device: bool | None = None
     refused: bool | None = None
     when_env: Mapping[str, str] = field(default_factory=dict)
@@ -127,10 +132,11 @@ class Rule:
     def applies(self, where: Placement, phase: str, environ: Mapping[str, str]) -> bool:
         if phase != self.phase or not self._selects(where):
             return False
-        if self.p2p is not None:
-            links = [link for link in where.links if self.links is None or link in self.links]
-            if not links or any(link in where.p2p_links for link in links) != self.p2p:
-                return False
+        for wanted, used in ((self.p2p, where.p2p_links), (self.net, where.net_links)):
+            if wanted is not None:
+                links = [link for link in where.links if self.links is None or link in self.links]
+                if not links or any(link in used for link in links) != wanted:
+                    return False
         if self.wrong_barrier_device is not None and where.wrong_barrier_device != self.wrong_barrier_device:
             return False
         if self.refused is not None and where.refused != self.refused:
@@ -275,6 +281,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
         links=_string_list(raw["links"], f"{where} links", str) if "links" in raw else None,
         sets=_string_list(raw["sets"], f"{where} sets", str) if "sets" in raw else None,
         p2p=_optional_bool(raw, "p2p", where),
+        net=_optional_bool(raw, "net", where),
         wrong_barrier_device=_optional_bool(raw, "wrong_barrier_device", where),
         refused=_optional_bool(raw, "refused", where),
         when_env=_env_table(raw.get("when_env", {}), f"{where} when_env"),
