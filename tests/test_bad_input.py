@@ -329,7 +329,7 @@ BAD_INPUTS = {
     ),
     "scenario-probe-unknown": refused_rule(
         'effect = "hang"\nprobes = ["all_reduce", "allreduce"]',
-        " 1 probes: unknown probe 'allreduce'; the ranks know all_gather, all_reduce, barrier, *",
+        " 1 probes: unknown probe 'allreduce'; the ranks know all_gather, all_reduce, all_to_all, barrier, *",
     ),
     "scenario-link-unknown": refused_rule(
         'effect = "hang"\nlinks = ["NVLINK"]',

@@ -165,7 +165,8 @@ def test_a_healthy_run_answers_in_one_green_line_and_counts_no_error(
     lines = result.outlines
     (sep,) = [i for i, line in enumerate(lines) if "conformance: the answer" in line]
     assert lines[sep + 1] == f"{green}\x1b[1meverything passed: 1 case in 1 class; nothing to set{reset}"
-    assert sep + 2 == len(lines) and "passed" in lines[sep - 1]  # the answer last, after pytest's count line
+    assert sep + 2 == len(lines) and "passed" in lines[sep - 2]  # the answer last, after pytest's count line
+    assert lines[sep - 1].startswith("tests: pytest's 2 = 1 case + 1 negative control")  # the counts tied
     counts = next(line for line in lines if line.startswith("probe"))
     assert counts.split() == ["probe", "pass"]  # no error column in a green run
     result.stdout.fnmatch_lines(["negative controls: 1 ended as their tests expected (error); not counted above"])

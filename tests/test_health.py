@@ -185,7 +185,8 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
 ) -> None:
     files = copy_suites(pytester, "test_machine_health.py")
     healthy = run_suite("--topology-file", str(TOPOLOGIES / "nvswitch-8gpu.json"), "-rs", *files)
-    assert healthy.parseoutcomes() == {"passed": 10, "skipped": 2}, healthy.stdout.str()  # p2p_path too
+    # skipped: p2p_path, and rdma_ports (no RDMA port on this box)
+    assert healthy.parseoutcomes() == {"passed": 10, "skipped": 3}, healthy.stdout.str()
     healthy.stdout.fnmatch_lines(['*: NCCL\'s version is not known: the simulated machine names no "nccl"'])
     records = {r["probe"]: r for r in read_records(reports_dir)}
     assert records["host:nvlink"]["metrics"]["gpu3"] == {"nvlinks": [True] * 18}
@@ -195,17 +196,17 @@ def test_the_health_checks_pass_a_healthy_simulated_box_and_skip_what_they_canno
     }
 
     pcie = run_suite("--topology-file", str(TOPOLOGIES / "pcie-2socket-8gpu.json"), "-rs", *files)
-    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 6}  # no NVLink, fabric, iommu, capability, platform
+    assert pcie.parseoutcomes() == {"passed": 6, "skipped": 7}  # no NVLink, fabric, iommu, capability, platform, RDMA
     pcie.stdout.fnmatch_lines(["*: no NVLink: NVML reports none on these GPUs", "*: no NVSwitch fabric: NVML *"])
 
     bare = pytester.path / "bare.json"  # a topology file from before health facts: nothing to judge, said
     bare.write_text(json.dumps({k: v for k, v in json.loads((TOPOLOGIES / "pcie-2gpu.json").read_text()).items()
                                 if k != "health"}))  # fmt: skip
     unknown = run_suite("--topology-file", str(bare), "-rs", *files)
-    assert unknown.parseoutcomes() == {"skipped": 12}
+    assert unknown.parseoutcomes() == {"skipped": 13}
     unknown.stdout.fnmatch_lines(["*no GPU's health says pcie_width, pcie_max_width, pcie_gen, pcie_max_gen*"])
     cpu = run_suite("-rs", *files)
-    assert cpu.parseoutcomes() == {"skipped": 12}
+    assert cpu.parseoutcomes() == {"skipped": 13}
     cpu.stdout.fnmatch_lines(["*GPU-only check: no GPU: *"])
 
 

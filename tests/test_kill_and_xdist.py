@@ -293,7 +293,7 @@ def test_xdist_gives_the_same_verdicts(pytester: pytest.Pytester, run_suite, rep
     assert len(list((reports_dir / serial_id / "forkserver").glob("*.log"))) == 1
     # the controller's summary covers every case the workers ran
     # columns: the verdicts some case had (hang fail error pass)
-    parallel.stdout.re_match_lines([r"probe +hang +fail +error +pass$", r"total +1 +1 +1 +3$"])
+    parallel.stdout.re_match_lines([r"probe +hang +fail +error +pass$", r"total \(cases \+ host checks\) +1 +1 +1 +3$"])
 
 
 # Three GPUs, every pair across the sockets: gpu0-gpu1 leads the class, the other two follow it.

@@ -236,7 +236,7 @@ def test_bandwidths_per_pair_and_collective(healthy: Finished) -> None:
     # gloo on CPU ranks measures host copies: no GPU link, so no link rate
     assert "gpu_conformance_link_rate_bytes_per_second" not in healthy.families
     busbw = healthy.families["gpu_conformance_collective_busbw_bytes_per_second"]
-    assert {labels["collective"] for labels, _ in busbw} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert {labels["collective"] for labels, _ in busbw} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
     assert {(labels["device_set"], labels["link"]) for labels, _ in busbw} == {("all2", "CPU")}
     record = next(r for r in healthy.run().records if r.probe == "all_reduce" and "busbw_gbps" in r.metrics)
     (size, gbps), *_ = record.metrics["busbw_gbps"].items()

@@ -14,7 +14,10 @@ import pytest
 
 from conformance.cli.slurm_health import drain_reason
 from conformance.common.outside_text import shown, shown_lines
-from conformance.summarise.metrics import escape_label
+from conformance.common.verdicts import Verdict
+from conformance.record.records import CaseRecord, RunEnd, RunFacts
+from conformance.record.runs import Run
+from conformance.summarise.metrics import RunStatus, metrics_text
 from conformance.summarise.report import render_report
 from conftest import COLLECTIVE_TEST, scenario_text
 from test_report import make_run, pcie_topology, record
@@ -50,10 +53,12 @@ def test_a_drain_reason_carries_no_control_character() -> None:
 
 
 def test_a_metrics_label_value_carries_no_control_character() -> None:
-    value = escape_label(EVIL + "\nsecond line")
+    record = CaseRecord(nodeid=f"t.py::test_x[{EVIL}\nsecond line]", probe="all_reduce", verdict=Verdict.PASS)
+    run = Run("by hand", RunFacts(run_id="r", end=RunEnd("complete")), [record])
+    text = metrics_text(run, RunStatus(0.0, 1.0, 0), per_case=True)
 
-    assert RAW.search(value) is None and "\n" not in value
-    assert "\\\\x1b]52" in value and value.endswith("\\nsecond line")  # the exposition format's own escapes
+    assert all(RAW.search(line) is None for line in text.splitlines())
+    assert "\\\\x1b]52" in text and "\\nsecond line]" in text  # the exposition format's own escapes
 
 
 def test_a_ranks_message_reaches_the_terminal_escaped(pytester: pytest.Pytester, run_suite) -> None:

@@ -719,7 +719,7 @@ def test_healthy_run_says_nothing_needs_setting(
 ) -> None:
     suites = copy_suites(pytester, "test_pairs.py", "test_collectives.py")
     result = run_suite("--virtual-devices=2", *suites)
-    result.assert_outcomes(passed=10)
+    result.assert_outcomes(passed=11)
     run, rec, folder = finished(reports_dir, result, simulated=False)
     assert rec.lines() == [
         PER_CLASS,

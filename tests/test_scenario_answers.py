@@ -38,6 +38,8 @@ NVLS_FIX = "-> fix: Fabric Manager or the NVSwitches are misconfigured; `export 
 SHM_FIXED = "passes with NCCL_SHM_DISABLE=1 -> export NCCL_SHM_DISABLE=1"
 SHM_FULL = "  /dev/shm is full: rank 0 (gpu0) in init of "
 SHM_FIX = "free it or enlarge it: docker `--shm-size` or `--ipc=host`"
+ALL_COLLECTIVES = "all_gather, all_reduce, all_to_all, barrier, barrier_no_device_ids, broadcast, reduce_scatter"
+ALL_COLLECTIVES_FAILED = ", ".join(f"{probe} 1/1" for probe in ALL_COLLECTIVES.split(", "))
 CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HOST_ENABLE=0"
 CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
 CLEAN_FIXED = "passes with unset every NCCL_*/TORCH_NCCL_* variable -> unset every NCCL_*/TORCH_NCCL_* variable"
@@ -62,8 +64,8 @@ ANSWERS = {
     "nccl-conf-p2p-loc": [  # /etc/nccl.conf's LOC puts every pair on SHM; clean's empty value brings NVLink P2P back
         f"NV18 pairs: ERROR on inherited (pair_exchange 28/28); {CLEAN_FIXED}",
         SHM_FULL_LOC,
-        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
-        f"broadcast 1/1, reduce_scatter 1/1); {CLEAN_FIXED}",
+        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, all_to_all 1/1, barrier 1/1, "
+        f"barrier_no_device_ids 1/1, broadcast 1/1, reduce_scatter 1/1); {CLEAN_FIXED}",
         SHM_FULL_LOC,
         *(
             line
@@ -80,10 +82,8 @@ ANSWERS = {
         PERSISTENCE_OFF_2GPU,  # two workstation GPUs without persistence mode: a WARNING, as in DCGM
         f"PHB pairs: ERROR on inherited (pair_exchange 1/1); {SHM_FIXED}",
         f"{SHM_FULL}pair_exchange: SimulatedError: NCCL Error 2: unhandled system error * -> fix: {SHM_FIX}",
-        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
-        f"broadcast 1/1, reduce_scatter 1/1); {SHM_FIXED}",
-        f"{SHM_FULL}all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, reduce_scatter: * -> fix: "
-        f"{SHM_FIX}",
+        f"all sets: ERROR on inherited ({ALL_COLLECTIVES_FAILED}); {SHM_FIXED}",
+        f"{SHM_FULL}{ALL_COLLECTIVES}: * -> fix: {SHM_FIX}",
         f"reversed sets: ERROR on inherited (barrier 1/1, barrier_no_device_ids 1/1); {SHM_FIXED}",
         "  /dev/shm is full: rank 0 (gpu1) in init of barrier, barrier_no_device_ids: * -> fix: " + SHM_FIX,
         "passed as they are: single sets",
@@ -94,10 +94,8 @@ ANSWERS = {
         f"{CUMEM_HOST_CAUSE}(gpu0), rank 0 (gpu1) in probe of pair_exchange: *Cuda failure 217 *",  # one line a cause
         f"PIX pairs: ERROR on inherited (pair_exchange 2/2); {CUMEM_HOST_FIXED}",
         f"{CUMEM_HOST_CAUSE}(gpu0), rank 0 (gpu2) in probe of pair_exchange: *Cuda failure 217 *",
-        f"all sets: ERROR on inherited (all_gather 1/1, all_reduce 1/1, barrier 1/1, barrier_no_device_ids 1/1, "
-        f"broadcast 1/1, reduce_scatter 1/1); {CUMEM_HOST_FIXED}",
-        f"{CUMEM_HOST_CAUSE}(gpu0) in probe of all_gather, all_reduce, barrier, barrier_no_device_ids, broadcast, "
-        "reduce_scatter: *",
+        f"all sets: ERROR on inherited ({ALL_COLLECTIVES_FAILED}); {CUMEM_HOST_FIXED}",
+        f"{CUMEM_HOST_CAUSE}(gpu0) in probe of {ALL_COLLECTIVES}: *",
         *(
             line
             for name, gpu, probes, wrong_barrier in (
@@ -320,7 +318,7 @@ ALSO = {
 
 # Healthy machines the suite must not call broken: every test passes, exit 0, one green line.
 PASSES = {
-    "nvswitch-iommu-passthrough": ["everything passed: 79 cases in 7 classes; nothing to set"],
+    "nvswitch-iommu-passthrough": ["everything passed: 80 cases in 7 classes; nothing to set"],
     "mig-enabled": [  # what cannot run is said, and the answer is not "everything passed"
         "NOT TESTED: every GPU pair and multi-GPU set (MIG is enabled on gpu0, gpu1, gpu2, gpu3, gpu4, gpu5, gpu6, "
         "gpu7: NCCL does not run across MIG instances (NVIDIA's MIG User Guide); to test them, disable MIG "
@@ -331,7 +329,7 @@ PASSES = {
         "WARNING host check host:platform: WSL: NCCL runs without its P2P transport here ('Legacy IPC not supported', "
         "src/transport/p2p.cc) and NVML cannot report the GPUs' modes (NVIDIA's CUDA on WSL guide); pairs move data "
         "through host memory",
-        "everything passed: 13 cases in 4 classes; nothing to set",
+        "everything passed: 14 cases in 4 classes; nothing to set",
     ],
     "xids-after-reset": [  # a GPU reset leaves its Xids in the kernel log: NVML's state says they are cleared
         "WARNING host check host:xid_log: gpu3: Xid 48 (double-bit ECC error) 1x in the kernel log since the driver's "
@@ -341,7 +339,7 @@ PASSES = {
         "changed) 1x in the kernel log since the driver's last load -> informational: the action it names is for "
         "this GPU's other Xids; gpu5: Xid 79 (GPU has fallen off the bus) 1x before the driver's last load, which "
         "reset the GPU ('NVRM: loading NVIDIA' in the kernel log)",
-        "everything passed: 79 cases in 7 classes; nothing to set",
+        "everything passed: 80 cases in 7 classes; nothing to set",
     ],
 }
 

@@ -277,7 +277,7 @@ def test_driver_p2p_hang_whole_suite(pytester: pytest.Pytester, run_suite: RunSu
     assert [r["expected_verdict"] for r in others if r["verdict"] != "pass"] == ["error"]
     assert Counter(r["probe"] for r in others) == {
         "peer_copy": 28, "all_reduce": 9, "barrier": 5, "barrier_no_device_ids": 5, "broadcast": 1,
-        "all_gather": 1, "reduce_scatter": 1, "environment": 1, "fail_one_rank": 1,
+        "all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "environment": 1, "fail_one_rank": 1,
     }  # fmt: skip
     # the record says which transport NCCL would pick: P2P for the pairs that hung, SHM across the sockets
     predicted = {(r["link"], r["env_name"]): r["predicted"] for r in records if r["probe"] == "pair_exchange"}
@@ -418,6 +418,7 @@ def test_oom_at_checkpoint(pytester: pytest.Pytester, run_suite: RunSuite, repor
     assert verdicts == [
         ("test_all_gather[all2-inherited]", "error"),
         ("test_all_reduce[all2-inherited]", "error"),
+        ("test_all_to_all[all2-inherited]", "pass"),
         ("test_barrier_first[all2-inherited-barrier]", "pass"),
         ("test_barrier_first[all2-inherited-barrier_no_device_ids]", "pass"),
         ("test_barrier_first[reversed-gpu1-gpu0-inherited-barrier]", "pass"),
@@ -442,7 +443,7 @@ def test_oom_at_checkpoint(pytester: pytest.Pytester, run_suite: RunSuite, repor
         assert r["stop_reason"] != "stalled"
         assert r["seconds"] < 3.0
     assert deadlines_paid(records) == 0
-    result.assert_outcomes(failed=2, passed=8)
+    result.assert_outcomes(failed=2, passed=9)
     result.stdout.fnmatch_lines(["[[]simulated[]] error: rank 0 (gpu0) in probe (all_*): OutOfMemoryError: CUDA out *"])
     result.stdout.fnmatch_lines(
         [
@@ -463,7 +464,7 @@ def test_hang_ignores_sigterm(pytester: pytest.Pytester, run_suite: RunSuite, re
     assert [r["nodeid"] for r in records if r["verdict"] != "pass"] == [
         "suites/test_collectives.py::test_all_reduce[all4-inherited]"
     ]
-    assert len(records) == 14
+    assert len(records) == 15
     (hang,) = [r for r in records if r["verdict"] == "hang"]
     assert hang["root_cause"] == {
         "rank": 1, "kind": "stopped", "message": "stopped by the watchdog (stalled) in its current phase",
@@ -480,7 +481,7 @@ def test_hang_ignores_sigterm(pytester: pytest.Pytester, run_suite: RunSuite, re
     # SIGTERM ignored: SIGKILL follows 0.5 s later
     assert 0.5 <= hang["stop_seconds"] < 2.0
     assert deadlines_paid(records) == 1
-    result.assert_outcomes(failed=1, passed=13)
+    result.assert_outcomes(failed=1, passed=14)
     result.stdout.fnmatch_lines(
         [
             "HANG  suites/test_collectives.py::test_all_reduce[[]all4-inherited[]]: "

@@ -215,8 +215,8 @@ def test_rule_all_fields() -> None:
         ({"effect": "hang", "phase": "lunch"},
          "W: unknown phase 'lunch'; choose one of start, control, init, probe, verify, teardown"),
         ({"effect": "hang", "colour": "red"},
-         "W: unknown field 'colour' (known fields: devices, effect, fraction, ignore_sigterm, links, message, p2p, "
-         "phase, probes, ranks, refused, seconds, sets, signal, unless_env, when_env, wrong_barrier_device)"),
+         "W: unknown field 'colour' (known fields: devices, effect, fraction, ignore_sigterm, links, message, net, "
+         "p2p, phase, probes, ranks, refused, seconds, sets, signal, unless_env, when_env, wrong_barrier_device)"),
         ({"effect": "hang", "signal": "SIGKILL"}, "W: field 'signal' does not apply to effect 'hang'"),
         ({"effect": "wrong_data", "message": "x"}, "W: field 'message' does not apply to effect 'wrong_data'"),
         ({"effect": "crash", "signal": "SIGFOO"}, "W: unknown signal 'SIGFOO'"),
@@ -286,7 +286,7 @@ def test_load_scenario(tmp_path: Path) -> None:
         ('rules = 1\n[[rule]]\neffect = "hang"\n',
          "{p}: unknown top-level key(s) ['rules']; expected [scenario] and [[rule]]"),
         ('[scenario]\nname = "x"\nauthor = "me"\n[[rule]]\neffect = "hang"\n',
-         "{p}: [scenario] takes only name, description and topology"),
+         "{p}: [scenario] takes only name, description, topology and nccl_conf"),
         ('[scenario]\nname = "x"\n', "{p}: no [[rule]] tables; a scenario needs at least one rule or a topology"),
         ('[scenario]\nname = 5\n[[rule]]\neffect = "hang"\n', "{p}: [scenario] name must be a string, got 5"),
         ('[[rule]]\neffect = "hang"\n[[rule]]\neffect = "crash"\nsignal = "SIGNOPE"\n',
