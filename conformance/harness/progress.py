@@ -74,7 +74,7 @@ class CaseProgress:
             if now - begun < (SHOW_AFTER if self.on_terminal else EVERY_IN_LOG) or now - shown[0] < every:
                 return
             shown[0] = now
-            head = f"conformance [{now - begun:.0f}s, stopped in {seconds_left:.0f}s]"
+            head = f"conformance [{now - begun:.0f}s, stopped in {max(0.0, seconds_left):.0f}s]"
             self._show(head, nodeid, where_ranks_are(alive))
 
         return on_wait
