@@ -37,7 +37,10 @@ class ConformanceSession:
         self.planner = Planner(run)
         self.runners = RunnerLife(run)
         self.local = LocalCases(
-            run, self.planner, lambda: self.runners.runner, CaseProgress(run.config, run.role.worker)
+            run,
+            self.planner,
+            lambda: self.runners.runner,
+            CaseProgress(run.config, run.role.worker, run.coverage.first_rung),
         )
         across = AcrossNodes(run, self.planner, lambda: self.runners.runner)
         self.cases = CasePipeline(run, self.planner, self.local, across)

@@ -29,10 +29,11 @@ from conformance.common.deadlines import (
 )
 from conformance.common.verdicts import Verdict
 from conformance.discover.topology import Device
-from conformance.harness.progress import status_line
+from conformance.harness.progress import status_line, time_left_text
 from conformance.launch.case import CaseRunner, CaseSpec
 from conformance.launch.watchdog import EVENT_WAIT
 from conformance.rank import flight_recorder
+from conformance.record.coverage import Coverage
 from conformance.verdict.decision import Decision
 from conftest import COLLECTIVE_TEST, read_records, scenario_text
 
@@ -225,7 +226,7 @@ def test_a_waiting_case_shows_where_it_is_on_the_terminal(
         proc.wait(timeout=60)
     os.close(leader)
     text = output.decode(errors="replace")
-    shown = re.findall(r"\rconformance \[(\d+)s, stopped in (\d+)s\] (\S*): ([^\r]*)", text)
+    shown = re.findall(r"\rconformance \[(\d+)s, stopped in (\d+)s(?:; run [^\]]*)?\] (\S*): ([^\r]*)", text)
     assert shown, text
     for _, _, test_id, _ in shown:
         if columns == 200:
@@ -239,6 +240,18 @@ def test_a_waiting_case_shows_where_it_is_on_the_terminal(
 
 
 LONG_NAME = "test_a_case_whose_name_alone_fills_half_of_an_eighty_column_terminal"
+
+
+def test_the_status_line_estimates_the_run_s_time_left_from_its_pace_and_the_case_s_deadline() -> None:
+    assert time_left_text(60.0, (20, 100), 12.0) == "; run ~4 min left, 20/100 tests"  # 80 x 3 s + 12 s
+    assert time_left_text(30.0, (10, 12), 18.0) == "; run ~24s left, 10/12 tests"
+    assert time_left_text(5.0, (0, 100), 30.0) == ""  # no pace yet: no guess
+    assert time_left_text(5.0, None, 30.0) == ""
+    coverage = Coverage()
+    coverage.collected(["t[a-inherited]", "t[a-p2p_off]", "t[b-inherited]"], ["t[a-p2p_off]"])
+    coverage.reported("t[a-inherited]")
+    coverage.not_needed("t[a-p2p_off]")
+    assert coverage.first_rung() == (1, 2)  # the fallback rung counts neither way
 
 
 # -- hangs decided from progress ---------------------------------------------------------------

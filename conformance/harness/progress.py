@@ -9,7 +9,7 @@ no terminal: their controller shows only pytest's own progress.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -22,6 +22,19 @@ from conformance.launch.watchdog import OnWait
 SHOW_AFTER = 3.0  # a case shorter than this never shows a line
 EVERY_ON_TERMINAL = 1.0
 EVERY_IN_LOG = 30.0
+
+
+def time_left_text(elapsed: float, counts: tuple[int, int] | None, case_left: float) -> str:
+    """``; run ~3 min left, 40/115 tests``: the pace so far over the tests left, plus this case's deadline left.
+
+    The tests on the machine as it is only: a fallback rung runs where a class failed, and adds its own.
+    """
+    if counts is None or counts[0] == 0:
+        return ""
+    done, total = counts
+    seconds = max(0, total - done) * elapsed / done + max(0.0, case_left)
+    left = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f}s"
+    return f"; run ~{left} left, {done}/{total} tests"
 
 
 def where_ranks_are(ranks: Sequence[RankProcess]) -> str:
@@ -51,9 +64,13 @@ def status_line(head: str, nodeid: str, where: str, width: int) -> str:
 class CaseProgress:
     """The status line of the case that is running (one at a time per pytest process)."""
 
-    def __init__(self, config: pytest.Config, worker: bool) -> None:
+    def __init__(
+        self, config: pytest.Config, worker: bool, counts: Callable[[], tuple[int, int] | None] = lambda: None
+    ) -> None:
         self.config = config
         self.worker = worker
+        self.counts = counts  # (done, planned) of the tests on the machine as it is (Coverage.first_rung)
+        self.started = time.monotonic()
         self.reporter: Any = None
         self.capture: Any = None
         self.on_terminal = False
@@ -74,7 +91,8 @@ class CaseProgress:
             if now - begun < (SHOW_AFTER if self.on_terminal else EVERY_IN_LOG) or now - shown[0] < every:
                 return
             shown[0] = now
-            head = f"conformance [{now - begun:.0f}s, stopped in {max(0.0, seconds_left):.0f}s]"
+            run_left = time_left_text(now - self.started, self.counts(), seconds_left)
+            head = f"conformance [{now - begun:.0f}s, stopped in {max(0.0, seconds_left):.0f}s{run_left}]"
             self._show(head, nodeid, where_ranks_are(alive))
 
         return on_wait

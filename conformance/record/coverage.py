@@ -39,6 +39,13 @@ class Coverage:
         """A fallback-rung test the ladder found not needed: deselected, covered without running."""
         self._not_needed.add(nodeid)
 
+    def first_rung(self) -> tuple[int, int] | None:
+        """(done, planned) of the tests on the machine as it is, the fallback rungs left out; None before collection."""
+        if self.planned is None:
+            return None
+        done = len(self._ran - self._not_needed - self._fallback)
+        return done, self.planned - len(self._fallback)
+
     def end(self, exit_status: int, stopped_early: str | bool, tests: Mapping[str, int] | None = None) -> RunEnd:
         """``stopped_early``: pytest's ``session.shouldfail or session.shouldstop`` (-x, --maxfail, xdist).
 
