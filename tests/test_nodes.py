@@ -7,6 +7,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -485,10 +486,10 @@ def test_a_run_across_nodes_that_cannot_sign_says_unsigned() -> None:
     assert signed.unsigned is None
 
 
-def test_a_raised_stranger_counter_costs_no_wait_and_a_removed_key_is_named_as_tampering() -> None:
-    """Three unauthenticated calls once crashed node 0's end; deleting node 1's key made it 'never arrived'."""
+@contextmanager
+def two_nodes_and_a_stranger(rendezvous: float) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """Two signed nodes of one run on loopback, and a client not of the run on node 0's store (and the limits)."""
     import datetime
-    import time
 
     import torch.distributed as dist
 
@@ -499,47 +500,46 @@ def test_a_raised_stranger_counter_costs_no_wait_and_a_removed_key_is_named_as_t
     port, limits = free_port(), GroupLimits(progress=5, store=5)
     setups = [NodeSetup(2, rank, "127.0.0.1", port, "settings", identity="run token x", run_token="t")
               for rank in (0, 1)]  # fmt: skip
-    node0 = NodeGroup.connect(setups[0], 3, limits)
-    node1 = NodeGroup.connect(setups[1], 3, limits)
-    forger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    node0 = NodeGroup.connect(setups[0], rendezvous, limits)
+    node1 = NodeGroup.connect(setups[1], rendezvous, limits)
+    stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
     try:
-        forger.add("stranger", 1_000_000)
-        begun = time.monotonic()
-        assert node0.strangers() == ([], 1_000_000)
-        assert time.monotonic() - begun < 3  # no read of a key that is not there: no store timeout
-        start = node0.start(fingerprint(0), "run-1")  # node 1 beats, but its fingerprint never comes
-        assert start.missing[1] == (
-            "node 1 arrived (it beats) but its fingerprint/1 is not in the run's store after 3s: removed by a client "
-            "not of this run (tampering), or node 1 is stuck before writing it"
-        )
+        yield node0, node1, stranger, limits
     finally:
         node1.close()
         node0.close()
 
 
-def test_keys_written_by_a_client_not_of_the_run_are_counted_and_named() -> None:
-    """Keys cannot be listed: node 0's monitor counts what the store holds against what the run writes."""
-    import datetime
+def test_a_raised_stranger_counter_costs_no_wait_and_a_removed_key_is_named_as_tampering() -> None:
+    """Three unauthenticated calls once crashed node 0's end; deleting node 1's key made it 'never arrived'."""
     import time
 
-    import torch.distributed as dist
+    with two_nodes_and_a_stranger(3) as (node0, _, forger, limits):
+        forger.add("stranger", 1_000_000)
+        begun = time.monotonic()
+        assert node0.strangers() == ([], 1_000_000)
+        assert time.monotonic() - begun < limits.store  # reading a key that is not there would wait the store out
+        start = node0.start(fingerprint(0), "run-1")  # node 1 beats, but its fingerprint never comes
+        assert start.missing[1] == (
+            "node 1 arrived (it beats) but its fingerprint/1 is not in the run's store after 3s: removed by a client "
+            "not of this run (tampering), or node 1 is stuck before writing it"
+        )
 
-    from conformance.nodes.group import KEYS_BASE, KEYS_PER_TEST, NodeGroup
-    from conformance.nodes.liveness import GroupLimits
-    from conftest import free_port
 
-    port, limits = free_port(), GroupLimits(progress=5, store=5)
-    setups = [NodeSetup(2, rank, "127.0.0.1", port, "settings", identity="run token x", run_token="t")
-              for rank in (0, 1)]  # fmt: skip
-    node0 = NodeGroup.connect(setups[0], 5, limits)
-    node1 = NodeGroup.connect(setups[1], 5, limits)
-    forger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
-    try:
+def test_keys_written_by_a_client_not_of_the_run_are_counted_and_named() -> None:
+    """Keys cannot be listed: node 0's monitor counts what the store holds against what the run writes."""
+    import time
+
+    from conformance.nodes.group import KEYS_BASE, KEYS_PER_TEST
+
+    with two_nodes_and_a_stranger(5) as (node0, node1, forger, _):
         tests = ["suites/test_collectives.py::test_all_reduce[all2-inherited]"]
         node1_sent = node1.same_collection(tests)
         assert node0.same_collection(tests) == [] and node1_sent == []
         bound = KEYS_BASE + KEYS_PER_TEST * len(tests) * 2
-        time.sleep(1.5)  # a few monitor rounds of the run's own keys
+        deadline = time.monotonic() + 10  # the monitor's rounds, however busy the machine
+        while node0.key_bound != bound and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert node0.flooded is None and node0.key_bound == bound
         for n in range(bound + 10):
             forger.set(f"junk/{n}", "x")
@@ -551,6 +551,3 @@ def test_keys_written_by_a_client_not_of_the_run_are_counted_and_named() -> None
             and node0.flooded.startswith("a client not of this run wrote keys to node 0's store: it held ")
             and node0.flooded.endswith(f"keys, where this run writes at most {bound}")
         )
-    finally:
-        node1.close()
-        node0.close()

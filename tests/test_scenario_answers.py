@@ -44,6 +44,19 @@ CUMEM_HOST_FIXED = "passes with NCCL_CUMEM_HOST_ENABLE=0 -> export NCCL_CUMEM_HO
 CUMEM_HOST_CAUSE = "  cuMem host memory for SHM failed: rank 0 "
 CLEAN_FIXED = "passes with unset every NCCL_*/TORCH_NCCL_* variable -> unset every NCCL_*/TORCH_NCCL_* variable"
 SHM_FULL_LOC = "  /dev/shm is full: rank 0 (gpu* in init of *: SimulatedError: NCCL Error 2: * -> fix: " + SHM_FIX
+
+
+def iommu_slow_lines(then: str) -> list[str]:
+    """The SLOW lines of the PIX and PXB pairs whose IOMMU translates their DMA (0.04 of the link), then ``then``."""
+    return [
+        f"SLOW: {link} pairs' {probe} on inherited, below the floor for their link: {first} 1.26 GB/s (0.04 of its "
+        f"link's 31.5, below the floor {floor}); * -> likely cause: the IOMMU translates the GPUs' DMA (intel_iommu=on)"
+        + then
+        for probe, floor in (("pair_exchange", "0.15"), ("peer_copy", "0.25"))
+        for link, first in (("PIX", "gpu0-gpu1"), ("PXB", "gpu0-gpu2"))
+    ]
+
+
 IB_FIXED = "passes with NCCL_IB_DISABLE=1 -> export NCCL_IB_DISABLE=1"
 IB_CAUSE = "  NET/IB : Got completion from peer * in probe of *"
 ANSWERS = {
@@ -203,13 +216,7 @@ ANSWERS = {
         f"last_half_all_visible sets, reversed sets, single sets) -> fix: {LOST_FIX}",
     ],
     "iommu-slow-p2p": [  # a whole class slow alike: judged against its link, not its peers
-        *(
-            f"SLOW: {link} pairs' {probe} on inherited, below the floor for their link: {first} 1.26 GB/s (0.04 of "
-            f"its link's 31.5, below the floor {floor}); * -> likely cause: the IOMMU translates the GPUs' DMA "
-            "(intel_iommu=on); the bridges' ACS control could not be read here (read it as root: *"
-            for probe, floor in (("pair_exchange", "0.15"), ("peer_copy", "0.25"))
-            for link, first in (("PIX", "gpu0-gpu1"), ("PXB", "gpu0-gpu2"))
-        ),
+        *iommu_slow_lines("; the bridges' ACS control could not be read here (read it as root: *"),
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
     ],
@@ -277,13 +284,7 @@ ANSWERS = {
         "-> `nvidia-smi -pm 1` as root, or run nvidia-persistenced *",
         "WARNING host check host:platform: ulimit -s is unlimited, so glibc gives new threads only 2 MB of stack "
         "(pthread_create(3)): NCCL before 2.28 has crashed creating communicators with it -> `ulimit -s 8192` *",
-        *(
-            f"SLOW: {link} pairs' {probe} on inherited, below the floor for their link: {first} 1.26 GB/s (0.04 of "
-            f"its link's 31.5, below the floor {floor}); * -> likely cause: the IOMMU translates the GPUs' DMA "
-            "(intel_iommu=on) -> in a virtual machine ACS and the IOMMU are the host's, not this system's *"
-            for probe, floor in (("pair_exchange", "0.15"), ("peer_copy", "0.25"))
-            for link, first in (("PIX", "gpu0-gpu1"), ("PXB", "gpu0-gpu2"))
-        ),
+        *iommu_slow_lines(" -> in a virtual machine ACS and the IOMMU are the host's, not this system's *"),
         "passed as they are: PIX pairs, PXB pairs, SYS pairs, all sets, every_other sets, last_half sets, "
         "last_half_all_visible sets, reversed sets, single sets",
     ],

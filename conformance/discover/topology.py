@@ -11,7 +11,7 @@ devices are defined here too.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
@@ -110,21 +110,22 @@ class Topology:
     def from_json(cls, text: str) -> Topology:
         data: dict[str, Any] = json.loads(text)
         devices = tuple(Device(**d) for d in data.pop("devices"))
-        if "inventory" in data:
-            data["inventory"] = inventory_from_json(data["inventory"])
-        if "health" in data:
-            data["health"] = health_from_json(data["health"])
-        if "iommu" in data:
-            data["iommu"] = iommu_from_json(data["iommu"])
-        if "platform" in data:
-            data["platform"] = platform_from_json(data["platform"])
-        if "rdma" in data:
-            data["rdma"] = rdma_from_json(data["rdma"])
-        if "nics" in data:
-            data["nics"] = nics_from_json(data["nics"])
-        if data.get("watch") is not None:
-            data["watch"] = watch_from_json(data["watch"])
+        for name, read in FACT_READERS.items():
+            if name in data:
+                data[name] = read(data[name])
         return cls(devices=devices, **data)
+
+
+# A topology file's facts beyond its devices, each read by its own module (a null watch: not watched)
+FACT_READERS: Mapping[str, Callable[[Any], Any]] = {
+    "inventory": inventory_from_json,
+    "health": health_from_json,
+    "iommu": iommu_from_json,
+    "platform": platform_from_json,
+    "rdma": rdma_from_json,
+    "nics": nics_from_json,
+    "watch": lambda data: None if data is None else watch_from_json(data),
+}
 
 
 def cpu_topology(count: int, note: str = "", inventory: Inventory | None = None) -> Topology:

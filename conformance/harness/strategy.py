@@ -80,7 +80,7 @@ def case_spec(
         backend=run.backend,
         link=device_set.link,
         env_name=rung.name,
-        env_set={**rung.set, **config_overrides(run, rung, list(unset))},
+        env_set={**rung.set, **config_overrides(run, rung)},
         env_unset=tuple(name for name in unset if name in os.environ),
         params={**MEASUREMENT["gpu" if run.backend == "nccl" else "cpu"], **params},
         set_kind=device_set.kind,
@@ -95,13 +95,13 @@ def case_spec(
     )
 
 
-def config_overrides(run: RunContext, rung: Rung, unset: list[str]) -> dict[str, str]:
+def config_overrides(run: RunContext, rung: Rung) -> dict[str, str]:
     """What a rung that removes variables must set for NCCL's configuration files not to give them back.
 
     An empty value for each a file sets; ``NCCL_CONF_FILE=/dev/null`` where the rung removes every NCCL
     variable (the user's file stays out; /etc/nccl.conf is read whatever it says: ``discover/nccl_config.py``).
     """
-    overrides = neutralised(unset, run.nccl_config, os.environ)
+    overrides = neutralised(list(rung.unset(run.nccl_environ)), run.nccl_config, os.environ)
     if run.nccl_config.files and rung.unset_families and CONF_FILE_VARIABLE.startswith(rung.unset_families):
         overrides.setdefault(CONF_FILE_VARIABLE, NO_FILE)
     return overrides

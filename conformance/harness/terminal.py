@@ -10,14 +10,22 @@ import pytest
 
 from conformance.common.families import inherited_variables
 from conformance.common.outside_text import shown
+from conformance.discover.nccl_config import CONF_FILE_VARIABLE
 from conformance.discover.topology import link_matrix_lines, link_note_lines
 from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext, user_timeout
+from conformance.harness.strategy import config_overrides
 from conformance.plan.transport import pair_paths
 from conformance.summarise.answer import Tone
 from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
-from conformance.summarise.summary import ladder_summary_lines, one_record_per_case, summary_lines, tally
+from conformance.summarise.summary import (
+    ladder_summary_lines,
+    node_records,
+    one_record_per_case,
+    summary_lines,
+    tally,
+)
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -109,16 +117,15 @@ def _transport_lines(run: RunContext) -> list[str]:
 
 def _nccl_config_lines(run: RunContext) -> list[str]:
     """What NCCL's configuration files set, and how a rung that removes variables overrides them."""
-    config = run.nccl_config
-    lines = config.header_lines(os.environ)
+    lines = run.nccl_config.header_lines(os.environ)
     for rung in run.plan.rungs:
-        removed = [
-            k for k in config.from_files(os.environ) if rung.unset_families and k.startswith(rung.unset_families)
-        ]
-        if removed:
+        overrides = config_overrides(run, rung)  # what its cases set: the header says exactly that
+        emptied = sorted(k for k in overrides if k != CONF_FILE_VARIABLE)
+        if emptied:
+            given = [f"{CONF_FILE_VARIABLE}={overrides[CONF_FILE_VARIABLE]}"] if CONF_FILE_VARIABLE in overrides else []
             lines.append(
-                f"rung {rung.name}: NCCL_CONF_FILE=/dev/null and {', '.join(f'{k}=' for k in sorted(removed))} (empty: "
-                "NCCL reads an empty value as unset, and reads /etc/nccl.conf whatever NCCL_CONF_FILE says)"
+                f"rung {rung.name}: {' and '.join([*given, ', '.join(f'{k}=' for k in emptied)])} (empty: NCCL reads "
+                "an empty value as unset, and reads /etc/nccl.conf whatever NCCL_CONF_FILE says)"
             )
     return lines
 
@@ -178,9 +185,10 @@ def write_summary(run: RunContext, write: TerminalReporter) -> None:
 
 def _write_answer(run: RunContext, write: TerminalReporter, simulated: str) -> None:
     """The tests in the suite's words, then the answer: red where something failed, green where all passed."""
-    me = run.node_rank or 0
-    own = [r for r in run.folder.own_records() if (r.node_rank or 0) == me] if run.folder.facts_file.exists() else []
-    counted = tally(own, run.outcome.end, run.node_rank if run.nodes is not None else None)
+    written = run.folder.own_records() if run.folder.facts_file.exists() else []
+    counted = tally(
+        node_records(written, run.node_rank), run.outcome.end, run.node_rank if run.nodes is not None else None
+    )
     if counted is not None:
         write.write_line(counted.text())
     answer = run.outcome.conclusion.answer

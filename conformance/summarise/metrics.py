@@ -42,7 +42,7 @@ from conformance.record.runs import Run
 from conformance.summarise.answer import Answer
 from conformance.summarise.bandwidth import judged_gbps, link_gbps
 from conformance.summarise.collectives import CollectiveRow, collective_rows, size_bytes
-from conformance.summarise.summary import link_class_of, one_record_per_case, run_ladder
+from conformance.summarise.summary import link_class_of, node_records, one_record_per_case, run_ladder
 
 PREFIX = "gpu_conformance_"
 GIGA = 1e9  # the suite's GB/s are 10^9 bytes a second (rank/timing.py), as nccl-tests counts them
@@ -151,24 +151,20 @@ def render(families: Iterable[Family]) -> str:
 
 def metrics_text(run: Run, status: RunStatus, per_case: bool = False) -> str:
     """The whole file: bounded series; with ``per_case``, a series per case and per size too."""
-    own = own_records(run)
+    own = node_records(run.usable_records, run.facts.node_rank)  # each node writes its own file
+    first = run_ladder(run)[0].name
+    as_it_is = [r for r in own if (r.env_name or first) == first]  # the environment as it is: the first rung
     families = (
         _run_families(run, status)
         + _count_families(run)
-        + _class_families(status.answer, run_ladder(run)[0].name)
-        + _pair_families(run, own, status.answer)
-        + _collective_families(run, own)
+        + _class_families(status.answer, first)
+        + _pair_families(as_it_is, own, status.answer)
+        + _collective_families(run, as_it_is)
         + _host_check_families(own)
     )
     if per_case:
-        families += _case_families(run, own)
+        families += _case_families(own)
     return render(families)
-
-
-def own_records(run: Run) -> list[CaseRecord]:
-    """The usable records of the node that writes: node 0's run folder holds every node's, each writes its own."""
-    me = run.facts.node_rank or 0
-    return [r for r in run.usable_records if (r.node_rank or 0) == me]
 
 
 def _run_families(run: Run, status: RunStatus) -> list[Family]:
@@ -243,17 +239,11 @@ def _cases(records: Iterable[CaseRecord]) -> list[CaseRecord]:
     return [r for r in records if r.set_kind != HOST_SET_KIND]
 
 
-def _first_rung(run: Run, records: list[CaseRecord]) -> list[CaseRecord]:
-    """The records of the environment as it is: the ladder's first rung."""
-    first = run_ladder(run)[0].name
-    return [r for r in records if (r.env_name or first) == first]
-
-
 def pair_name(record: CaseRecord) -> str:
     return "-".join(record.devices) if record.set_kind == "pair" else device_set(record)
 
 
-def _pair_families(run: Run, own: list[CaseRecord], answer: Answer | None) -> list[Family]:
+def _pair_families(as_it_is: list[CaseRecord], own: list[CaseRecord], answer: Answer | None) -> list[Family]:
     passed = Family(
         f"{PREFIX}pair_passed",
         "1 when every case of the pair passed with the environment as it is and the answer found it not SLOW, else 0.",
@@ -265,7 +255,7 @@ def _pair_families(run: Run, own: list[CaseRecord], answer: Answer | None) -> li
     )
     slow = {p.pair for p in answer.slow} if answer is not None else set()
     by_pair: dict[tuple[str, str], list[CaseRecord]] = {}
-    for record in _first_rung(run, own):
+    for record in as_it_is:
         if record.set_kind in ("pair", "node_pair") and record.outcome is not Verdict.SKIP:
             by_pair.setdefault((pair_name(record), record.link or link_class_of(record)), []).append(record)
     for (name, link), records in by_pair.items():
@@ -288,7 +278,7 @@ def _pair_figure(record: CaseRecord) -> float | None:
     return judged if judged is not None else record.bandwidth_gbps
 
 
-def _collective_families(run: Run, own: list[CaseRecord]) -> list[Family]:
+def _collective_families(run: Run, as_it_is: list[CaseRecord]) -> list[Family]:
     algbw = Family(
         f"{PREFIX}collective_algbw_bytes_per_second",
         "A collective's algbw (bytes / time) at its largest size, on the whole device set, the environment as it is.",
@@ -298,7 +288,7 @@ def _collective_families(run: Run, own: list[CaseRecord]) -> list[Family]:
         f"{PREFIX}collective_busbw_link_ratio",
         "Its busbw over the slowest physical link of its device set, where the run knew the rate.",
     )
-    whole = [r for r in _first_rung(run, own) if r.set_kind in WHOLE_SETS]
+    whole = [r for r in as_it_is if r.set_kind in WHOLE_SETS]
     for record in whole:
         rows = collective_rows([record])
         if not rows:
@@ -359,7 +349,7 @@ def passed(record: CaseRecord) -> bool:
     return record.outcome is Verdict.PASS or record.ended_as_expected
 
 
-def _case_families(run: Run, own: list[CaseRecord]) -> list[Family]:
+def _case_families(own: list[CaseRecord]) -> list[Family]:
     case_passed = Family(
         f"{PREFIX}case_passed", "1 when the case passed (a negative control: ended as expected), else 0."
     )

@@ -137,11 +137,9 @@ def tally(own: Sequence[CaseRecord], end: RunEnd | None, node: int | None = None
     )  # fmt: skip
 
 
-def run_tally(run: Run) -> Tally | None:
-    """``tally`` of a run read back: the records of the node that wrote its run folder."""
-    me = run.facts.node_rank or 0
-    own = [r for r in run.records if (r.node_rank or 0) == me]
-    return tally(own, run.facts.end, me if run.facts.nnodes > 1 else None)
+def node_records(records: Iterable[CaseRecord], node: int | None) -> list[CaseRecord]:
+    """The records one node wrote (``None``: node 0, or a run of one node); node 0's folder holds every node's."""
+    return [r for r in records if (r.node_rank or 0) == (node or 0)]
 
 
 def link_class_of(record: CaseRecord) -> str:
