@@ -8,6 +8,7 @@ is read (bidi overrides), and check that every such character arrives as a visib
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
@@ -87,3 +88,18 @@ def test_the_html_report_shows_outside_text_escaped() -> None:
 
     assert RAW.search(html.replace("\n", "")) is None
     assert "\\x1b]52;c;ZXZpbA==" in html
+
+
+def test_an_nccl_config_file_s_value_reaches_the_header_escaped(pytester: pytest.Pytester, run_suite) -> None:
+    """/etc/nccl.conf is someone else's text: a value that would rewrite the terminal shows as its escapes."""
+    value = "".join(c if " " <= c < "\x7f" and c not in '"\\' else f"\\u{ord(c):04x}" for c in EVIL)  # TOML
+    topology = Path(__file__).resolve().parent.parent / "conformance" / "scenarios" / "topologies" / "pcie-2gpu.json"
+    pytester.makefile(
+        ".toml", scen=f'[scenario]\nname = "x"\ntopology = "{topology}"\nnccl_conf = "NCCL_SOCKET_IFNAME={value}\\n"\n'
+    )
+    pytester.makepyfile(test_x="def test_nothing():\n    pass\n")
+    result = run_suite(f"--scenario={pytester.path / 'scen.toml'}", "test_x.py")
+
+    header = [line for line in result.outlines if line.startswith("conformance: NCCL config ")]
+    assert header == [f"conformance: NCCL config /etc/nccl.conf: NCCL_SOCKET_IFNAME={shown(EVIL)}"], result.outlines
+    assert all(RAW.search(line) is None for line in result.outlines)

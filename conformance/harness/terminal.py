@@ -47,7 +47,7 @@ class TerminalOutput:
         self.run = run
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        return [PREFIX + line for line in header_lines(self.run)]
+        return [shown(PREFIX + line) for line in header_lines(self.run)]  # config files, variables: outside text
 
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if not self.run.role.worker:
