@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -121,9 +122,18 @@ def test_a_machine_with_a_port_down_fails_the_host_check_naming_it(
     machine["rdma"] = read_rdma(tmp_path / "infiniband", tmp_path / "peermem").to_json()
     (pytester.path / "box.json").write_text(json.dumps(machine))
     files = copy_suites(pytester, "test_machine_health.py")
-    result = run_suite(f"--topology-file={pytester.path / 'box.json'}", "-k", "rdma_ports", *files)
+    junit = pytester.path / "junit.xml"
+    result = run_suite(
+        f"--topology-file={pytester.path / 'box.json'}", "-k", "rdma_ports", f"--junitxml={junit}", *files
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-    result.stdout.fnmatch_lines(["*host:rdma_ports*mlx5_3 port 1 (InfiniBand, DOWN/Polling, 200 Gb/s): down while*"])
+    down = "mlx5_3 port 1 (InfiniBand, DOWN/Polling, 200 Gb/s): down while"
+    answer = result.outlines[[i for i, line in enumerate(result.outlines) if "conformance: the answer" in line][0] + 1]
+    assert answer.startswith("host check host:rdma_ports: ERROR: ") and down in answer, answer  # the answer opens so
     (record,) = [json.loads(line) for line in (reports_dir / "latest" / "results.jsonl").read_text().splitlines()]
     assert (record["probe"], record["verdict"]) == ("host:rdma_ports", "error")
     assert len(record["metrics"]["ports"]) == 8
+    (failure,) = ElementTree.parse(junit).getroot().iter("failure")
+    assert down in (failure.get("message") or "") + (failure.text or "")
+    run_json = json.loads((reports_dir / "latest" / "run.json").read_text())
+    assert run_json["end"]["state"] == "complete" and run_json["topology"]["rdma"]["ports"][3]["state"] == "DOWN"
