@@ -72,10 +72,10 @@ COPY_TIMING_TOLERANCE = 0.10
 # progress is a hang.
 SPIN_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=120, grace=3, backend="nccl", step_timeout=10)
 SUITE_TIMEOUT = 3600
-# The stop ladder timed: a rank that holds still (idle, spinning, holding memory) is stopped after 15 s
+# The stop ladder timed: a rank that holds still (idle, spinning, holding memory) is stopped after 6 s
 # without progress; SIGTERM gets a minute to reap it, and a rank that ignores SIGTERM gets a minute after SIGKILL.
 HOLDS = ("idle", "spinning", "memory")
-HOLD_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=180, grace=3, backend="nccl", step_timeout=15)
+HOLD_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=180, grace=3, backend="nccl", step_timeout=6)
 TIMED_LADDERS = {
     "SIGTERM": StopLadder(dump_wait=GPU_STOP_LADDER.dump_wait, term_wait=60, kill_wait=GPU_STOP_LADDER.kill_wait),
     "SIGKILL": StopLadder(dump_wait=GPU_STOP_LADDER.dump_wait, term_wait=0.5, kill_wait=60),

@@ -84,13 +84,14 @@ def use_own_device(ctx: RankContext) -> None:
 def init_group(ctx: RankContext, store: Any) -> None:
     import torch.distributed as dist
 
-    ctx.phase("init", f"init_process_group({ctx.backend})")
     kwargs: dict[str, Any] = {}
     if ctx.backend == "nccl":
+        ctx.phase("init", "CUDA device (set_device)")  # its own line: CUDA's start timed apart from NCCL's
         use_own_device(ctx)
         if ctx.params.get("device_id_at_init", True):
             kwargs["device_id"] = ctx.torch_device  # eager NCCL init: set-up errors surface here
             ctx.bound_device = ctx.torch_device.index
+    ctx.phase("init", f"init_process_group({ctx.backend})")
     dist.init_process_group(
         backend=ctx.backend,
         store=store,

@@ -1,0 +1,72 @@
+"""Each case's wall time split into fork, store check-in, CUDA init, NCCL init, probe and teardown.
+
+    python tools/gpu_case_times.py RUN_DIR [OUT.json]
+
+RUN_DIR is a run's folder (reports/<run id>, holding results.jsonl). Read from rank 0's phase lines
+(conformance/rank/main.py writes one as each part begins; on NCCL "CUDA device (set_device)" comes
+before "init_process_group(nccl)"). The case's start is its record's time less its seconds, so
+"fork" also holds the few milliseconds the record took to write.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from conformance.common.casefiles import PhaseLine, rank_dir, read_phases
+
+PARTS = ("fork", "store", "cuda init", "nccl init", "probe", "teardown")
+
+
+def part_of(line: PhaseLine) -> str | None:
+    if line.phase == "start":
+        return "store"
+    if line.phase == "init":
+        return "cuda init" if line.step.startswith("CUDA device") else "nccl init"
+    if line.phase in ("probe", "verify"):
+        return "probe"
+    if line.phase == "teardown":
+        return "teardown"
+    return None  # control: still the store check-in
+
+
+def split(record: dict[str, Any]) -> dict[str, float]:
+    end = float(record["time"])
+    start = end - float(record["seconds"])
+    lines = [p for p in read_phases(rank_dir(Path(record["case_dir"]), 0)) if p.t is not None]
+    times = {part: 0.0 for part in PARTS}
+    if not lines:
+        return times
+    times["fork"] = max(0.0, float(lines[0].t or start) - start)
+    current, since = "store", float(lines[0].t or start)
+    for line in lines[1:]:
+        part = part_of(line) or current
+        times[current] += float(line.t or since) - since
+        current, since = part, float(line.t or since)
+    times[current] += max(0.0, end - since)
+    return {k: round(v, 3) for k, v in times.items()}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
+        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
+        return 2
+    results = Path(argv[0]) / "results.jsonl"
+    records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    records = [r for r in records if r.get("case_dir") and r.get("seconds") is not None]  # cases, not host checks
+    rows = [{"case": r["nodeid"].split("::")[-1], "verdict": r["verdict"], "seconds": r["seconds"], **split(r)}
+            for r in records]  # fmt: skip
+    width = max([len(r["case"]) for r in rows] + [4])
+    print(f"{'case'.ljust(width)}  verdict  total  " + "  ".join(f"{p:>9}" for p in PARTS))
+    for r in rows:
+        parts = "  ".join(f"{r[p]:9.3f}" for p in PARTS)
+        print(f"{r['case'].ljust(width)}  {r['verdict']:<7}  {r['seconds']:5.2f}  {parts}")
+    if len(argv) == 2:
+        Path(argv[1]).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
