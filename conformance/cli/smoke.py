@@ -72,9 +72,12 @@ COPY_TIMING_TOLERANCE = 0.10
 # progress is a hang.
 SPIN_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=120, grace=3, backend="nccl", step_timeout=10)
 SUITE_TIMEOUT = 3600
-# The stop ladder timed: a rank that holds still (idle, spinning, holding memory) is stopped after 6 s
-# without progress; SIGTERM gets a minute to reap it, and a rank that ignores SIGTERM gets a minute after SIGKILL.
+# The stop ladder timed: a rank that holds still (idle, spinning, holding memory) is stopped once it has
+# made no progress for its hold's time; SIGTERM gets a minute to reap it, and a rank that ignores SIGTERM
+# gets a minute after SIGKILL.  Pinning 16 GiB of host memory took over 6 s on an H200 VM
+# (docs/gpu-runs/2026-11-27-h200): the memory hold waits 45 s, so it is stopped holding, not allocating.
 HOLDS = ("idle", "spinning", "memory")
+HOLD_STEP_TIMEOUTS = {"idle": 6.0, "spinning": 6.0, "memory": 45.0}
 HOLD_DEADLINES = Deadlines(init_timeout=60, op_timeout=10, case_timeout=180, grace=3, backend="nccl", step_timeout=6)
 TIMED_LADDERS = {
     "SIGTERM": StopLadder(dump_wait=GPU_STOP_LADDER.dump_wait, term_wait=60, kill_wait=GPU_STOP_LADDER.kill_wait),
@@ -219,7 +222,8 @@ def stop_ladder_timings(
     for what in holds:
         timed = []
         for sig, ladder in TIMED_LADDERS.items():
-            run_dir, timing = out / f"stop-{what}-{sig}", replace(deadlines, ladder=ladder)
+            step = HOLD_STEP_TIMEOUTS[what] if deadlines is HOLD_DEADLINES else deadlines.step_timeout
+            run_dir, timing = out / f"stop-{what}-{sig}", replace(deadlines, ladder=ladder, step_timeout=step)
             result = one_case(run_dir, timing, topology, "hold", what=what, ignore_sigterm=sig == "SIGKILL", **params)
             timed.append(result)
             reaps += [step.seconds for step in result.stop_steps if step.reaped]
