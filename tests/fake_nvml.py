@@ -829,3 +829,16 @@ def with_mig(machine: FakeMachine, gpu: int, migs: Sequence[FakeMig | None]) -> 
     gpus = list(machine.gpus)
     gpus[gpu] = replace(gpus[gpu], mig=(MIG_ENABLE, MIG_ENABLE), migs=list(migs))
     return replace(machine, gpus=gpus)
+
+
+H200_VM_UUID = "GPU-f55b565c-e4a9-c237-732b-3eaa5790a250"
+
+
+def h200_vm() -> FakeMachine:
+    """One H200 passed through to a VM, as NVML answered on 2026-11-27 (docs/gpu-runs/2026-11-27-h200/nvml-raw.json).
+
+    No NVLink (every NVLink query NotSupported), no NUMA node, fabric state NOT_SUPPORTED (0), PCIe Gen5 x16 at rest.
+    """
+    gpu = FakeGpu(uuid=H200_VM_UUID, name="NVIDIA H200", bus_id="00000000:00:06.0", memory_mib=143771, numa=None,
+                  pcie=(16, 16, 5, 5), fabric=(FABRIC_NOT_SUPPORTED, SUCCESS))  # fmt: skip
+    return FakeMachine([gpu], [[TOPOLOGY_INTERNAL]], p2p_matrix(1, lambda i, j, cap: P2P_OK), "580.159.04", 13000)

@@ -13,7 +13,14 @@ RUNG_FAMILIES = ("NCCL_", "TORCH_NCCL_", "TORCH_", "GLOO_", "CUDA_")
 INHERITED_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 
 
+# Image labels that share the prefix and that nothing reads: NVIDIA's CUDA images set NCCL_VERSION to the
+# NCCL their packages held (2.28.3-1 on the H200 of docs/gpu-runs/2026-11-27-h200, whose torch loaded 2.28.9).
+# NCCL reads no such variable: no NCCL_PARAM(Version...) nor getenv of it in src/ at v2.28.3-1 (NCCL_VERSION is
+# nccl.h's version macro).
+NOT_SETTINGS = frozenset({"NCCL_VERSION"})
+
+
 def inherited_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's NCCL_/TORCH_NCCL_/GLOO_/TORCH_DISTRIBUTED_ variables, sorted."""
+    """The caller's NCCL_/TORCH_NCCL_/GLOO_/TORCH_DISTRIBUTED_ variables, sorted, less the image labels."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(INHERITED_FAMILIES)}
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(INHERITED_FAMILIES) and k not in NOT_SETTINGS}
