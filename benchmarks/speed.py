@@ -1,24 +1,26 @@
 """How fast the suite answers, measured side by side in one invocation on this machine.
 
-    python benchmarks/speed.py [--old 7814a21] [--growth 2,4,8,16] [--skip-broken] [--suite-only]
+    python benchmarks/speed.py [--old REV] [--before-health REV] [--growth 2,4,8,16]
+                               [--skip-broken] [--suite-only] [--broken-only]
 
 Every figure is a real ``pytest suites/`` run with the default settings (no timeout options), in a
-temporary reports folder, gloo ranks playing the GPUs of the simulated boxes:
+temporary reports folder, gloo ranks playing the GPUs of the simulated boxes.  Each figure is given
+for this tree and for ``--old`` (a revision checked out into a temporary worktree, or a path;
+default: the tree before the work on hangs confirmed from evidence), run one after the other so both
+see the same load, with the ratio old/new:
 
-* ``pytest suites/`` exactly as the README's quick start runs it (this machine's defaults), three
-  times: the figure the README quotes for the suite;
-* healthy 8-GPU boxes (``nvswitch-8gpu.json``, ``pcie-2socket-8gpu.json``): this tree against an
-  older commit checked out into a temporary worktree (``--old``: a revision, or the path of a tree),
-  run one after the other so both see the same machine load, and the ratio;
-* ``-n 2`` against no xdist on the healthy NVSwitch box, for both trees, with the CPU seconds the
-  run used and the floor they set on this machine (CPU seconds / cores), the seconds outside any
-  case (start-up, collection, the end) and the busiest device's case seconds (cases that share a
-  device run in turn, with or without xdist);
-* growth: wall time for 2, 4, 8, 16 virtual devices, the exponent of a power-law fit, and the share
-  of the wall during which a pair case was running;
-* the broken 8-GPU PCIe box (``scenarios/driver-p2p-hang.toml``): wall time, hangs, deadlines paid,
-  false hangs (a ``hang`` that is not a cross-socket pair on a rung without the fix) and the
-  recommended environment.
+* ``pytest suites/`` exactly as the README's quick start runs it, three times each, alternating:
+  the median wall and the share of it before the first case starts (start-up, collection, the
+  forkserver's ``import torch``);
+* healthy 8-GPU boxes (``nvswitch-8gpu.json``, ``pcie-2socket-8gpu.json``), and the PCIe box three
+  times paired against ``--before-health`` (the tree before the machine-health checks: 4912c35),
+  with the CPU seconds each run used;
+* ``-n 2`` against no xdist on the healthy NVSwitch box (this tree), with the CPU floor, the seconds
+  outside any case and the busiest device's case seconds;
+* growth: wall time for 2, 4, 8, 16 virtual devices (this tree) and the exponent of a power-law fit;
+* the broken 8-GPU PCIe box (``scenarios/driver-p2p-hang.toml``): wall, hangs, how each hang was
+  called (deadline paid, stuck in a small step, stuck where its class hung) with the case seconds
+  each cost (run.json's ``end.spent``), false hangs and the recommended environment.
 
 Ratios are what to compare on a shared machine; absolute seconds move with its load.
 """
@@ -38,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.record.records import CaseRecord
+from conformance.record.records import CaseRecord, time_spent
 from conformance.record.runs import load_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +50,8 @@ BROKEN = REPO / "scenarios" / "driver-p2p-hang.toml"
 HUNG_LINKS = {"PIX", "PXB"}  # the classes whose P2P hangs there
 FIXED_ON = {"p2p_level_nvl", "p2p_off", "p2p_shm_off", "net_socket"}  # seed d: P2P over PCIe off
 PAIR_PROBES = {"pair_exchange", "peer_copy"}
+OLD = "0f4a199"  # the tree before hangs were confirmed from evidence (issue 43)
+BEFORE_HEALTH = "4912c35"  # the last tree before the machine-health checks (2026-11-24)
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Timed:
     records: list[CaseRecord]
     output: str
     cpu: float  # CPU seconds of pytest and everything it started (ranks included)
+    started: float = 0.0  # time.time() when pytest was started
 
     @property
     def cases(self) -> int:
@@ -78,6 +83,14 @@ class Timed:
         return self.wall - span
 
     @property
+    def before_first_case(self) -> float:
+        """Wall seconds from pytest's start to the first case's start."""
+        timed = self._timed_cases()
+        if not timed:
+            return self.wall
+        return min((r.time or 0.0) - (r.seconds or 0.0) for r in timed) - self.started
+
+    @property
     def busiest_device(self) -> float:
         """Case seconds on the busiest device: cases that share a device run in turn, so no overlap beats it."""
         busy: dict[str, float] = {}
@@ -93,14 +106,14 @@ def run_suite(tree: Path, *options: str) -> Timed:
         command = [sys.executable, "-m", "pytest", "suites/", "-q", "-p", "no:cacheprovider",
                    f"--reports-dir={reports}", *options]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        cpu_before, begun = children_cpu(), time.monotonic()
+        cpu_before, begun, started = children_cpu(), time.monotonic(), time.time()
         done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
         wall, cpu = time.monotonic() - begun, children_cpu() - cpu_before
         latest = Path(reports) / "latest"
         records = list(load_run(latest).records) if latest.exists() else []
         if done.returncode not in (0, 1):
             print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
-        return Timed(wall, done.returncode, records, done.stdout, cpu)
+        return Timed(wall, done.returncode, records, done.stdout, cpu, started)
 
 
 def children_cpu() -> float:
@@ -145,53 +158,68 @@ def power_fit(points: Sequence[tuple[int, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def quick_start(runs: int = 3) -> None:
-    print(f"## pytest suites/ as the quick start runs it (defaults, {runs} runs one after another)")
-    walls = []
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def quick_start(old: Path, runs: int = 3) -> None:
+    print(f"## pytest suites/ as the quick start runs it (defaults, {runs} runs of each tree, alternating)")
+    timed: dict[str, list[Timed]] = {"old": [], "new": []}
     for _ in range(runs):
-        timed = run_suite(REPO)
-        walls.append(timed.wall)
-        summary = timed.output.strip().splitlines()[-1] if timed.output.strip() else "(no output)"
-        print(f"  {timed.wall:5.1f} s, exit {timed.exit_code}, load {os.getloadavg()[0]:.1f}: {summary}")
-    walls.sort()
-    print(f"median {walls[len(walls) // 2]:.1f} s, min {walls[0]:.1f} s, max {walls[-1]:.1f} s")
+        for name, tree in (("old", old), ("new", REPO)):
+            run = run_suite(tree)
+            timed[name].append(run)
+            summary = run.output.strip().splitlines()[-1] if run.output.strip() else "(no output)"
+            print(f"  {name} {run.wall:5.1f} s, exit {run.exit_code}, load {os.getloadavg()[0]:.1f}: {summary[:90]}")
+    print(f"{'tree':5} {'median s':>9} {'before the first case s':>24} {'share':>6}")
+    for name, runs_of in timed.items():
+        wall, before = median([r.wall for r in runs_of]), median([r.before_first_case for r in runs_of])
+        print(f"{name:5} {wall:9.1f} {before:24.1f} {before / wall:6.0%}")
+    ratio = median([r.wall for r in timed["old"]]) / median([r.wall for r in timed["new"]])
+    print(f"old/new (medians): {ratio:.2f}x")
 
 
-def healthy(old: Path) -> Timed:
-    print("## Healthy 8-GPU boxes, default settings: this tree against the old one (same invocation)")
+def healthy(old: Path, before_health: Path, pairs: int = 3) -> Timed:
+    print("\n## Healthy 8-GPU boxes, default settings: this tree against the old one (same invocation)")
     print(f"{'topology':28} {'old s':>8} {'new s':>8} {'old/new':>8}   cases old/new   CPU s old/new")
     plain = None
     for name in HEALTHY:
         topology = f"--topology-file={TOPOLOGIES / name}"
         before, after = run_suite(old, topology), run_suite(REPO, topology)
-        ratio = before.wall / after.wall
         print(
-            f"{name:28} {before.wall:8.1f} {after.wall:8.1f} {ratio:8.2f}x   {before.cases:5d}/{after.cases:<5d}"
-            f"     {before.cpu:5.1f}/{after.cpu:.1f}"
+            f"{name:28} {before.wall:8.1f} {after.wall:8.1f} {before.wall / after.wall:8.2f}x"
+            f"   {before.cases:5d}/{after.cases:<5d}     {before.cpu:5.1f}/{after.cpu:.1f}"
         )
         plain = plain or after
+    name = HEALTHY[1]
+    print(f"\n{name} against the tree before the machine-health checks ({pairs} pairs, alternating)")
+    print(f"{'pair':>4} {'before s':>9} {'new s':>8} {'before/new':>11} {'CPU s before/new':>17}")
+    ratios = []
+    for i in range(pairs):
+        topology = f"--topology-file={TOPOLOGIES / name}"
+        before, after = run_suite(before_health, topology), run_suite(REPO, topology)
+        ratios.append(before.wall / after.wall)
+        print(f"{i + 1:4d} {before.wall:9.1f} {after.wall:8.1f} {ratios[-1]:10.2f}x {before.cpu:8.1f}/{after.cpu:.1f}")
+    print(f"median before/new: {median(ratios):.2f}x (1.00x: as fast as before the health checks)")
     assert plain is not None
     return plain
 
 
-def xdist(plain: Timed, old: Path) -> None:
-    print("\n## -n 2 on the healthy NVSwitch box (same invocation)")
-    topology = f"--topology-file={TOPOLOGIES / HEALTHY[0]}"
-    parallel = run_suite(REPO, topology, "-n", "2")
-    old_plain, old_parallel = run_suite(old, topology), run_suite(old, topology, "-n", "2")
+def xdist(plain: Timed) -> None:
+    print("\n## -n 2 on the healthy NVSwitch box (this tree)")
+    parallel = run_suite(REPO, f"--topology-file={TOPOLOGIES / HEALTHY[0]}", "-n", "2")
     cores = os.cpu_count() or 1
     print(
-        f"{'tree':6} {'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}"
+        f"{'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}"
         f" {'outside cases s':>16} {'busiest device s':>17}"
     )
-    for name, one, two in (("old", old_plain, old_parallel), ("new", plain, parallel)):
-        ratio = one.wall / two.wall
-        outside = f"{one.outside_cases:.1f}/{two.outside_cases:.1f}"
-        busiest = f"{one.busiest_device:.1f}/{two.busiest_device:.1f}"
-        print(
-            f"{name:6} {one.wall:10.1f} {two.wall:8.1f} {ratio:6.2f}x {two.cpu:13.1f} {two.cpu / cores:12.1f}"
-            f" {outside:>16} {busiest:>17}"
-        )
+    outside = f"{plain.outside_cases:.1f}/{parallel.outside_cases:.1f}"
+    busiest = f"{plain.busiest_device:.1f}/{parallel.busiest_device:.1f}"
+    print(
+        f"{plain.wall:10.1f} {parallel.wall:8.1f} {plain.wall / parallel.wall:6.2f}x {parallel.cpu:13.1f}"
+        f" {parallel.cpu / cores:12.1f} {outside:>16} {busiest:>17}"
+    )
     print(f"CPU floor: the run's CPU seconds over this machine's {cores} cores, the least wall any overlap can reach")
     print("outside cases: start-up, collection and the end of the run; busiest device: the case seconds of the")
     print("device most in use (cases sharing a device run in turn); both no xdist / -n 2")
@@ -208,45 +236,56 @@ def growth(counts: Sequence[int]) -> None:
     print(f"wall ~ n^{power_fit(points):.2f} over {counts[0]}..{counts[-1]} devices")
 
 
-def broken() -> None:
+def broken(old: Path) -> None:
     print("\n## Broken 8-GPU PCIe box (P2P through its PCIe switches hangs), default settings")
-    timed = run_suite(REPO, f"--scenario={BROKEN}")
-    hangs = [r for r in timed.records if r.verdict == "hang"]
-    false = [r.nodeid for r in hangs if r.link not in HUNG_LINKS or r.env_name in FIXED_ON]
-    stops = [r.stop_reason for r in timed.records]
-    print(f"wall {timed.wall:.1f} s ({timed.wall / 60:.2f} min); cases {timed.cases}; hangs {len(hangs)}")
-    print(
-        f"deadlines paid {stops.count('stalled') + stops.count('deadline')}; confirmed sooner {stops.count('confirm')}"
-    )
-    print(f"false hangs: {len(false)}" + "".join(f"\n  {n}" for n in false))
-    lines = timed.output.splitlines()
+    runs = {"old": run_suite(old, f"--scenario={BROKEN}"), "new": run_suite(REPO, f"--scenario={BROKEN}")}
+    for name, timed in runs.items():
+        hangs = [r for r in timed.records if r.verdict == "hang"]
+        false = [r.nodeid for r in hangs if r.link not in HUNG_LINKS or r.env_name in FIXED_ON]
+        print(f"{name}: wall {timed.wall:.1f} s; cases {timed.cases}; hangs {len(hangs)}; false hangs {len(false)}")
+        for nodeid in false:
+            print(f"  false hang: {nodeid}")
+        spent_by_outcome(timed.records)
+    print(f"old/new: {runs['old'].wall / runs['new'].wall:.2f}x")
+    lines = runs["new"].output.splitlines()
     start = next((i + 1 for i, line in enumerate(lines) if "conformance: the answer" in line), len(lines) - 5)
     end = next((i for i, line in enumerate(lines[start:], start) if line.startswith("=")), len(lines))
+    print("the answer (new):")
     print("\n".join(f"  {line}" for line in lines[start:end]))
+
+
+def spent_by_outcome(records: Sequence[CaseRecord]) -> None:
+    """Case seconds by what ended each case (run.json's end.spent), and where each paid deadline stood."""
+    for outcome, spent in time_spent(records).items():
+        print(f"  {outcome:34} {spent['cases']:4.0f} cases {spent['seconds']:7.1f} case-seconds")
+    for r in records:
+        if r.verdict == "hang" and r.stop_reason in ("stalled", "deadline"):
+            steps = sorted({rank.step or rank.phase for rank in r.ranks})
+            print(f"  deadline paid: {r.nodeid} on {r.env_name}, in {', '.join(steps)} (not a small step)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", default="7814a21", help="the older tree: a revision or a path (default 7814a21)")
+    parser.add_argument("--old", default=OLD, help=f"the tree to compare with: a revision or a path (default {OLD})")
+    parser.add_argument(
+        "--before-health", default=BEFORE_HEALTH, help=f"the tree before the health checks (default {BEFORE_HEALTH})"
+    )
     parser.add_argument("--growth", default="2,4,8,16", help="virtual device counts (default 2,4,8,16)")
     parser.add_argument("--skip-broken", action="store_true", help="leave out the broken-box run")
     parser.add_argument("--suite-only", action="store_true", help="only the quick start's pytest suites/")
     parser.add_argument("--broken-only", action="store_true", help="only the broken-box run")
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start")
-    if args.broken_only:
-        broken()
-        return 0
-    quick_start()
-    if args.suite_only:
-        return 0
-    print()
     with old_tree(args.old) as old:
-        plain = healthy(old)
-        xdist(plain, old)
-    growth([int(n) for n in args.growth.split(",")])
-    if not args.skip_broken:
-        broken()
+        if not args.broken_only:
+            quick_start(old)
+        if not (args.suite_only or args.broken_only):
+            with old_tree(args.before_health) as before_health:
+                plain = healthy(old, before_health)
+            xdist(plain)
+            growth([int(n) for n in args.growth.split(",")])
+        if args.broken_only or not (args.skip_broken or args.suite_only):
+            broken(old)
     print(f"\nload {os.getloadavg()[0]:.1f} at the end")
     return 0
 

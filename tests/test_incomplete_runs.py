@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -77,6 +78,11 @@ def interrupt_when_hanging(pytester: pytest.Pytester, reports_dir: Path, scenari
     return output.read_text()
 
 
+def cases_by_outcome(end: dict) -> dict[str, int]:
+    """run.json's end.spent as cases by what ended them (its seconds are the machine's)."""
+    return {outcome: spent["cases"] for outcome, spent in end["spent"].items()}
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_says_incomplete_everywhere(
     pytester: pytest.Pytester, run_suite, reports_dir: Path, monkeypatch: pytest.MonkeyPatch
@@ -85,7 +91,9 @@ def test_an_interrupted_run_says_incomplete_everywhere(
     complete = run_suite(*OPTIONS)
     assert complete.ret == pytest.ExitCode.OK, complete.stdout.str()
     baseline = (reports_dir / "latest").resolve().name
+    assert cases_by_outcome(run_json(reports_dir)["end"]) == {"pass": 3}
     assert run_json(reports_dir)["end"] == {
+        "spent": ANY,
         "state": "complete",
         "planned": 3,
         "ran": 3,
@@ -134,7 +142,9 @@ def test_a_run_stopped_by_maxfail_is_incomplete(pytester: pytest.Pytester, run_s
     result = run_suite(*OPTIONS, f"--scenario={scenario}", "-x")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     end = run_json(reports_dir)["end"]
+    assert cases_by_outcome(end) == {"error": 1}
     assert end == {
+        "spent": ANY,
         "state": "incomplete",
         "planned": 3,
         "ran": 1,
@@ -155,7 +165,9 @@ def test_a_deselected_test_is_not_missing(pytester: pytest.Pytester, run_suite, 
     pytester.makepyfile(test_s=SUITE)
     result = run_suite(*OPTIONS, "-k", "not barrier", "-n", "2")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert cases_by_outcome(run_json(reports_dir)["end"]) == {"pass": 2}
     assert run_json(reports_dir)["end"] == {
+        "spent": ANY,
         "state": "complete",
         "planned": 2,
         "ran": 2,

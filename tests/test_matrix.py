@@ -849,7 +849,7 @@ def test_class_leader_searches_and_followers_jump(
         assert r["link"] == "SYS" and r["simulated"] is True
     assert [r["env"] for r in records if r["env_name"] == "p2p_level_nvl"] == [{"NCCL_P2P_LEVEL": "NVL"}] * 3
     paid = sum(r["stop_reason"] == "stalled" for r in records)
-    confirmed = f"; {4 - paid} hang(s) confirmed sooner, stuck where their class hung" if paid < 4 else ""
+    confirmed = f"; {4 - paid} hang(s) confirmed sooner: {4 - paid} stuck where their class hung" if paid < 4 else ""
     result.stdout.fnmatch_lines(
         [
             "link class x rung (passed/run)",
@@ -978,7 +978,8 @@ def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
         (same, "inherited"): "hang", (same, "p2p_level_nvl"): "pass",
         (differs, "inherited"): "pass",  # found, though its class hangs
     }  # fmt: skip
-    assert records[(leader, "inherited")]["stop_reason"] in ("stalled", "grace")
+    # the leader: stuck in its 4-byte step for 5 s (the machine not saturated), else the 8 s step deadline
+    assert records[(leader, "inherited")]["stop_reason"] in ("small_step", "stalled", "grace")
     confirmed = records[(same, "inherited")]
     assert confirmed["stop_reason"] == "confirm", confirmed["summary"]
     assert confirmed["summary"] == "ranks 0,1 all stuck in probe (send/recv 4B)"
@@ -987,7 +988,7 @@ def test_followers_stuck_where_the_leader_hung_are_confirmed_sooner(
     result.stdout.fnmatch_lines(
         [
             "*stopped by the watchdog (confirm, stuck where the first pair of its link class hung)*",
-            "deadlines paid: * (step deadline 8s); 1 hang(s) confirmed sooner, stuck where their class hung",
+            "deadlines paid: * (step deadline 8s); * hang(s) confirmed sooner: 1 stuck where their class hung*",
         ]
     )
 

@@ -727,7 +727,11 @@ def test_deadlines_text_counts_confirmed_hangs_apart() -> None:
 
     assert deadlines_text(stopped("stalled", None, "grace"), 3) == "deadlines paid: 1 (step deadline 3s)"
     assert deadlines_text(stopped("stalled", "confirm", "confirm", "deadline")) == (
-        "deadlines paid: 2 (1 at the whole-case limit); 2 hang(s) confirmed sooner, stuck where their class hung"
+        "deadlines paid: 2 (1 at the whole-case limit); 2 hang(s) confirmed sooner: 2 stuck where their class hung"
+    )
+    assert deadlines_text(stopped("small_step", "confirm", "small_step", "stalled"), 30) == (
+        "deadlines paid: 1 (step deadline 30s); 3 hang(s) confirmed sooner: 1 stuck where their class hung, "
+        "2 stuck in a small step"
     )
 
 

@@ -156,7 +156,9 @@ class PhaseLine:
     """One line of ``phase.jsonl``: the phase a rank entered, its step, when, and facts to keep if it dies.
 
     A long step also writes a line for each part it finishes (``part`` "3/16"): progress the
-    watchdog sees, so a large collective that advances is not taken for a hang.
+    watchdog sees, so a large collective that advances is not taken for a hang.  ``nbytes``: what
+    the step moves per rank, where the rank knows it and its group is already set up (a step so
+    small that it ends in milliseconds on any link: the watchdog may call it stuck sooner).
     """
 
     phase: str
@@ -164,6 +166,7 @@ class PhaseLine:
     t: float | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
     part: str = ""
+    nbytes: int | None = None
 
     @property
     def where(self) -> str:
@@ -173,6 +176,8 @@ class PhaseLine:
         line: dict[str, Any] = {"phase": self.phase, "step": self.step, "t": self.t}
         if self.part:
             line["part"] = self.part
+        if self.nbytes is not None:
+            line["nbytes"] = self.nbytes
         return {**line, "facts": dict(self.facts)} if self.facts else line
 
 

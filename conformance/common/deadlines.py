@@ -81,6 +81,12 @@ SPAWN_WAIT = 30.0
 # at least 2 s and at most 10 s (a healthy pair passes a step of 4 bytes in milliseconds; NCCL's
 # lazy connection set-up on the first send/recv takes about a second).
 CONFIRM_FLOOR, CONFIRM_CAP = 2.0, 10.0
+# A step that moves at most SMALL_STEP_BYTES per rank ends in milliseconds on any link a GPU or a CPU
+# rank has (1 MiB at 1 GB/s: 1 ms); NCCL's lazy connection set-up on the first send/recv takes about a
+# second.  Every rank of a case in the same such step for SMALL_STEP_WAIT seconds is stuck: 5x that
+# set-up, while the machine is not saturated (watchdog.machine_saturated); else the step deadline decides.
+SMALL_STEP_BYTES = 1 << 20
+SMALL_STEP_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,11 @@ class Deadlines:
         """How long a case stuck where its class leader hung waits before it is stopped (a hang like its class)."""
         step = self.step_deadline
         return min(step, max(CONFIRM_FLOOR, min(CONFIRM_CAP, step / 4)))
+
+    @property
+    def small_step_wait(self) -> float:
+        """How long every rank may sit in the same small step (SMALL_STEP_BYTES) before the case is stuck."""
+        return min(self.step_deadline, SMALL_STEP_WAIT)
 
     @property
     def turn_wait(self) -> float:

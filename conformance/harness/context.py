@@ -210,6 +210,8 @@ class RunContext:
             ladder=tuple(RungFacts(r.name, dict(r.set), r.unset_families) for r in self.plan.ladder),
             case_timeout=self.settings.case_timeout,
             step_deadline=self.deadlines.step_deadline,
+            small_step_wait=self.deadlines.small_step_wait,
+            confirm_wait=self.deadlines.confirm_wait,
             node_rank=self.node_rank,
             nnodes=self.setup.nnodes if self.setup else 1,
             cpu_only=self.cpu_only,

@@ -17,7 +17,7 @@ from conformance.discover.versions import suite_version
 from conformance.harness.across_nodes import meet_nodes
 from conformance.harness.context import RunContext
 from conformance.harness.junit import JunitSummary
-from conformance.record.records import PYTEST_OUTCOMES, JunitRun
+from conformance.record.records import PYTEST_OUTCOMES, JunitRun, time_spent
 from conformance.record.run_folder import RunFolder, stop_watch
 from conformance.record.runs import Run, RunError, load_run
 from conformance.summarise.conclude import conclude
@@ -54,7 +54,8 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
     records = run.folder.own_records()
     end = run.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop, pytest_counts(run.config))
     failed_nodes = run.outcome.failed_nodes
-    run.outcome.end = replace(end, harness_errors=run.failed_tests.unexplained(records), failed_nodes=failed_nodes)
+    unexplained = run.failed_tests.unexplained(records)
+    run.outcome.end = replace(end, harness_errors=unexplained, failed_nodes=failed_nodes, spent=time_spent(records))
     watched = stop_watch(watch, records, run.node_rank) if watch is not None else None
     facts = replace(run.run_facts(), end=run.outcome.end, watch=watched.to_json() if watched else None)
     try:

@@ -21,7 +21,7 @@ from conformance.launch.forkserver import ForkServerClient, ForkServerError
 from conformance.launch.leases import LeaseTimeout, leased
 from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess, StopReason, StopStep
-from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, Supervision, Turn, supervise
+from conformance.launch.watchdog import Confirm, Limits, OnWait, Peers, SmallStep, Supervision, Turn, supervise
 from conformance.plan.transport import NET, P2P, REFUSED
 from conformance.rank import flight_recorder
 from conformance.verdict import nccl_log
@@ -273,7 +273,11 @@ class CaseRunner:
             deadlines = self.deadlines
             grace = deadlines.grace if spec.grace is None else min(spec.grace, deadlines.grace)
             limits = Limits(step=deadlines.step_deadline, case=deadlines.case_timeout, grace=grace)
-            supervision = supervise(processes, limits, deadlines.stop_ladder, peers, confirm, on_wait, turn)
+            # Across nodes a first send/recv may set up connections for seconds: the step deadline decides there,
+            # as it does where it comes as soon.
+            shorter = deadlines.small_step_wait < deadlines.step_deadline
+            small = SmallStep(deadlines.small_step_wait) if peers is None and shorter else None
+            supervision = supervise(processes, limits, deadlines.stop_ladder, peers, confirm, on_wait, turn, small)
         except BaseException:  # interrupted (Ctrl-C, the outer timeout): the case's ranks go with it
             processes.kill("the case was interrupted")
             raise
@@ -343,6 +347,7 @@ def failure_text(result: CaseResult, full: bool = True) -> str:
     if result.stop_reason:
         why = {
             StopReason.CONFIRM: ", stuck where the first pair of its link class hung",
+            StopReason.SMALL_STEP: ", every rank stuck in the same small step",
             StopReason.STALLED: ": no rank reported progress for the step deadline",
             StopReason.DEADLINE: ": the whole-case limit",
         }.get(result.stop_reason, "")

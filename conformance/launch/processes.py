@@ -54,6 +54,7 @@ class StopReason(str, Enum):
     DEADLINE = "deadline"  # the whole-case limit
     GRACE = "grace"  # the grace after another rank failed is over
     CONFIRM = "confirm"  # every live rank stuck where its class leader hung
+    SMALL_STEP = "small_step"  # every live rank in the same small step for the small-step wait
 
     def __str__(self) -> str:
         return self.value

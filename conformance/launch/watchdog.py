@@ -2,8 +2,11 @@
 
 A case is a hang when no rank has reported progress (a line in its ``phase.jsonl``) for the step
 deadline ("stalled"); the whole-case limit is the last net for one that progresses forever
-("deadline").  When one rank fails, the others get ``grace`` seconds (across nodes, a failure on
-another node counts too).  Stopping is ``CaseProcesses.stop``: the stop ladder, where ranks are killed.
+("deadline").  Evidence stops a hang sooner: every live rank in the same small step (a few bytes
+that take milliseconds on any link) for ``small_step_wait`` while the machine is not saturated, or
+stuck where its class leader hung.  When one rank fails, the others get ``grace`` seconds (across
+nodes, a failure on another node counts too).  Stopping is ``CaseProcesses.stop``: the stop ladder,
+where ranks are killed.
 
 Each decision is logged with its reason (logger ``conformance.launch``).
 """
@@ -11,6 +14,7 @@ Each decision is logged with its reason (logger ``conformance.launch``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from conformance.common import casefiles
-from conformance.common.deadlines import StopLadder
+from conformance.common.deadlines import SMALL_STEP_BYTES, StopLadder
 from conformance.launch.measure_gate import GateHold
 from conformance.launch.processes import CaseProcesses, RankProcess, StopReason, StopStep
 
@@ -64,6 +68,48 @@ class Confirm:
         lasts = [casefiles.last_phase(rank.path) for rank in alive]
         arrived = [p.t for p in lasts if p is not None and p.where == self.where and p.t is not None]
         return bool(arrived) and len(arrived) == len(alive) and time.time() - max(arrived) >= self.seconds
+
+
+PRESSURE = Path("/proc/pressure/cpu")
+# Saturated: runnable tasks waited for a CPU 90% of the last 10 s (Linux PSI, "some avg10"; kernel
+# Documentation/accounting/psi.rst), or, where PSI is missing, a 1-minute load of 4 per CPU.  Only then
+# can a step of milliseconds be starved for seconds; the step deadline decides instead.
+SATURATED_PRESSURE, SATURATED_LOAD_PER_CPU = 90.0, 4.0
+
+
+def machine_saturated() -> bool:
+    try:
+        some = PRESSURE.read_text().split("\n")[0].split()
+        return float(dict(f.split("=") for f in some[1:])["avg10"]) >= SATURATED_PRESSURE
+    except (OSError, ValueError, KeyError, IndexError):
+        return os.getloadavg()[0] >= SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class SmallStep:
+    """Stop the case once every live rank has sat in the same small step for ``seconds``: stuck, not slow.
+
+    Small: the rank said the step moves at most SMALL_STEP_BYTES on a group already set up
+    (``PhaseLine.nbytes``).  Not while ``saturated()``: a starved machine can stretch milliseconds.
+    """
+
+    seconds: float
+    saturated: Callable[[], bool] = machine_saturated
+
+    def stuck(self, alive: list[RankProcess]) -> str:
+        """The step every live rank is stuck in, or "" when the evidence does not hold."""
+        lasts = [casefiles.last_phase(rank.path) for rank in alive]
+        if not lasts or not all(p is not None and _small(p) for p in lasts):
+            return ""
+        steps = {p.step for p in lasts if p is not None}
+        arrived = max(p.t or 0.0 for p in lasts if p is not None)
+        if len(steps) != 1 or time.time() - arrived < self.seconds or self.saturated():
+            return ""
+        return steps.pop()
+
+
+def _small(line: casefiles.PhaseLine) -> bool:
+    return line.phase == "probe" and line.nbytes is not None and line.nbytes <= SMALL_STEP_BYTES and not line.part
 
 
 @dataclass(frozen=True)
@@ -133,6 +179,21 @@ _why: dict[StopReason, Callable[[Limits], str]] = {
 }
 
 
+def _stuck(
+    alive: list[RankProcess], confirm: Confirm | None, small_step: SmallStep | None
+) -> tuple[StopReason, str] | None:
+    """Evidence that the case hangs before its step deadline: why to stop it, and how it reads; else None."""
+    if confirm is not None and confirm.stuck(alive):
+        return StopReason.CONFIRM, f"every live rank stuck at {confirm.where} for {confirm.seconds:g}s"
+    step = small_step.stuck(alive) if small_step is not None else ""
+    if step and small_step is not None:
+        return (
+            StopReason.SMALL_STEP,
+            f"every live rank in {step} for {small_step.seconds:g}s, the machine not saturated",
+        )
+    return None
+
+
 def _ranks(alive: list[RankProcess]) -> str:
     return ", ".join(f"{r.rank} (pid {r.pid})" for r in alive)
 
@@ -152,11 +213,13 @@ def supervise(
     confirm: Confirm | None = None,
     on_wait: OnWait | None = None,
     turn: Turn | None = None,
+    small_step: SmallStep | None = None,
 ) -> Supervision:
     """Wait for every rank; stop them when they stall, at the case limit, or ``grace`` seconds after a failure.
 
-    With ``confirm``, also once every rank still running is stuck where its class hung.  ``on_wait`` is
-    told the ranks still running and the seconds left, at every look (progress for people).
+    With ``confirm``, also once every rank still running is stuck where its class hung; with
+    ``small_step``, once every one is stuck in the same small step.  ``on_wait`` is told the ranks
+    still running and the seconds left, at every look (progress for people).
     """
     started = time.time()
     deadline = time.monotonic() + limits.case
@@ -174,10 +237,10 @@ def supervise(
                 peers.report_failure()
         if not alive:
             break
-        if confirm is not None and grace_deadline is None and confirm.stuck(alive):
-            stuck = f"every live rank stuck at {confirm.where} for {confirm.seconds:g}s"
-            log.info("case %s: %s (confirm); stopping ranks %s", processes.case, stuck, _ranks(alive))
-            _stop(processes, supervision, StopReason.CONFIRM, ladder)
+        evidence = _stuck(alive, confirm, small_step) if grace_deadline is None else None
+        if evidence is not None:
+            log.info("case %s: %s (%s); stopping ranks %s", processes.case, evidence[1], evidence[0], _ranks(alive))
+            _stop(processes, supervision, evidence[0], ladder)
             break
         now = time.monotonic()
         if turn is not None:

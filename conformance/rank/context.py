@@ -136,16 +136,18 @@ class RankContext:
             raise RuntimeError(problem)
         self.metrics["cuda_device"]["compared"] = True  # the smoke run checks that the check compared
 
-    def phase(self, name: str, step: str = "", facts: Mapping[str, Any] | None = None) -> None:
+    def phase(
+        self, name: str, step: str = "", facts: Mapping[str, Any] | None = None, nbytes: int | None = None
+    ) -> None:
         """Report entering a phase (the parent reads this file) and apply the scenario's faults.
 
         ``facts`` go into the rank's metrics and into the phase line too, so the parent has them
-        even when the rank is killed in this phase.
+        even when the rank is killed in this phase.  ``nbytes``: what the step moves (PhaseLine).
         """
         self.phase_name, self.step = name, step
         if facts:
             self.metrics.update(facts)
-        self._write(PhaseLine(name, step, time.time(), facts or {}))
+        self._write(PhaseLine(name, step, time.time(), facts or {}, nbytes=nbytes))
         self._apply_faults(name)
 
     def _write(self, line: PhaseLine) -> None:

@@ -121,10 +121,16 @@ def _numel(nbytes: int) -> int:
 
 
 def sized_steps(ctx: RankContext, name: str) -> Iterator[tuple[int, str]]:
-    """For each message size of the case: report the step, then yield (elements, label)."""
+    """For each message size of the case: report the step, then yield (elements, label).
+
+    The step says its size once nothing is left to set up in it: a group made at init (gloo; NCCL with
+    ``device_id``, eager) or no group at all (peer copies).  A lazy NCCL communicator is made by the
+    first collective, which then takes as long as an init.
+    """
+    set_up = ctx.backend != "nccl" or ctx.case.single_process or ctx.bound_device is not None
     for nbytes in (int(s) for s in ctx.params.get("sizes", [4])):
         label = f"{name} {size_label(nbytes)}"
-        ctx.phase("probe", label)
+        ctx.phase("probe", label, nbytes=nbytes if set_up else None)
         yield _numel(nbytes), label
 
 

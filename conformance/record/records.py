@@ -11,7 +11,7 @@ and the topology in ``run.json``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -236,6 +236,8 @@ class RunEnd:
     fallback_ran: int | None = None  # of ``ran``, those on fallback rungs
     not_needed: int | None = None  # fallback-rung tests found not needed (pytest counts them deselected)
     tests: Mapping[str, int] | None = None  # pytest's counts by outcome (``PYTEST_OUTCOMES``); None: older runs
+    # case seconds by what ended each case (``time_spent``): {"passed": {"cases": 40, "seconds": 31.2}, ...}
+    spent: Mapping[str, Mapping[str, float]] | None = None
 
     @property
     def incomplete(self) -> str | None:
@@ -276,7 +278,38 @@ class RunEnd:
             isinstance(tests, dict) and all(isinstance(k, str) and type(v) is int for k, v in tests.items())
         ):
             raise FactsError(f"run.json: end.tests is not pytest's counts by outcome: {tests!r}")
+        spent = values.get("spent")
+        if spent is not None and not (isinstance(spent, dict) and all(_numbers(v) for v in spent.values())):
+            raise FactsError(f"run.json: end.spent is not case seconds by outcome: {spent!r}")
         return cls(**values)
+
+
+def _numbers(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(x, (int, float)) for x in value.values())
+
+
+HANG_ENDS = {
+    "stalled": "hang: deadline paid",
+    "deadline": "hang: deadline paid",
+    "small_step": "hang: stuck in a small step",
+    "confirm": "hang: stuck where its class hung",
+}
+
+
+def time_spent(records: Iterable[CaseRecord]) -> dict[str, dict[str, float]]:
+    """Case seconds by what ended each case: passed, each way a hang was called, each other verdict.
+
+    A case several tests share (one group, several collectives) counts once.
+    """
+    cases = {r.case_dir: r for r in records if r.case_dir and r.seconds is not None and r.verdict is not None}
+    spent: dict[str, dict[str, float]] = {}
+    for r in cases.values():
+        verdict = str(r.verdict)
+        outcome = HANG_ENDS.get(r.stop_reason or "", "hang: other") if verdict == "hang" else verdict
+        entry = spent.setdefault(outcome, {"cases": 0, "seconds": 0.0})
+        entry["cases"] += 1
+        entry["seconds"] = round(entry["seconds"] + (r.seconds or 0.0), 3)
+    return dict(sorted(spent.items()))
 
 
 @dataclass(frozen=True)
@@ -312,6 +345,8 @@ class RunFacts:
     ladder: tuple[RungFacts, ...] | None = None  # None: the run did not say (older runs)
     case_timeout: float | None = None
     step_deadline: float | None = None  # seconds without progress that made a hang (older runs: None)
+    small_step_wait: float | None = None  # seconds every rank sat in one small step that made a hang (None: older)
+    confirm_wait: float | None = None  # seconds stuck where the class leader hung that made a hang (None: older)
     node_rank: int | None = None
     nnodes: int = 1
     cpu_only: str | None = None  # why no GPU was tested, on a run of CPU ranks that is not a simulation

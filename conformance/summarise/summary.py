@@ -301,6 +301,7 @@ def deadlines_text(records: Iterable[CaseRecord], step_deadline: float | None = 
     if stops["deadline"]:
         notes.append(f"{stops['deadline']} at the whole-case limit")
     detail = f" ({'; '.join(notes)})" if notes else ""
-    confirmed = stops["confirm"]
-    also = f"; {confirmed} hang(s) confirmed sooner, stuck where their class hung" if confirmed else ""
+    sooner = [f"{stops['confirm']} stuck where their class hung"] if stops["confirm"] else []
+    sooner += [f"{stops['small_step']} stuck in a small step"] if stops["small_step"] else []
+    also = f"; {stops['confirm'] + stops['small_step']} hang(s) confirmed sooner: {', '.join(sooner)}" if sooner else ""
     return f"deadlines paid: {stops['stalled'] + stops['deadline']}{detail}{also}"
