@@ -44,7 +44,7 @@ from conformance.record.records import CaseRecord, time_spent
 from conformance.record.runs import load_run
 
 REPO = Path(__file__).resolve().parent.parent
-TOPOLOGIES = REPO / "scenarios" / "topologies"
+TOPOLOGIES = Path("conformance") / "scenarios" / "topologies"  # each tree's own (a file's fields change)
 HEALTHY = ("nvswitch-8gpu.json", "pcie-2socket-8gpu.json")
 BROKEN = REPO / "scenarios" / "driver-p2p-hang.toml"
 HUNG_LINKS = {"PIX", "PXB"}  # the classes whose P2P hangs there
@@ -116,6 +116,10 @@ def run_suite(tree: Path, *options: str) -> Timed:
         return Timed(wall, done.returncode, records, done.stdout, cpu, started)
 
 
+def topology_of(tree: Path, name: str) -> str:
+    return f"--topology-file={tree / TOPOLOGIES / name}"
+
+
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -185,8 +189,7 @@ def healthy(old: Path, before_health: Path, pairs: int = 3) -> Timed:
     print(f"{'topology':28} {'old s':>8} {'new s':>8} {'old/new':>8}   cases old/new   CPU s old/new")
     plain = None
     for name in HEALTHY:
-        topology = f"--topology-file={TOPOLOGIES / name}"
-        before, after = run_suite(old, topology), run_suite(REPO, topology)
+        before, after = run_suite(old, topology_of(old, name)), run_suite(REPO, topology_of(REPO, name))
         print(
             f"{name:28} {before.wall:8.1f} {after.wall:8.1f} {before.wall / after.wall:8.2f}x"
             f"   {before.cases:5d}/{after.cases:<5d}     {before.cpu:5.1f}/{after.cpu:.1f}"
@@ -197,8 +200,10 @@ def healthy(old: Path, before_health: Path, pairs: int = 3) -> Timed:
     print(f"{'pair':>4} {'before s':>9} {'new s':>8} {'before/new':>11} {'CPU s before/new':>17}")
     ratios = []
     for i in range(pairs):
-        topology = f"--topology-file={TOPOLOGIES / name}"
-        before, after = run_suite(before_health, topology), run_suite(REPO, topology)
+        before, after = (
+            run_suite(before_health, topology_of(before_health, name)),
+            run_suite(REPO, topology_of(REPO, name)),
+        )
         ratios.append(before.wall / after.wall)
         print(f"{i + 1:4d} {before.wall:9.1f} {after.wall:8.1f} {ratios[-1]:10.2f}x {before.cpu:8.1f}/{after.cpu:.1f}")
     print(f"median before/new: {median(ratios):.2f}x (1.00x: as fast as before the health checks)")
@@ -208,7 +213,7 @@ def healthy(old: Path, before_health: Path, pairs: int = 3) -> Timed:
 
 def xdist(plain: Timed) -> None:
     print("\n## -n 2 on the healthy NVSwitch box (this tree)")
-    parallel = run_suite(REPO, f"--topology-file={TOPOLOGIES / HEALTHY[0]}", "-n", "2")
+    parallel = run_suite(REPO, topology_of(REPO, HEALTHY[0]), "-n", "2")
     cores = os.cpu_count() or 1
     print(
         f"{'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}"
@@ -261,7 +266,7 @@ def spent_by_outcome(records: Sequence[CaseRecord]) -> None:
     for r in records:
         if r.verdict == "hang" and r.stop_reason in ("stalled", "deadline"):
             steps = sorted({rank.step or rank.phase for rank in r.ranks})
-            print(f"  deadline paid: {r.nodeid} on {r.env_name}, in {', '.join(steps)} (not a small step)")
+            print(f"  deadline paid: {r.nodeid.split('::')[-1]}, stopped in {', '.join(steps)}")
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import stat
@@ -88,12 +89,18 @@ def wrong_field_type(data: Mapping[str, Any], kind: type, lenient: bool = False)
 
     ``lenient``: null stands for an empty list or object (how ``CaseRecord.from_json`` reads it).
     """
-    hints = typing.get_type_hints(kind)
+    hints = _type_hints(kind)
     for name, value in data.items():
         problem = _value_problem(value, hints[name], lenient) if name in hints else ""
         if problem:
             return f"{name}{problem}"
     return ""
+
+
+@functools.cache
+def _type_hints(kind: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved once (records are read by the hundred)."""
+    return typing.get_type_hints(kind)
 
 
 def _value_problem(value: object, hint: Any, lenient: bool) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -147,9 +148,12 @@ class RunContext:
             return simulated_config(self.scenario.nccl_conf if self.scenario else None)
         return read_nccl_config(os.environ, release(self.nccl.used)) if self.backend == "nccl" else NcclConfig()
 
-    @property
+    @functools.cached_property
     def nccl_environ(self) -> dict[str, str]:
-        """The environment NCCL sees in a rank that inherits the run's: its configuration files' values added."""
+        """The environment NCCL sees in a rank that inherits the run's: its configuration files' values added.
+
+        Read once: the run's own environment does not change while it runs (the planner asks thousands of times).
+        """
         return self.nccl_config.environment(os.environ)
 
     @property

@@ -21,6 +21,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
+from conformance.common.families import RUNG_FAMILIES
 from conformance.common.jsonl import JsonlFollower, append_line
 from conformance.common.lifetime import process_gone
 from conformance.common.verdicts import Verdict
@@ -93,6 +94,9 @@ class LadderBook:
         self._claim_lines = JsonlFollower(path.with_name(CLAIMS_FILE))
         self._claims: dict[tuple[str, str], int] = {}  # the pid of the process running that rung's case
         self._worker_lost = False
+        self._futile_memo: dict[tuple[object, ...], str | None] = {}
+        self._variables_of: Mapping[str, str] | None = None
+        self._variables: tuple[tuple[str, str], ...] = ()
 
     def claim(self, step: Step) -> None:
         """Say that this process starts the case of ``step``: a wait for its outcome ends at once if it dies."""
@@ -201,9 +205,23 @@ class LadderBook:
         return decision
 
     def _futile(self, step: Step, k: int, environ: Mapping[str, str], selected: Selected) -> str | None:
-        """Why rung ``k`` cannot change this step's case (relevance.py), else None."""
-        in_run = [i for i in range(k) if selected is None or (step.key, i) in selected]
-        return cannot_change(self.ladder, k, step.between, self.host, environ, in_run)
+        """Why rung ``k`` cannot change this step's case (relevance.py), else None.
+
+        Remembered: the planner asks again for every item it looks ahead at, and the answer follows from
+        the step, the rungs in the run and the variables a rung reads, none of which change.
+        """
+        in_run = tuple(i for i in range(k) if selected is None or (step.key, i) in selected)
+        key = (step.key, k, in_run, self._rung_variables(environ))
+        if key not in self._futile_memo:
+            self._futile_memo[key] = cannot_change(self.ladder, k, step.between, self.host, environ, list(in_run))
+        return self._futile_memo[key]
+
+    def _rung_variables(self, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """The variables of ``environ`` a rung reads or sets; worked out again only for another mapping."""
+        if environ is not self._variables_of:
+            self._variables_of = environ
+            self._variables = tuple(sorted((k, v) for k, v in environ.items() if k.startswith(RUNG_FAMILIES)))
+        return self._variables
 
     def _reads(self, step: Step, selected: Selected, environ: Mapping[str, str]) -> tuple[list[str], list[str], bool]:
         """What deciding a later rung may read.
