@@ -1,7 +1,7 @@
 """How fast the suite answers, measured side by side in one invocation on this machine.
 
     python benchmarks/speed.py [--old REV] [--before-health REV] [--growth 2,4,8,16]
-                               [--skip-broken] [--suite-only] [--broken-only]
+                               [--skip-broken] [--suite-only] [--broken-only] [--scenarios[-only]]
 
 Every figure is a real ``pytest suites/`` run with the default settings (no timeout options), in a
 temporary reports folder, gloo ranks playing the GPUs of the simulated boxes.  Each figure is given
@@ -20,7 +20,9 @@ see the same load, with the ratio old/new:
 * growth: wall time for 2, 4, 8, 16 virtual devices (this tree) and the exponent of a power-law fit;
 * the broken 8-GPU PCIe box (``scenarios/driver-p2p-hang.toml``): wall, hangs, how each hang was
   called (deadline paid, stuck in a small step, stuck where its class hung) with the case seconds
-  each cost (run.json's ``end.spent``), false hangs and the recommended environment.
+  each cost (run.json's ``end.spent``), false hangs and the recommended environment;
+* with ``--scenarios`` (or ``--scenarios-only``): every shipped scenario, both trees, the wall, the
+  hangs and whether the answer and the exit status are the same.
 
 Ratios are what to compare on a shared machine; absolute seconds move with its load.
 """
@@ -45,6 +47,7 @@ from conformance.record.runs import load_run
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = Path("conformance") / "scenarios" / "topologies"  # each tree's own (a file's fields change)
+SCENARIOS = Path("conformance") / "scenarios"
 HEALTHY = ("nvswitch-8gpu.json", "pcie-2socket-8gpu.json")
 BROKEN = REPO / "scenarios" / "driver-p2p-hang.toml"
 HUNG_LINKS = {"PIX", "PXB"}  # the classes whose P2P hangs there
@@ -259,6 +262,29 @@ def broken(old: Path) -> None:
     print("\n".join(f"  {line}" for line in lines[start:end]))
 
 
+def answer_of(output: str) -> list[str]:
+    """The answer's lines, as the run printed them last."""
+    lines = output.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if "conformance: the answer" in line), len(lines))
+    return [line for line in lines[start:] if not line.startswith(("=", "(written", "metrics for"))]
+
+
+def scenarios(old: Path) -> None:
+    print("\n## Every shipped scenario, default settings: this tree against the old one (same invocation)")
+    print(f"{'scenario':32} {'old s':>7} {'new s':>7} {'old/new':>8}  hangs old/new  same answer")
+    for path in sorted((REPO / SCENARIOS).glob("*.toml")):
+        if not (old / SCENARIOS / path.name).is_file():
+            continue
+        before = run_suite(old, f"--scenario={old / SCENARIOS / path.name}")
+        after = run_suite(REPO, f"--scenario={REPO / SCENARIOS / path.name}")
+        hangs = [sum(r.verdict == "hang" for r in t.records) for t in (before, after)]
+        same = answer_of(before.output) == answer_of(after.output) and before.exit_code == after.exit_code
+        print(
+            f"{path.stem:32} {before.wall:7.1f} {after.wall:7.1f} {before.wall / after.wall:7.2f}x"
+            f"  {hangs[0]:5d}/{hangs[1]:<5d}    {'yes' if same else 'NO'}"
+        )
+
+
 def spent_by_outcome(records: Sequence[CaseRecord]) -> None:
     """Case seconds by what ended each case (run.json's end.spent), and where each paid deadline stood."""
     for outcome, spent in time_spent(records).items():
@@ -279,9 +305,14 @@ def main() -> int:
     parser.add_argument("--skip-broken", action="store_true", help="leave out the broken-box run")
     parser.add_argument("--suite-only", action="store_true", help="only the quick start's pytest suites/")
     parser.add_argument("--broken-only", action="store_true", help="only the broken-box run")
+    parser.add_argument("--scenarios", action="store_true", help="also every shipped scenario, both trees")
+    parser.add_argument("--scenarios-only", action="store_true", help="only every shipped scenario, both trees")
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the start")
     with old_tree(args.old) as old:
+        if args.scenarios_only:
+            scenarios(old)
+            return 0
         if not args.broken_only:
             quick_start(old)
         if not (args.suite_only or args.broken_only):
@@ -291,6 +322,8 @@ def main() -> int:
             growth([int(n) for n in args.growth.split(",")])
         if args.broken_only or not (args.skip_broken or args.suite_only):
             broken(old)
+        if args.scenarios:
+            scenarios(old)
     print(f"\nload {os.getloadavg()[0]:.1f} at the end")
     return 0
 
