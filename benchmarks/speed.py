@@ -22,7 +22,7 @@ see the same load, with the ratio old/new:
   called (deadline paid, stuck in a small step, stuck where its class hung) with the case seconds
   each cost (run.json's ``end.spent``), false hangs and the recommended environment;
 * with ``--scenarios`` (or ``--scenarios-only``): every shipped scenario, both trees, the wall, the
-  hangs and whether the answer and the exit status are the same.
+  hangs and whether the answer (less the stop reason a hang names) and the exit status are the same.
 
 Ratios are what to compare on a shared machine; absolute seconds move with its load.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -262,11 +263,15 @@ def broken(old: Path) -> None:
     print("\n".join(f"  {line}" for line in lines[start:end]))
 
 
+STOP_REASON = re.compile(r"\((?:stalled|small_step|confirm)\)")
+
+
 def answer_of(output: str) -> list[str]:
-    """The answer's lines, as the run printed them last."""
+    """The answer's lines, as the run printed them last, less the stop reason a hang names (how it was called)."""
     lines = output.splitlines()
     start = next((i + 1 for i, line in enumerate(lines) if "conformance: the answer" in line), len(lines))
-    return [line for line in lines[start:] if not line.startswith(("=", "(written", "metrics for"))]
+    kept = [line for line in lines[start:] if not line.startswith(("=", "(written", "metrics for"))]
+    return [STOP_REASON.sub("(stopped)", line) for line in kept]
 
 
 def scenarios(old: Path) -> None:
