@@ -15,9 +15,9 @@ see the same load, with the ratio old/new:
 * healthy 8-GPU boxes (``nvswitch-8gpu.json``, ``pcie-2socket-8gpu.json``), and the PCIe box three
   times paired against ``--before-health`` (the tree before the machine-health checks: 4912c35),
   with the CPU seconds each run used;
-* ``-n 2`` against no xdist on the healthy NVSwitch box (this tree), with the CPU floor, the seconds
-  outside any case and the busiest device's case seconds;
-* growth: wall time for 2, 4, 8, 16 virtual devices (this tree) and the exponent of a power-law fit;
+* ``-n 2`` against no xdist on the healthy NVSwitch box, with the CPU floor, the seconds outside any
+  case and the busiest device's case seconds;
+* growth: wall time for 2, 4, 8, 16 virtual devices and the exponent of a power-law fit (this tree's);
 * the broken 8-GPU PCIe box (``scenarios/driver-p2p-hang.toml``): wall, hangs, how each hang was
   called (deadline paid, stuck in a small step, stuck where its class hung) with the case seconds
   each cost (run.json's ``end.spent``), false hangs and the recommended environment;
@@ -215,34 +215,42 @@ def healthy(old: Path, before_health: Path, pairs: int = 3) -> Timed:
     return plain
 
 
-def xdist(plain: Timed) -> None:
-    print("\n## -n 2 on the healthy NVSwitch box (this tree)")
+def xdist(plain: Timed, old: Path) -> None:
+    print("\n## -n 2 on the healthy NVSwitch box (same invocation)")
     parallel = run_suite(REPO, topology_of(REPO, HEALTHY[0]), "-n", "2")
+    old_plain = run_suite(old, topology_of(old, HEALTHY[0]))
+    old_parallel = run_suite(old, topology_of(old, HEALTHY[0]), "-n", "2")
     cores = os.cpu_count() or 1
     print(
-        f"{'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}"
+        f"{'tree':5} {'no xdist s':>10} {'-n 2 s':>8} {'ratio':>7} {'CPU s (-n 2)':>13} {'CPU floor s':>12}"
         f" {'outside cases s':>16} {'busiest device s':>17}"
     )
-    outside = f"{plain.outside_cases:.1f}/{parallel.outside_cases:.1f}"
-    busiest = f"{plain.busiest_device:.1f}/{parallel.busiest_device:.1f}"
-    print(
-        f"{plain.wall:10.1f} {parallel.wall:8.1f} {plain.wall / parallel.wall:6.2f}x {parallel.cpu:13.1f}"
-        f" {parallel.cpu / cores:12.1f} {outside:>16} {busiest:>17}"
-    )
+    for name, one, two in (("old", old_plain, old_parallel), ("new", plain, parallel)):
+        outside = f"{one.outside_cases:.1f}/{two.outside_cases:.1f}"
+        busiest = f"{one.busiest_device:.1f}/{two.busiest_device:.1f}"
+        print(
+            f"{name:5} {one.wall:10.1f} {two.wall:8.1f} {one.wall / two.wall:6.2f}x {two.cpu:13.1f}"
+            f" {two.cpu / cores:12.1f} {outside:>16} {busiest:>17}"
+        )
+    print(f"-n 2, old/new: {old_parallel.wall / parallel.wall:.2f}x")
     print(f"CPU floor: the run's CPU seconds over this machine's {cores} cores, the least wall any overlap can reach")
     print("outside cases: start-up, collection and the end of the run; busiest device: the case seconds of the")
     print("device most in use (cases sharing a device run in turn); both no xdist / -n 2")
 
 
-def growth(counts: Sequence[int]) -> None:
-    print("\n## Growth with the device count (virtual CPU devices, default settings)")
-    print(f"{'devices':>8} {'wall s':>8} {'cases':>6} {'pairs running':>14}")
+def growth(counts: Sequence[int], old: Path) -> None:
+    print("\n## Growth with the device count (virtual CPU devices, default settings; same invocation)")
+    print(f"{'devices':>8} {'old s':>7} {'new s':>7} {'old/new':>8} {'cases':>6} {'pairs running':>14}")
     points = []
     for n in counts:
-        timed = run_suite(REPO, f"--virtual-devices={n}")
+        before, timed = run_suite(old, f"--virtual-devices={n}"), run_suite(REPO, f"--virtual-devices={n}")
         points.append((n, timed.wall))
-        print(f"{n:8d} {timed.wall:8.1f} {timed.cases:6d} {pair_share(timed.records, timed.wall):13.0%}")
-    print(f"wall ~ n^{power_fit(points):.2f} over {counts[0]}..{counts[-1]} devices")
+        share = pair_share(timed.records, timed.wall)
+        print(
+            f"{n:8d} {before.wall:7.1f} {timed.wall:7.1f} {before.wall / timed.wall:7.2f}x"
+            f" {timed.cases:6d} {share:13.0%}"
+        )
+    print(f"wall ~ n^{power_fit(points):.2f} over {counts[0]}..{counts[-1]} devices (this tree)")
 
 
 def broken(old: Path) -> None:
@@ -323,8 +331,8 @@ def main() -> int:
         if not (args.suite_only or args.broken_only):
             with old_tree(args.before_health) as before_health:
                 plain = healthy(old, before_health)
-            xdist(plain)
-            growth([int(n) for n in args.growth.split(",")])
+            xdist(plain, old)
+            growth([int(n) for n in args.growth.split(",")], old)
         if args.broken_only or not (args.skip_broken or args.suite_only):
             broken(old)
         if args.scenarios:

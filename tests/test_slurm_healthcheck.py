@@ -41,7 +41,9 @@ GPU_LOST = (
     "gpu-conformance: SIMULATED: host check host:gpu_inventory: ERROR: 1 GPU(s) on the PCI bus that NVML does "
     "not list: 0000:48:00.0 (8 on the PCI bus, 7 in NVML)"
 )
-HANG_IN_ALL_REDUCE = '[scenario]\nname = "all_reduce hangs"\n[[rule]]\neffect = "hang"\nphase = "probe"\n'
+# In its init, not its 4-byte step: a hang there is called by the 30 s step deadline, after the time limit
+# (one in a small step would be called after 5 s, inside it).
+HANG_IN_ALL_REDUCE = '[scenario]\nname = "all_reduce hangs"\n[[rule]]\neffect = "hang"\nphase = "init"\n'
 HANG_IN_ALL_REDUCE += 'probes = ["all_reduce"]\nignore_sigterm = true\n'
 DRAINED_SECONDS = 15.0  # a node draining under the health check's own job is drained once the job ends
 

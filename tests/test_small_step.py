@@ -39,8 +39,14 @@ def ranks_at(tmp_path: Path, *lines: PhaseLine) -> list[Any]:
     return found
 
 
-def at(step: str, nbytes: int | None, ago: float, part: str = "") -> PhaseLine:
-    return PhaseLine("probe", step, time.time() - ago, nbytes=nbytes, part=part)
+def at(step: str, nbytes: int | None, ago: float, part: str = "", phase: str = "probe") -> tuple[Any, ...]:
+    """A rank's last line, its time set when the test runs (``ago`` seconds before): (phase, step, ...)."""
+    return (phase, step, ago, nbytes, part)
+
+
+def line(spec: tuple[Any, ...]) -> PhaseLine:
+    phase, step, ago, nbytes, part = spec
+    return PhaseLine(phase, step, time.time() - ago, nbytes=nbytes, part=part)
 
 
 def quiet() -> bool:
@@ -57,17 +63,17 @@ def quiet() -> bool:
         ((at("all_reduce 4MiB", 4 << 20, 60),), ""),  # not small
         ((at("all_reduce 4B", None, 60),), ""),  # a lazy NCCL communicator: the step holds an init
         ((at("all_reduce 4B", 4, 60, part="1/2"),), ""),  # a part of a long step
-        ((PhaseLine("init", "init_process_group(gloo)", time.time() - 60),), ""),
+        ((at("init_process_group(gloo)", None, 60, phase="init"),), ""),
     ],
 )
 def test_stuck_only_when_every_rank_sits_in_the_same_small_step(
-    tmp_path: Path, lines: tuple[PhaseLine, ...], stuck: str
+    tmp_path: Path, lines: tuple[tuple[Any, ...], ...], stuck: str
 ) -> None:
-    assert SmallStep(5.0, quiet).stuck(ranks_at(tmp_path, *lines)) == stuck
+    assert SmallStep(5.0, quiet).stuck(ranks_at(tmp_path, *(line(spec) for spec in lines))) == stuck
 
 
 def test_a_saturated_machine_leaves_it_to_the_step_deadline(tmp_path: Path) -> None:
-    ranks = ranks_at(tmp_path, at("send/recv 4B", 4, 60), at("send/recv 4B", 4, 60))
+    ranks = ranks_at(tmp_path, line(at("send/recv 4B", 4, 60)), line(at("send/recv 4B", 4, 60)))
     assert SmallStep(5.0, lambda: True).stuck(ranks) == ""
 
 
