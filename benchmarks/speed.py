@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.record.records import CaseRecord, time_spent
+from conformance.record.records import HANG_ENDS, CaseRecord, time_spent
 from conformance.record.runs import load_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -303,7 +303,7 @@ def spent_by_outcome(records: Sequence[CaseRecord]) -> None:
     for outcome, spent in time_spent(records).items():
         print(f"  {outcome:34} {spent['cases']:4.0f} cases {spent['seconds']:7.1f} case-seconds")
     for r in records:
-        if r.verdict == "hang" and r.stop_reason in ("stalled", "deadline"):
+        if r.verdict == "hang" and HANG_ENDS.get(r.stop_reason or "") == "hang: deadline paid":
             steps = sorted({rank.step or rank.phase for rank in r.ranks})
             print(f"  deadline paid: {r.nodeid.split('::')[-1]}, stopped in {', '.join(steps)}")
 

@@ -84,9 +84,10 @@ def test_the_stop_ladder_is_timed_per_signal_on_real_ranks(tmp_path: Path) -> No
 
     A spinning kernel needs a GPU: that rank skips before it holds anything, and its line must fail.
     """
-    deadlines = replace(smoke.HOLD_DEADLINES, backend="gloo", step_timeout=2)
+    deadlines = replace(smoke.HOLD_DEADLINES, backend="gloo")
+    holds = ("idle", "memory", "spinning")
     checks = smoke.stop_ladder_timings(
-        tmp_path, cpu_topology(1), holds=("idle", "memory", "spinning"), deadlines=deadlines, host_bytes=32 << 20
+        tmp_path, cpu_topology(1), holds, deadlines, waits=dict.fromkeys(holds, 2.0), host_bytes=32 << 20
     )
     idle, memory, spinning, figure = checks
     for line in (idle, memory):  # a KILL figure exists only where SIGTERM left the rank alive

@@ -121,11 +121,12 @@ def pcie_during_transfer(nvml: Any, handle: Any) -> dict[str, Any]:
 
 def acs_bits(nvml: Any, count: int) -> dict[str, Any]:
     from conformance.discover.iommu import read_iommu
+    from conformance.discover.nvml_topology import sysfs_bus_id
 
     buses = []
     for index in range(count):
-        bus = str(nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(index)).busId)
-        buses.append(bus.lower()[-12:])  # NVML's 00000000:19:00.0 -> sysfs 0000:19:00.0
+        bus = nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(index)).busId
+        buses.append(sysfs_bus_id(bus.decode() if isinstance(bus, bytes) else str(bus)))
     facts = read_iommu(tuple(buses), Path("/sys/bus/pci/devices"), Path("/proc/cmdline"))
     return {"gpu bus ids": buses, **asdict(facts)}
 

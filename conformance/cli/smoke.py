@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -212,18 +212,24 @@ def torch_timeout_dump(out: Path, topology: Topology) -> Check:
 
 
 def stop_ladder_timings(
-    out: Path, topology: Topology, holds: Sequence[str] = HOLDS, deadlines: Deadlines = HOLD_DEADLINES, **params: object
+    out: Path,
+    topology: Topology,
+    holds: Sequence[str] = HOLDS,
+    deadlines: Deadlines = HOLD_DEADLINES,
+    waits: Mapping[str, float] = HOLD_STEP_TIMEOUTS,
+    **params: object,
 ) -> list[Check]:
     """Each kind of rank stopped by SIGTERM, then another of its kind (ignoring SIGTERM) by SIGKILL; reaps timed.
 
-    ``deadlines``' backend runs the ranks (gloo: CPU ranks, as the project's own tests run this).
+    ``deadlines``' backend runs the ranks (gloo: CPU ranks, as the project's own tests run this);
+    ``waits``: each hold's step timeout (what it may take to get hold of what it holds).
     """
     checks, reaps = [], []
     for what in holds:
         timed = []
         for sig, ladder in TIMED_LADDERS.items():
-            step = HOLD_STEP_TIMEOUTS[what] if deadlines is HOLD_DEADLINES else deadlines.step_timeout
-            run_dir, timing = out / f"stop-{what}-{sig}", replace(deadlines, ladder=ladder, step_timeout=step)
+            run_dir = out / f"stop-{what}-{sig}"
+            timing = replace(deadlines, ladder=ladder, step_timeout=waits[what])
             result = one_case(run_dir, timing, topology, "hold", what=what, ignore_sigterm=sig == "SIGKILL", **params)
             timed.append(result)
             reaps += [step.seconds for step in result.stop_steps if step.reaped]

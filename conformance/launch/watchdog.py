@@ -185,8 +185,7 @@ def _stuck(
     """Evidence that the case hangs before its step deadline: why to stop it, and how it reads; else None."""
     if confirm is not None and confirm.stuck(alive):
         return StopReason.CONFIRM, f"every live rank stuck at {confirm.where} for {confirm.seconds:g}s"
-    step = small_step.stuck(alive) if small_step is not None else ""
-    if step and small_step is not None:
+    if small_step is not None and (step := small_step.stuck(alive)):
         return (
             StopReason.SMALL_STEP,
             f"every live rank in {step} for {small_step.seconds:g}s, the machine not saturated",
