@@ -180,6 +180,13 @@ def test_a_hang_called_from_a_small_step_is_said_everywhere(
     assert '<failure message="HANG cpu0-cpu1' in junit.read_text()
     result.stdout.fnmatch_lines(
         [
+            "*= conformance: the answer (SIMULATED) =*",
+            "all sets: HANG on inherited (all_reduce 1/1)*",
+        ],
+        consecutive=True,  # the answer's first line
+    )
+    result.stdout.fnmatch_lines(
+        [
             "*stopped by the watchdog (small_step, every rank stuck in the same small step)*",
             "deadlines paid: 0 (step deadline 30s); 1 hang(s) confirmed sooner: 1 stuck in a small step",
         ]
