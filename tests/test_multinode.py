@@ -629,3 +629,35 @@ def test_a_torchrun_restart_never_reads_the_keys_of_the_attempt_before(pytester:
     by_node = {n: sorted(r["nodeid"] for r in crossing if r["node_rank"] == n) for n in (0, 1)}
     assert by_node[0] == by_node[1] and len(by_node[0]) == len(set(by_node[0])) > 0, by_node
     assert all(r["verdict"] == "pass" for r in crossing), crossing
+
+
+def test_a_stranger_flooding_node_0s_store_fails_the_run_on_every_node(pytester: pytest.Pytester) -> None:
+    """A client not of the run writes megabytes to node 0's store: refused at its bound, named, the run fails.
+
+    Signed values keep the run's results its own; what the flood costs is memory, and a run whose store
+    someone else filled is not a pass on any node: not node 0's either, whose own tests all passed.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    files = copy_suites(pytester, "test_multinode.py")
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "-k", "barrier", "--run-token=t")
+    node0 = start_node(pytester.path, 0, 2, port, *args, f"--junitxml={pytester.path / 'junit0.xml'}")
+    stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    with pytest.raises(RuntimeError):  # refused at the bound, before the run's tests are known
+        for n in range(200):
+            stranger.set(f"junk/{n}", b"x" * 2**20)
+    node1 = start_node(pytester.path, 1, 2, port, *args)
+    for node in (node0, node1):
+        code, _ = node.wait()
+        assert code == pytest.ExitCode.TESTS_FAILED, node.output
+    flood = "a client not of this run wrote to node 0's store: it grew by "
+    lines = node0.output.splitlines()
+    answer = lines[next(i for i, line in enumerate(lines) if "conformance: the answer" in line) + 1 :]
+    assert any(line.startswith(f"RUN FAILED: {flood}") for line in answer), node0.output
+    assert f"RUN FAILED on another node: node 0: {flood}" in node1.output, node1.output
+    end = json.loads(next(node0.reports.glob("*/run.json")).read_text())["end"]
+    assert [p[: len(flood)] for p in end["store_problems"]] == [flood], end
+    junit = (pytester.path / "junit0.xml").read_text()
+    assert 'name="the run\'s store"' in junit and flood in junit

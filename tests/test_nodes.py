@@ -327,11 +327,12 @@ def test_a_slurm_job_names_the_run_and_its_port() -> None:
 
 def test_node_0s_store_listens_on_the_runs_address_alone() -> None:
     """A store server torch starts with a port alone listens everywhere; node 0's listens where the run meets."""
-    from conformance.nodes.store import open_store
+    from conformance.nodes.store import host_store, open_store
     from conftest import free_port
 
     port = free_port()
-    store = open_store(NodeSetup(2, 0, "127.0.0.1", port), True, 5)
+    setup = NodeSetup(2, 0, "127.0.0.1", port)
+    server = host_store(setup, 60)
     try:
         listening = [
             c.laddr
@@ -339,12 +340,15 @@ def test_node_0s_store_listens_on_the_runs_address_alone() -> None:
             if c.status == psutil.CONN_LISTEN and c.laddr.port == port
         ]
         assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)], listening
+        store = open_store(setup, 5)
         store.set("k", "v")
         assert store.get("k") == b"v"
+        assert server.process.pid != os.getpid() and server.problem() is None  # a process of its own
     finally:
-        del store
+        server.close()
+    assert server.process.returncode == 0  # it ends when node 0 closes it
     with pytest.raises(RuntimeError, match=r"cannot listen on 192\.0\.2\.1:\d+ .*is '192\.0\.2\.1' this node's own"):
-        open_store(NodeSetup(2, 0, "192.0.2.1", free_port()), True, 5)  # TEST-NET-1: no interface here has it
+        host_store(NodeSetup(2, 0, "192.0.2.1", free_port()), 5)  # TEST-NET-1: no interface here has it
 
 
 def test_values_not_signed_with_the_run_token_are_dropped_and_named() -> None:
@@ -540,14 +544,80 @@ def test_keys_written_by_a_client_not_of_the_run_are_counted_and_named() -> None
         deadline = time.monotonic() + 10  # the monitor's rounds, however busy the machine
         while node0.key_bound != bound and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert node0.flooded is None and node0.key_bound == bound
+        assert node0.store_problems == () and node0.key_bound == bound
         for n in range(bound + 10):
             forger.set(f"junk/{n}", "x")
         deadline = time.monotonic() + 10
-        while node0.flooded is None and time.monotonic() < deadline:
+        while not node0.store_problems and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert (
-            node0.flooded is not None
-            and node0.flooded.startswith("a client not of this run wrote keys to node 0's store: it held ")
-            and node0.flooded.endswith(f"keys, where this run writes at most {bound}")
-        )
+        [problem] = node0.store_problems
+        assert problem.startswith("a client not of this run wrote keys to node 0's store: it held ")
+        assert problem.endswith(f"keys, where this run writes at most {bound}")
+
+
+def test_a_stranger_writing_megabytes_is_refused_at_the_bound_and_named_while_node_0_stays_as_it_is() -> None:
+    """1,000 values of 1 MB once grew node 0's pytest from 210 MB to 1.17 GB: the store is now a process bounded."""
+    import time
+
+    from conformance.nodes.store_server import HEADROOM, data_bytes, run_bytes
+
+    with two_nodes_and_a_stranger(5) as (node0, node1, forger, _):
+        tests = [f"suites/test_collectives.py::test_all_reduce[{n}]" for n in range(100)]
+        node1_sent = node1.same_collection(tests)
+        assert node0.same_collection(tests) == [] and node1_sent == []
+        server = node0.server
+        assert server is not None and server.problem() is None
+        ours, bound = run_bytes(100, 2), HEADROOM * run_bytes(100, 2)
+        before = psutil.Process().memory_info().rss
+        megabyte, written = b"x" * 2**20, 0
+        with pytest.raises(RuntimeError):  # the server refuses the write past its bound, closing the connection
+            for n in range(1000):
+                forger.set(f"junk/{n}", megabyte)
+                written += 2**20
+        heap_free = 16 * 2**20  # room the server's heap held already when it started: not counted in its growth
+        assert ours < written <= bound + heap_free  # refused past what the run writes, at the bound
+        grown = (data_bytes(server.process.pid) or 0) - server.start_data
+        assert grown <= bound and server.process.poll() is None  # still serving, within its bound
+        assert psutil.Process().memory_info().rss - before < 64 * 2**20  # this process holds no value of it
+        deadline = time.monotonic() + 10  # the monitor's rounds, however busy the machine
+        while not node0.store_problems and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [problem] = node0.store_problems
+        assert re.fullmatch(
+            rf"a client not of this run wrote to node 0's store: it grew by \d+ MiB, where this run writes at most "
+            rf"{ours // 2**20} MiB \(it may grow by {bound // 2**20} MiB: writes past that are refused\)",
+            problem,
+        ), problem
+        node1.store.set("after", "the flood")  # the run's own small writes still go through
+        assert node0.store.get("after") == b"the flood"
+
+
+def test_node_0s_store_server_ending_is_named_and_it_never_outlives_node_0() -> None:
+    """The server is a child of node 0's pytest: its end during the run is a problem; node 0's death ends it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conformance.nodes.store import host_store
+    from conftest import free_port
+
+    server = host_store(NodeSetup(2, 0, "127.0.0.1", free_port()), 60)
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    assert (server.problem() or "").startswith("node 0's store server ended during the run (signal SIGKILL): ")
+    server.close()
+    hosting = (
+        "import sys; from conformance.nodes.layout import NodeSetup; from conformance.nodes.store import host_store\n"
+        f"server = host_store(NodeSetup(2, 0, '127.0.0.1', {free_port()}), 60)\n"
+        "print(server.process.pid, flush=True); sys.stdin.read()"
+    )
+    node0 = subprocess.Popen([sys.executable, "-c", hosting], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert node0.stdout is not None
+    pid = int(node0.stdout.readline())
+    node0.kill()  # SIGKILL: no close, no atexit
+    node0.wait()
+    deadline = time.monotonic() + 30  # its stdin closed with node 0: it ends at once, however busy the machine
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"node 0's store server {pid} outlived node 0"
+        time.sleep(0.1)

@@ -196,7 +196,8 @@ def _gather(run: RunContext, group: NodeGroup, status: int) -> list[str]:
     statuses = {0: status, **gathered.statuses}
     failed = [f"node {n}: exit {code}" for n, code in sorted(statuses.items()) if code != pytest.ExitCode.OK]
     failed += [f"node {n}: {reason}" for n, reason in sorted(gathered.gone.items())]
-    if group.flooded:  # the store was written by someone else: what it held cannot be trusted to be all
-        failed.append(f"node 0: {group.flooded}")
+    # the store written by someone else, or gone: what it held cannot be trusted to be all; node 0 fails too
+    run.outcome.store_problems = group.store_problems
+    failed += [f"node 0: {problem}" for problem in run.outcome.store_problems]
     group.publish_outcome(failed, readers=gathered.statuses)
     return failed

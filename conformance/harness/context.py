@@ -74,6 +74,7 @@ class RunOutcome:
     conclusion: Conclusion = field(default_factory=Conclusion)
     end: RunEnd | None = None
     failed_nodes: tuple[str, ...] = ()  # other nodes that failed: the run failed here too
+    store_problems: tuple[str, ...] = ()  # node 0: its store flooded by a stranger, or ended: the run fails
     node_notes: list[str] = field(default_factory=list)  # what the nodes' meetings said, for the summary
     unwritten: list[str] = field(default_factory=list)  # "run.json NOT written: <why>": each fails the run
     facts: RunFacts | None = None  # the end's facts, where run.json could not take them

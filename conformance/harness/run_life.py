@@ -55,7 +55,13 @@ def write_end(run: RunContext, session: pytest.Session) -> None:
     end = run.coverage.end(session.exitstatus, session.shouldfail or session.shouldstop, pytest_counts(run.config))
     failed_nodes = run.outcome.failed_nodes
     unexplained = run.failed_tests.unexplained(records)
-    run.outcome.end = replace(end, harness_errors=unexplained, failed_nodes=failed_nodes, spent=time_spent(records))
+    run.outcome.end = replace(
+        end,
+        harness_errors=unexplained,
+        failed_nodes=failed_nodes,
+        store_problems=run.outcome.store_problems,
+        spent=time_spent(records),
+    )
     watched = stop_watch(watch, records, run.node_rank) if watch is not None else None
     facts = replace(run.run_facts(), end=run.outcome.end, watch=watched.to_json() if watched else None)
     try:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
 from conformance.nodes.liveness import HEARTBEAT_SECONDS, GroupLimits, GroupWatch, Liveness, NodeProblem, tampered
 from conformance.nodes.munge import Munge, MungeError
-from conformance.nodes.store import ForgedValue, open_store
+from conformance.nodes.store import ForgedValue, host_store, open_store
 
 log = logging.getLogger("conformance.nodes")
 IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
@@ -131,9 +131,13 @@ class NodeGroup(GroupWatch):
         munge = Munge.find(os.environ) if setup.run_token is None and setup.slurm_job else None
         hosts = host and not setup.launcher_hosts_store
         log.info("node %d: %s the run's store at %s (%s)", me, "hosting" if hosts else "joining", where, setup.source)
+        server = None
         try:
-            store = open_store(setup, host, timeout)
+            server = host_store(setup, timeout) if hosts else None
+            store = open_store(setup, timeout)
         except RuntimeError as exc:
+            if server is not None:
+                server.close()
             if host:
                 raise NodeGroupError(f"node 0 cannot host the run's store on {where}: {exc}") from None
             lost = f"node 0's store at {where} never answered within {timeout:g}s (rendezvous deadline)"
@@ -141,6 +145,7 @@ class NodeGroup(GroupWatch):
             return cls(setup, timeout, limits, None, lost, munge)
         log.info("node %d: %s the run's store at %s", me, "started" if hosts else "joined", where)
         group = cls(setup, timeout, limits, store, munge=munge)
+        group.server = server
         try:
             refusal = group._present_identity(where)
         except RuntimeError as exc:  # the store's own error: node 0 never said which run its store serves
@@ -148,6 +153,7 @@ class NodeGroup(GroupWatch):
             return group
         if refusal:
             log.info("node %d: %s", me, refusal)
+            group.close()
             raise NodeGroupError(refusal)
         group._start_monitor()
         return group
@@ -229,14 +235,16 @@ class NodeGroup(GroupWatch):
         return ""
 
     @property
-    def flooded(self) -> str | None:
-        """Node 0: keys beyond what this run writes, written by a client not of this run; None where none were."""
-        if self.key_bound is None or self.most_keys <= self.key_bound:
-            return None
-        return (
-            f"a client not of this run wrote keys to node 0's store: it held {self.most_keys} keys, where this run "
-            f"writes at most {self.key_bound}"
-        )
+    def store_problems(self) -> tuple[str, ...]:
+        """Node 0: keys or bytes beyond what this run writes (a client not of this run), its server's end."""
+        found = []
+        if self.key_bound is not None and self.most_keys > self.key_bound:
+            found.append(
+                f"a client not of this run wrote keys to node 0's store: it held {self.most_keys} keys, where this "
+                f"run writes at most {self.key_bound}"
+            )
+        served = self.server.problem() if self.server is not None else None
+        return (*found, served) if served else tuple(found)
 
     @property
     def unsigned(self) -> str | None:
@@ -346,6 +354,8 @@ class NodeGroup(GroupWatch):
     def same_collection(self, nodeids: Sequence[str]) -> list[str]:
         """Node 0 compares every node's collected tests; the lines of differences (none: the same)."""
         self.key_bound = KEYS_BASE + KEYS_PER_TEST * len(nodeids) * self.setup.nnodes
+        if self.server is not None:
+            self.server.expect(len(nodeids), self.setup.nnodes)
         if self.store is None or self.lost:
             return []
         self.store.set(f"collection/{self.me}", json.dumps(list(nodeids)))
@@ -501,7 +511,9 @@ class NodeGroup(GroupWatch):
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=2 * HEARTBEAT_SECONDS + 1.0)
-        self.store = None  # node 0: the server goes with its last reference
+        self.store = None
+        if self.server is not None:
+            self.server.close()
 
 
 def _log_start(me: int, prints: Sequence[Fingerprint], start: StartCheck) -> None:

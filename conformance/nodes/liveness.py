@@ -20,6 +20,7 @@ from typing import Any
 from conformance.nodes.layout import NodeSetup
 from conformance.nodes.munge import Munge
 from conformance.nodes.store import BoundedStore, SignedStore, StoreUnanswered, listening_socket, open_store
+from conformance.nodes.store_server import StoreServer
 
 log = logging.getLogger("conformance.nodes")
 HEARTBEAT_SECONDS = 0.5
@@ -144,6 +145,7 @@ class GroupWatch:
         self._case_counts: dict[str, int] = {}
         self.key_bound: int | None = None  # node 0: the most keys this run's protocol writes (known once collected)
         self.most_keys = 0  # node 0: the most keys its monitor saw the store hold
+        self.server: StoreServer | None = None  # node 0, unless the launcher hosts the store
 
     # -- the heartbeat monitor ----------------------------------------------------------------
     def _start_monitor(self) -> None:
@@ -152,7 +154,7 @@ class GroupWatch:
 
     def _beat(self) -> None:
         try:
-            store = open_store(self.setup, False, self.timeout)  # its own connection: the main thread's is busy
+            store = open_store(self.setup, self.timeout)  # its own connection: the main thread's is busy
             while True:
                 store.add(f"heartbeat/{self.me}", 1)
                 store.set(f"at/{self.me}", self._at)
@@ -161,6 +163,8 @@ class GroupWatch:
                 self._look_and_post(store)
                 if self.me == 0:  # a client not of this run writing keys: counted, since keys cannot be listed
                     self.most_keys = max(self.most_keys, int(store.num_keys()))
+                if self.server is not None:  # and its bytes, as the server grows
+                    self.server.sample()
                 self._answered = time.monotonic()
                 if self._stop.wait(HEARTBEAT_SECONDS):
                     return

@@ -1,10 +1,10 @@
 """The run's store as one node reaches it: opened, its values signed, every call bounded.
 
-Node 0 hosts the store (a torch TCPStore) unless the launcher does, listening on the run's address
-alone; where the run has a token (``--run-token``) every value is signed with it
-(:class:`SignedStore`), and the main thread's calls are bounded in time (:class:`BoundedStore`), so
-a node whose link to node 0 is cut goes on without it.  What the keys mean is
-:mod:`conformance.nodes.group`'s.
+Node 0 hosts the store (a torch TCPStore, in a process of its own: :mod:`conformance.nodes.store_server`)
+unless the launcher does, listening on the run's address alone; where the run can sign (a run token,
+or MUNGE under SLURM) every value is signed (:class:`SignedStore`), and the main thread's calls are
+bounded in time (:class:`BoundedStore`), so a node whose link to node 0 is cut goes on without it.
+What the keys mean is :mod:`conformance.nodes.group`'s.
 """
 
 from __future__ import annotations
@@ -18,25 +18,29 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.nodes.layout import NodeSetup
+from conformance.nodes.store_server import StoreServer
 
 
-def open_store(setup: NodeSetup, host: bool, timeout: float) -> Any:
-    """The run's store: node 0 hosts it unless the launcher does; under the run's prefix when it has one."""
+def open_store(setup: NodeSetup, timeout: float) -> Any:
+    """A client of the run's store (node 0's, or the launcher's); under the run's prefix when it has one."""
     import torch.distributed as dist
 
-    serves = host and not setup.launcher_hosts_store
-    # torch's TCPStore server given only a port listens on every interface (``*:port``), whatever the
-    # address the run uses; a socket bound here to that address alone is handed over to it instead.
-    listening = listening_socket(setup.master_addr or "", setup.master_port or 0).detach() if serves else None
     store = dist.TCPStore(  # type: ignore[attr-defined]
         setup.master_addr or "",
         setup.master_port or 0,
-        is_master=serves,
+        is_master=False,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
-        master_listen_fd=listening,
     )
     return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
+
+
+def host_store(setup: NodeSetup, timeout: float) -> StoreServer:
+    """Node 0 serves the run's store on the run's address alone, in a process whose memory is bounded."""
+    # torch's TCPStore server given only a port listens on every interface (``*:port``), whatever the
+    # address the run uses; a socket bound here to that address alone is handed over to it instead.
+    listening = listening_socket(setup.master_addr or "", setup.master_port or 0)
+    return StoreServer.start(listening, setup.master_addr or "", listening.getsockname()[1], timeout)
 
 
 def listening_socket(address: str, port: int) -> socket.socket:

@@ -232,6 +232,7 @@ class RunEnd:
     stopped_by: str | None = None  # what ended an incomplete run early
     harness_errors: tuple[HarnessError, ...] = ()  # failed tests no record explains: no answer from them
     failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed ("node 2: exit 1"): it failed here too
+    store_problems: tuple[str, ...] = ()  # node 0: its store flooded by a client not of the run, or ended
     fallback: int | None = None  # of ``planned``, tests on fallback rungs: they run only where a class needs them
     fallback_ran: int | None = None  # of ``ran``, those on fallback rungs
     not_needed: int | None = None  # fallback-rung tests found not needed (pytest counts them deselected)
@@ -269,10 +270,11 @@ class RunEnd:
         if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
             raise FactsError(f"run.json: end.harness_errors is not a list of failed tests: {errors!r}")
         values["harness_errors"] = tuple(HarnessError(**_texts(HarnessError, e)) for e in errors)
-        nodes = values.get("failed_nodes") or []
-        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-            raise FactsError(f"run.json: end.failed_nodes is not a list of texts: {nodes!r}")
-        values["failed_nodes"] = tuple(nodes)
+        for name in ("failed_nodes", "store_problems"):
+            texts = values.get(name) or []
+            if not isinstance(texts, list) or not all(isinstance(n, str) for n in texts):
+                raise FactsError(f"run.json: end.{name} is not a list of texts: {texts!r}")
+            values[name] = tuple(texts)
         tests = values.get("tests")
         if tests is not None and not (
             isinstance(tests, dict) and all(isinstance(k, str) and type(v) is int for k, v in tests.items())
@@ -391,6 +393,11 @@ class RunFacts:
     def failed_nodes(self) -> tuple[str, ...]:
         """Other nodes of a multi-node run that failed, each with how (older runs did not say: none)."""
         return self.end.failed_nodes if self.end else ()
+
+    @property
+    def store_problems(self) -> tuple[str, ...]:
+        """Node 0 of a multi-node run: its store flooded by a client not of the run, or ended (older runs: none)."""
+        return self.end.store_problems if self.end else ()
 
 
 def _ladder(entries: Any) -> tuple[RungFacts, ...]:

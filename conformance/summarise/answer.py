@@ -100,6 +100,7 @@ class Answer:
     warnings: tuple[str, ...] = ()  # passing host checks' warnings (another user's processes on a GPU)
     watched: tuple[WatchFinding, ...] = ()  # what NVML saw during the run (``discover/watch.py``)
     failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed: the run failed here too
+    store_problems: tuple[str, ...] = ()  # node 0: its store flooded by a client not of the run, or ended
 
     @property
     def machine_watched(self) -> tuple[WatchFinding, ...]:
@@ -110,7 +111,8 @@ class Answer:
         """Failures no case's verdict holds, as (JUnit test name, message): SLOW pairs, the watch's faults."""
         slow = tuple((p.test_name, p.figure_text()) for p in self.slow)
         nodes = ((OTHER_NODES_TEST, self.failed_nodes_text),) if self.failed_nodes else ()
-        return slow + tuple((f.test_name, f.text) for f in self.machine_watched) + nodes
+        store = tuple((STORE_TEST, f"{STORE_FAILED} {line}") for line in self.store_problems)
+        return slow + tuple((f.test_name, f.text) for f in self.machine_watched) + nodes + store
 
     @property
     def failed_nodes_text(self) -> str:
@@ -126,12 +128,13 @@ class Answer:
             and self.incomplete is None
             and not self.harness_errors
             and not self.failed_nodes
+            and not self.store_problems
         )
 
     @property
     def tone(self) -> Tone:
         """The whole answer's: bad when anything failed, warn when the run is incomplete or tested no GPU."""
-        if self.harness_errors or self.failed_nodes:
+        if self.harness_errors or self.failed_nodes or self.store_problems:
             return "bad"
         if self.incomplete is not None:
             return "warn"
@@ -146,6 +149,7 @@ class Answer:
             first.append((harness_error_line(self.harness_errors), "bad"))
         if self.failed_nodes:
             first.append((self.failed_nodes_text, "bad"))
+        first += [(f"{STORE_FAILED} {line}", "bad") for line in self.store_problems]
         if self.cpu_only is not None and not (self.all_passed and not first):
             first.append((f"{CPU_ONLY} ({self.cpu_only})", "warn"))
         if self.not_tested is not None:
@@ -202,6 +206,8 @@ NOT_TESTED = "NOT TESTED"
 UNSIGNED = "UNSIGNED"
 FAILED_ELSEWHERE = "RUN FAILED on another node:"
 OTHER_NODES_TEST = "other nodes of the run"  # the JUnit test case a failed node fails on every node
+STORE_FAILED = "RUN FAILED:"  # node 0's store problems, each saying what happened to the store
+STORE_TEST = "the run's store"  # the JUnit test case node 0's store problems fail on node 0
 NO_NCCL_FIX = (
     "CUDA's own P2P between these GPUs: check the IOMMU (`iommu=pt` or off) and ACS on the PCIe switches above "
     "them (`lspci -vvv | grep ACSCtl`), the driver version, and run `p2pBandwidthLatencyTest` from cuda-samples"
@@ -352,4 +358,5 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         ),
         watched=tuple(run_watch_findings(run)),
         failed_nodes=run.facts.failed_nodes,
+        store_problems=run.facts.store_problems,
     )

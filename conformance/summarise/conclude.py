@@ -51,7 +51,7 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None, facts: Run
         return conclusion
     if facts is not None:
         run = replace(run, facts=facts)
-    if not run.records and not run.facts.harness_errors:
+    if not run.records and not run.facts.harness_errors and not run.facts.store_problems:
         return conclusion
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)

@@ -87,6 +87,7 @@ def answer_problems(answer: Answer) -> dict[str, int]:
         "gpu_watch": len(answer.machine_watched),
         "harness_error": len(answer.harness_errors),
         "failed_node": len(answer.failed_nodes),
+        "store_problem": len(answer.store_problems),
         "incomplete": int(answer.incomplete is not None),
     }
 
@@ -94,10 +95,10 @@ def answer_problems(answer: Answer) -> dict[str, int]:
 def series_bound(pairs: int, classes: int, link_classes: int, collectives: int, host_checks: int) -> int:
     """The most series the bounded file holds (``metrics_text`` without per-case series).
 
-    Fixed: the run's 17, pytest's outcomes, the verdicts; then two per class and per pair, one per
+    Fixed: the run's 18, pytest's outcomes, the verdicts; then two per class and per pair, one per
     link class, three per collective on a whole device set, one per host check that ran.
     """
-    fixed = 17 + len(PYTEST_OUTCOMES) + len(Verdict)
+    fixed = 18 + len(PYTEST_OUTCOMES) + len(Verdict)
     return fixed + 2 * classes + 2 * pairs + link_classes + 3 * collectives + host_checks
 
 

@@ -1,0 +1,168 @@
+"""Node 0's store server: torch's TCPStore in a process of its own, its memory bounded.
+
+Any client that reaches node 0's port may write to the run's store, token or not (a TCPStore has
+no authentication): the run's values are signed, so a stranger cannot fool the run, but it can
+fill the store.  The server therefore runs in a child of node 0's pytest whose data may grow by a
+bound (``RLIMIT_DATA``, counted from the moment it serves): past the bound the write that would
+take more is refused (torch's libuv server answers ``std::bad_alloc`` by closing that client,
+``TCPStoreLibUvBackend.cpp`` of torch 2.13) and node 0's pytest, which holds no value of the
+store, does not grow.  Node 0 watches the server's growth against what the run itself writes
+(:meth:`StoreServer.problem`), so a flood is named and fails the run.
+
+What the run writes: a few MB for the meetings, and each node's records at its end (about 2 KB a
+test).  The bound is twice that, raised once the tests are known (:meth:`StoreServer.expect`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import IO
+
+from conformance.common.outside_text import shown
+
+RUN_BYTES_BASE = 32 * 2**20  # what a run writes besides its records: meetings, each case's process group
+RUN_BYTES_PER_TEST = 16 * 2**10  # one test on one node: its record (about 2 KB) and its keys, with room
+HEADROOM = 2  # the server may grow by twice what the run writes: growth past the run's own is a flood
+LOG_BYTES = 2**20  # the server's stderr kept (a stranger can make it warn without end)
+STOP_SECONDS = 5.0  # the server's own exit once node 0 closes its stdin, before it is killed
+SERVING = b"serving "
+
+
+def run_bytes(tests: int, nodes: int) -> int:
+    """The most a run of ``tests`` tests on each of ``nodes`` nodes writes to its store."""
+    return RUN_BYTES_BASE + RUN_BYTES_PER_TEST * tests * nodes
+
+
+def mib(count: int) -> str:
+    return f"{count / 2**20:.0f} MiB"
+
+
+class StoreServer:
+    """The TCPStore server of node 0, a child process serving on the run's listening socket."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log: IO[bytes], start_data: int) -> None:
+        self.process = process
+        self.log = log
+        self.start_data = start_data  # its data segment in bytes once it served: growth is counted from here
+        self.run_bytes = run_bytes(0, 1)  # what the run writes, as far as known (the tests raise it)
+        self.most_growth = 0
+        self.stopped = False
+
+    @classmethod
+    def start(cls, listening: socket.socket, address: str, port: int, timeout: float) -> StoreServer:
+        """Serve the run's store on ``listening`` (handed over), or RuntimeError naming why not within ``timeout``."""
+        log = tempfile.TemporaryFile(prefix="conformance-store-")
+        command = [sys.executable, "-m", __name__, address, str(port), str(listening.fileno())]
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            pass_fds=(listening.fileno(),),
+            start_new_session=True,  # a Ctrl-C reaches node 0's pytest, which ends the run and then the server
+        )
+        listening.close()
+        server = cls(process, log, 0)
+        line = server._first_line(timeout)
+        if not line.startswith(SERVING):
+            server.close()
+            raise RuntimeError(f"its store server did not start within {timeout:g}s: {server.last_words()}")
+        server.start_data = int(line[len(SERVING) :])
+        return server
+
+    def _first_line(self, timeout: float) -> bytes:
+        out = self.process.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout)
+        return out.readline().strip() if ready else b""
+
+    def expect(self, tests: int, nodes: int) -> None:
+        """The run has ``tests`` tests on each of ``nodes`` nodes: the server may grow by twice what they write."""
+        self.run_bytes = run_bytes(tests, nodes)
+        if self.process.poll() is None:
+            limit = self.start_data + HEADROOM * self.run_bytes
+            resource.prlimit(self.process.pid, resource.RLIMIT_DATA, (limit, resource.RLIM_INFINITY))
+
+    @property
+    def bound(self) -> str:
+        return (
+            f"where this run writes at most {mib(self.run_bytes)} (it may grow by {mib(HEADROOM * self.run_bytes)}: "
+            "writes past that are refused)"
+        )
+
+    def sample(self) -> None:
+        """Note how far the server has grown (node 0's monitor, each round)."""
+        data = data_bytes(self.process.pid)
+        if data is not None:
+            self.most_growth = max(self.most_growth, data - self.start_data)
+
+    def problem(self) -> str | None:
+        """A flood of the store, or the server's end during the run; None while it serves only the run."""
+        self.sample()
+        if self.most_growth > self.run_bytes:
+            return f"a client not of this run wrote to node 0's store: it grew by {mib(self.most_growth)}, {self.bound}"
+        code = self.process.poll()
+        if code is not None and not self.stopped:
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+            return f"node 0's store server ended during the run ({how}): {self.last_words()}"
+        return None
+
+    def last_words(self) -> str:
+        """The last line of the server's stderr, shown as data."""
+        said = os.pread(self.log.fileno(), LOG_BYTES, 0)  # the server writes at the file's offset: left as it is
+        lines = [line for line in said.decode(errors="replace").splitlines() if line.strip()]
+        return shown(lines[-1].strip()) if lines else "it said nothing"
+
+    def close(self) -> None:
+        """Stop serving: the server ends when its stdin closes, or is killed."""
+        self.stopped = True
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.log.close()
+
+
+def data_bytes(pid: int) -> int | None:
+    """A process's data segment (``VmData``: what ``RLIMIT_DATA`` bounds) in bytes; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def serve(address: str, port: int, fd: int) -> None:
+    """The child: serve the store on ``fd`` until stdin closes (node 0's pytest ended it, or died)."""
+    import torch.distributed as dist
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # its stderr past LOG_BYTES: writes fail, it goes on
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LOG_BYTES, LOG_BYTES))
+    store = dist.TCPStore(address, port, is_master=True, wait_for_workers=False, master_listen_fd=fd)  # type: ignore[attr-defined]
+    data = data_bytes(os.getpid()) or 0
+    resource.setrlimit(resource.RLIMIT_DATA, (data + HEADROOM * RUN_BYTES_BASE, resource.RLIM_INFINITY))
+    sys.stdout.buffer.write(SERVING + str(data).encode() + b"\n")
+    sys.stdout.flush()
+    while sys.stdin.buffer.read(4096):
+        time.sleep(0)
+    del store
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
