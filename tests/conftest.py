@@ -192,17 +192,47 @@ def test_case(conformance_case, conformance):
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` different TCP ports free on loopback now (all held open together while chosen)."""
+    """``count`` different TCP ports free on loopback now (all held open together while chosen).
+
+    Chosen below the kernel's ephemeral range where there is room: a port the kernel hands out for
+    port 0 is also one it may give the next outgoing connection of any process on the machine as
+    its local port, between this choice and the test's own bind (``Address already in use``).
+    """
+    import random
     import socket
 
-    probes = [socket.socket() for _ in range(count)]
+    low = _ephemeral_low()
+    candidates = random.sample(range(PORTS_FROM, low), min(low - PORTS_FROM, 200)) if low > PORTS_FROM else []
+    probes: list[socket.socket] = []
     try:
-        for probe in probes:
+        for port in candidates:
+            if len(probes) == count:
+                break
+            probe = socket.socket()
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                probe.close()
+                continue
+            probes.append(probe)
+        while len(probes) < count:  # no room below the range: the kernel's choice
+            probe = socket.socket()
             probe.bind(("127.0.0.1", 0))
+            probes.append(probe)
         return [int(probe.getsockname()[1]) for probe in probes]
     finally:
         for probe in probes:
             probe.close()
+
+
+PORTS_FROM = 10000  # the tests' ports: from here to the kernel's ephemeral range
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return PORTS_FROM
 
 
 def free_port() -> int:
