@@ -15,22 +15,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import time
 
 import psutil
 import torch.distributed as dist
+from node_pairs import free_port  # this folder's scripts: run as python benchmarks/...
 
 from conformance.nodes.group import NodeGroup
 from conformance.nodes.layout import NodeSetup
 from conformance.nodes.liveness import GroupLimits
-from conformance.nodes.store_server import HEADROOM, data_bytes, mib, run_bytes
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from conformance.nodes.store_server import mib
 
 
 def main() -> None:
@@ -64,16 +58,12 @@ def main() -> None:
                 print(f"after {taken} values taken and {refused} refused, the store takes no new client")
                 break
     seconds = time.monotonic() - began
-    time.sleep(1.5)  # node 0's monitor samples the server every 0.5 s
     after = me.memory_info().rss
-    grown = (data_bytes(server.process.pid) or 0) - server.start_data
+    server.sample()
     tried = taken + refused
     print(f"stranger wrote {tried} values of 1 MB in {seconds:.1f}s: the store took {taken}, refused {refused}")
     print(f"node 0's pytest (this process) resident: {mib(before)} before, {mib(after)} after")
-    print(
-        f"store server grew by {mib(grown)}; the run writes at most {mib(run_bytes(args.tests, 2))}, "
-        f"its bound is {mib(HEADROOM * run_bytes(args.tests, 2))}"
-    )
+    print(f"store server grew by {mib(server.most_growth)}, {server.bound_text}")
     for problem in node0.store_problems:
         print(f"node 0 names: {problem}")
     node1.close()

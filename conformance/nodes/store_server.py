@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from typing import IO
 
 from conformance.common.outside_text import shown
@@ -92,7 +91,7 @@ class StoreServer:
             resource.prlimit(self.process.pid, resource.RLIMIT_DATA, (limit, resource.RLIM_INFINITY))
 
     @property
-    def bound(self) -> str:
+    def bound_text(self) -> str:
         return (
             f"where this run writes at most {mib(self.run_bytes)} (it may grow by {mib(HEADROOM * self.run_bytes)}: "
             "writes past that are refused)"
@@ -108,7 +107,8 @@ class StoreServer:
         """A flood of the store, or the server's end during the run; None while it serves only the run."""
         self.sample()
         if self.most_growth > self.run_bytes:
-            return f"a client not of this run wrote to node 0's store: it grew by {mib(self.most_growth)}, {self.bound}"
+            grown = mib(self.most_growth)
+            return f"a client not of this run wrote to node 0's store: it grew by {grown}, {self.bound_text}"
         code = self.process.poll()
         if code is not None and not self.stopped:
             how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
@@ -156,11 +156,11 @@ def serve(address: str, port: int, fd: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (LOG_BYTES, LOG_BYTES))
     store = dist.TCPStore(address, port, is_master=True, wait_for_workers=False, master_listen_fd=fd)  # type: ignore[attr-defined]
     data = data_bytes(os.getpid()) or 0
-    resource.setrlimit(resource.RLIMIT_DATA, (data + HEADROOM * RUN_BYTES_BASE, resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_DATA, (data + HEADROOM * run_bytes(0, 1), resource.RLIM_INFINITY))
     sys.stdout.buffer.write(SERVING + str(data).encode() + b"\n")
     sys.stdout.flush()
     while sys.stdin.buffer.read(4096):
-        time.sleep(0)
+        pass
     del store
 
 
