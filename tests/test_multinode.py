@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.distributed as dist  # here, not in a test: pytester would unload it after
 
 from conformance.common.suite import SCENARIOS_DIR
 from conformance.discover.topology import Device, Topology
@@ -637,10 +639,6 @@ def test_a_stranger_flooding_node_0s_store_fails_the_run_on_every_node(pytester:
     Signed values keep the run's results its own; what the flood costs is memory, and a run whose store
     someone else filled is not a pass on any node: not node 0's either, whose own tests all passed.
     """
-    import datetime
-
-    import torch.distributed as dist
-
     files = copy_suites(pytester, "test_multinode.py")
     port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "-k", "barrier", "--run-token=t")
     node0 = start_node(pytester.path, 0, 2, port, *args, f"--junitxml={pytester.path / 'junit0.xml'}")
@@ -655,7 +653,7 @@ def test_a_stranger_flooding_node_0s_store_fails_the_run_on_every_node(pytester:
     flood = "a client not of this run wrote to node 0's store: it grew by "
     lines = node0.output.splitlines()
     answer = lines[next(i for i, line in enumerate(lines) if "conformance: the answer" in line) + 1 :]
-    assert any(line.startswith(f"RUN FAILED: {flood}") for line in answer), node0.output
+    assert answer[0].startswith(f"RUN FAILED: {flood}"), node0.output  # the answer's first line
     assert f"RUN FAILED on another node: node 0: {flood}" in node1.output, node1.output
     end = json.loads(next(node0.reports.glob("*/run.json")).read_text())["end"]
     assert [p[: len(flood)] for p in end["store_problems"]] == [flood], end
