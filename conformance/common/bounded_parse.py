@@ -46,7 +46,7 @@ def json_value(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
 def toml_table(text: str, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """``tomllib.loads(text)``, refused with ``NotParsed`` (a ``ValueError``) when bad or nested too deep."""
     try:
-        value = tomllib.loads(text)
+        value: dict[str, Any] = tomllib.loads(text)
     except RecursionError:
         raise NotParsed(f"nested deeper than {max_depth} levels") from None
     except tomllib.TOMLDecodeError as exc:
