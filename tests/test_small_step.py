@@ -46,7 +46,7 @@ def at(step: str, nbytes: int | None, ago: float, part: str = "", phase: str = "
 
 def line(spec: tuple[Any, ...]) -> PhaseLine:
     phase, step, ago, nbytes, part = spec
-    return PhaseLine(phase, step, time.time() - ago, nbytes=nbytes, part=part)
+    return PhaseLine(phase, step, nbytes=nbytes, part=part, clock=time.monotonic() - ago)
 
 
 def quiet() -> bool:

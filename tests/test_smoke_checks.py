@@ -25,8 +25,9 @@ from conformance.launch.processes import StopStep
 
 FORK = 1000.0
 SPUN = [
-    PhaseLine("start", t=FORK), PhaseLine("control", "store check-in", t=FORK + 0.4),
-    PhaseLine("init", "init_process_group(nccl)", t=FORK + 0.5), PhaseLine("probe", "kernel spinning", t=FORK + 6.2),
+    PhaseLine("start", clock=FORK), PhaseLine("control", "store check-in", clock=FORK + 0.4),
+    PhaseLine("init", "init_process_group(nccl)", clock=FORK + 0.5),
+    PhaseLine("probe", "kernel spinning", clock=FORK + 6.2),
 ]  # fmt: skip
 UUID = "GPU-5f1c9a2e-0b7d-4c3e-9a1f-2b3c4d5e6f70"
 

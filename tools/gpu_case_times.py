@@ -33,18 +33,19 @@ def part_of(line: PhaseLine) -> str | None:
 
 
 def split(record: dict[str, Any]) -> dict[str, float]:
-    end = float(record["time"])
+    """The case's seconds by part, from rank 0's phase stamps on the host's monotonic clock (``clock``)."""
+    end = float(record["clock"])
     start = end - float(record["seconds"])
-    lines = [p for p in read_phases(rank_dir(Path(record["case_dir"]), 0)) if p.t is not None]
+    lines = [p for p in read_phases(rank_dir(Path(record["case_dir"]), 0)) if p.clock is not None]
     times = {part: 0.0 for part in PARTS}
     if not lines:
         return times
-    times["fork"] = max(0.0, float(lines[0].t or start) - start)
-    current, since = "store", float(lines[0].t or start)
+    times["fork"] = max(0.0, float(lines[0].clock or start) - start)
+    current, since = "store", float(lines[0].clock or start)
     for line in lines[1:]:
         part = part_of(line) or current
-        times[current] += float(line.t or since) - since
-        current, since = part, float(line.t or since)
+        times[current] += float(line.clock or since) - since
+        current, since = part, float(line.clock or since)
     times[current] += max(0.0, end - since)
     return {k: round(v, 3) for k, v in times.items()}
 
@@ -55,7 +56,8 @@ def main(argv: list[str]) -> int:
         return 2
     results = Path(argv[0]) / "results.jsonl"
     records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    records = [r for r in records if r.get("case_dir") and r.get("seconds") is not None]  # cases, not host checks
+    # cases (host checks have no case folder), stamped on the monotonic clock
+    records = [r for r in records if r.get("case_dir") and r.get("seconds") is not None and r.get("clock")]
     rows = [{"case": r["nodeid"].split("::")[-1], "verdict": r["verdict"], "seconds": r["seconds"], **split(r)}
             for r in records]  # fmt: skip
     width = max([len(r["case"]) for r in rows] + [4])

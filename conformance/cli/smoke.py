@@ -59,6 +59,7 @@ from conformance.cli.smoke_checks import (
     uuid_compared,
 )
 from conformance.common.casefiles import rank_dir, read_phases
+from conformance.common.clock import wall
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines, StopLadder
 from conformance.discover.topology import Topology, TopologyError
 from conformance.discover.topology_source import discover
@@ -345,7 +346,7 @@ def run(out: Path, skip_suite: bool) -> int:
     else:
         checks += [Check(name, NOT_RUN, f"no GPU: {why_not}") for name in GPU_CHECKS]
     print(table(checks))
-    summary = {"time": time.time(), "versions": found, "checks": [asdict(c) for c in checks]}
+    summary = {"time": wall(), "versions": found, "checks": [asdict(c) for c in checks]}
     (out / "smoke.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwritten to {out}")
     return 0 if all(c.status == PASS for c in checks) else 1

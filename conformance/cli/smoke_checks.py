@@ -36,16 +36,16 @@ class Check:
 
 
 def _since(phases: Sequence[PhaseLine], name: str, start: float) -> str:
-    found = next((p.t for p in phases if p.phase == name and p.t is not None), None)
+    found = next((p.clock for p in phases if p.phase == name and p.clock is not None), None)
     return f"{found - start:.1f}s" if found is not None else "-"
 
 
 def spin_placement(phases: Sequence[PhaseLine], stopped_phase: str, stopped_step: str) -> Check:
     """The spinning rank was stopped in its kernel, not earlier (CUDA and NCCL init may take seconds)."""
     name = "spin: the hung rank was in probe (kernel spinning)"
-    if not phases or phases[0].t is None:
+    if not phases or phases[0].clock is None:
         return Check(name, FAIL, "the rank wrote no phase line")
-    start = phases[0].t
+    start = phases[0].clock
     times = " -> ".join(f"{p} {_since(phases, p, start)}" for p in ("init", "probe"))
     where = f"stopped in {stopped_phase} ({stopped_step})"
     ok = stopped_phase == "probe" and stopped_step == SPIN_STEP

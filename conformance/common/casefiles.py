@@ -24,12 +24,14 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from conformance.common.clock import wall
 from conformance.common.files import write_atomic
 from conformance.common.jsonl import JsonlError, read_lines
 
@@ -159,6 +161,8 @@ class PhaseLine:
     watchdog sees, so a large collective that advances is not taken for a hang.  ``nbytes``: what
     the step moves per rank, where the rank knows it and its group is already set up (a step so
     small that it ends in milliseconds on any link: the watchdog may call it stuck sooner).
+    ``t`` is the wall time, for people; ``clock`` the host's monotonic clock, which the parent's
+    watchdog compares with its own (``common/clock.py``).
     """
 
     phase: str
@@ -167,13 +171,26 @@ class PhaseLine:
     facts: Mapping[str, Any] = field(default_factory=dict)
     part: str = ""
     nbytes: int | None = None
+    clock: float | None = None
+
+    @classmethod
+    def now(
+        cls,
+        phase: str,
+        step: str = "",
+        facts: Mapping[str, Any] | None = None,
+        part: str = "",
+        nbytes: int | None = None,
+    ) -> PhaseLine:
+        """A line stamped with both clocks as it is written."""
+        return cls(phase, step, wall(), dict(facts or {}), part, nbytes, time.monotonic())
 
     @property
     def where(self) -> str:
         return place(self.phase, self.step)
 
     def to_json(self) -> dict[str, Any]:
-        line: dict[str, Any] = {"phase": self.phase, "step": self.step, "t": self.t}
+        line: dict[str, Any] = {"phase": self.phase, "step": self.step, "t": self.t, "clock": self.clock}
         if self.part:
             line["part"] = self.part
         if self.nbytes is not None:
@@ -186,13 +203,14 @@ class RankResult:
     """``result.json``: how a rank ended, written by the rank itself (authoritative)."""
 
     status: RankStatus  # ok | fail | error | skip
-    t: float
+    t: float  # wall time, for people
     phase: str | None = None
     step: str | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
     error_type: str = ""
     message: str = ""
     traceback: str = ""
+    clock: float | None = None  # the host's monotonic clock when the rank ended (which rank failed first)
 
 
 def write_case(case_dir: Path, case: CaseFile) -> None:
@@ -254,30 +272,28 @@ def read_phases(rank_path: Path) -> list[PhaseLine]:
 def last_phase(rank_path: Path) -> PhaseLine | None:
     """Where a rank is now: the last whole line of its phase log, if it has written one.
 
-    The watchdog asks at every look; the log is read again only when it has changed since.
+    The watchdog asks at every look; the log is read again only when it has grown (it is only appended to).
     """
     try:
         stat = (rank_path / PHASES).stat()
     except OSError:
         return None
-    return _last_line(rank_path, stat.st_mtime_ns, stat.st_size)
+    return _last_line(rank_path, stat.st_ino, stat.st_size)
 
 
 @functools.lru_cache(maxsize=4096)
-def _last_line(rank_path: Path, mtime_ns: int, size: int) -> PhaseLine | None:
+def _last_line(rank_path: Path, inode: int, size: int) -> PhaseLine | None:
     phases = read_phases(rank_path)
     return phases[-1] if phases else None
 
 
 def last_progress(rank_paths: Iterable[Path]) -> float | None:
-    """When any of these ranks last reported progress (its phase log's mtime), if one has yet."""
-    times = []
-    for path in rank_paths:
-        try:
-            times.append((path / PHASES).stat().st_mtime)
-        except OSError:
-            continue
-    return max(times) if times else None
+    """When any of these ranks last reported progress, on the host's monotonic clock; None before any has.
+
+    From the lines' own stamps, not the log's mtime: the wall clock a file's mtime comes from steps.
+    """
+    stamps = [line.clock for path in rank_paths if (line := last_phase(path)) is not None and line.clock is not None]
+    return max(stamps) if stamps else None
 
 
 def tail(path: Path, max_lines: int = 30, max_chars: int = 4000) -> str:

@@ -42,6 +42,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+from conformance.common.clock import wall
 from conformance.common.inputs import dataclass_from_json
 from conformance.common.jsonl import JsonDict
 from conformance.discover.health import GpuHealth, ask, slowdown_names
@@ -108,10 +109,11 @@ class XidEvent:
     """One Xid NVML delivered during the run."""
 
     xid: int
-    time: float | None = None  # when it was read (None: a simulated one)
+    time: float | None = None  # when it was read, wall time for people (None: a simulated one)
     probe: str | None = None  # simulated: the probe during whose case on this GPU it comes
     case: str | None = None  # the case running on the GPU when it came (filled in when the run ends)
     verdict: str | None = None  # that case's verdict
+    clock: float | None = None  # when it was read on the host's monotonic clock: which case it came in
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,11 @@ class GpuLost:
     nvml.h: "the target GPU has fallen off the bus or is otherwise inaccessible".
     """
 
-    time: float | None = None  # when it was first met (None: a simulated one)
+    time: float | None = None  # when it was first met, wall time for people (None: a simulated one)
     probe: str | None = None  # simulated: the probe during whose case on this GPU it comes
     case: str | None = None  # the case running on the GPU then (filled in when the run ends)
     verdict: str | None = None  # that case's verdict
+    clock: float | None = None  # when it was first met on the host's monotonic clock: which case it came in
 
 
 @dataclass(frozen=True)
@@ -318,7 +321,6 @@ def _short_bus(bus: str) -> str:
 
 @dataclass(frozen=True)
 class Sample:
-    time: float
     gpu: str
     slowdowns: tuple[str, ...] | None
 
@@ -357,7 +359,7 @@ class NvmlWatch:
         }
         self.samples: list[Sample] = []
         self.events: list[tuple[str, XidEvent]] = []
-        self.lost: dict[str, float] = {}  # GPU name -> when NVML first answered that it is lost
+        self.lost: dict[str, GpuLost] = {}  # GPU name -> when NVML first answered that it is lost
         self.notes: list[str] = []
         self.event_set = self._register()
         self._stopping = threading.Event()
@@ -398,7 +400,7 @@ class NvmlWatch:
             return
         gpu = self._gpu_of(data.device)
         if gpu is not None:
-            self.events.append((gpu, XidEvent(int(data.eventData), time.time())))
+            self.events.append((gpu, XidEvent(int(data.eventData), wall(), clock=time.monotonic())))
 
     def _gpu_of(self, device: Any) -> str | None:
         address = ctypes.cast(device, ctypes.c_void_p).value
@@ -408,17 +410,17 @@ class NvmlWatch:
         return None
 
     def _sample(self) -> None:
-        nvml, now = self.nvml, time.time()
+        nvml = self.nvml
         for name, handle in self.handles.items():
             try:
                 reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
             except nvml.NVMLError_GpuIsLost:
-                self.lost.setdefault(name, now)
+                self.lost.setdefault(name, GpuLost(wall(), clock=time.monotonic()))
                 reasons = None
             except nvml.NVMLError:
                 reasons = None
             slowdowns = None if reasons is None else slowdown_names(int(reasons))
-            self.samples.append(Sample(now, name, slowdowns))
+            self.samples.append(Sample(name, slowdowns))
 
     def _end_thread(self) -> None:
         """The sampling thread stopped and the Xid event set freed."""
@@ -439,7 +441,7 @@ class NvmlWatch:
                 errors_start=self.start_counters[name],
                 errors_end=error_counters(self.nvml, handle, self.links.get(name, 0), self.unsupported[name]),
                 xids=tuple(event for gpu, event in self.events if gpu == name),
-                lost=GpuLost(self.lost[name]) if name in self.lost else None,
+                lost=self.lost.get(name),
             )
             for name, handle in self.handles.items()
         }
@@ -511,7 +513,7 @@ def _slowdowns_seen(samples: Sequence[Sample], gpu: str) -> tuple[str, ...] | No
 
 
 class CaseSpan(NamedTuple):
-    """A case that ran on GPUs: its test, probe, verdict and when it ran."""
+    """A case that ran on GPUs: its test, probe, verdict and when it ran (the host's monotonic clock)."""
 
     case: str
     probe: str
@@ -531,9 +533,9 @@ def attribute_xids(watch: RunWatch, spans: Sequence[CaseSpan]) -> RunWatch:
         for span in spans:
             if gpu not in span.gpus:
                 continue
-            if event.time is not None and span.start <= event.time <= span.end + TICK:
+            if event.clock is not None and span.start <= event.clock <= span.end + TICK:
                 return replace(event, case=span.case, verdict=span.verdict)
-            if event.time is None and event.probe is not None and span.probe == event.probe:
+            if event.clock is None and event.probe is not None and span.probe == event.probe:
                 return replace(event, case=span.case, verdict=span.verdict)
         return event
 

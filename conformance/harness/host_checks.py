@@ -10,12 +10,12 @@ for wrong data); the values it gives the ``host_metric`` fixture become the reco
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
 
+from conformance.common.clock import wall
 from conformance.common.suite import record_nodeid
 from conformance.common.verdicts import Verdict
 from conformance.harness.context import RunContext
@@ -66,7 +66,7 @@ class HostChecks:
             seconds=round(report.duration, 3),
             node_rank=self.run.node_rank,
             simulated=self.run.simulated,  # the check is real, but it belongs to a simulated run
-            time=time.time(),
+            time=wall(),
         )
 
 

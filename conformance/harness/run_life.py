@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from conformance.common.clock import wall
 from conformance.discover.topology_source import watch_run
 from conformance.discover.versions import suite_version
 from conformance.harness.across_nodes import meet_nodes
@@ -23,7 +24,7 @@ from conformance.record.runs import Run, RunError, load_run
 from conformance.summarise.conclude import conclude
 from conformance.summarise.metrics import RunStatus, metrics_text, write_metrics
 
-STARTED = pytest.StashKey[float]()  # when the run started (time.time()), for its metrics
+STARTED = pytest.StashKey[tuple[float, float]]()  # when the run started: wall time (for people), monotonic clock
 
 
 def start_run(run: RunContext) -> None:
@@ -32,7 +33,7 @@ def start_run(run: RunContext) -> None:
     Before the header, so it names the run id claimed; before xdist starts its workers, who are given it.
     A plain run or xdist's controller chooses the run id; node 0 for every node of a multi-node run.
     """
-    run.config.stash[STARTED] = time.time()
+    run.config.stash[STARTED] = (wall(), time.monotonic())
     first_node = run.node_setup is None or run.node_setup.node_rank == 0
     if run.role.ends_run and first_node:
         run.replan(RunFolder.claimed(run.settings.reports_dir, run.run_id).run_id, run.plan.ladder)
@@ -106,7 +107,7 @@ def metrics_at_start(run: RunContext) -> None:
         write_metrics(
             path,
             metrics_text(
-                load_run(run.run_dir), RunStatus(started=run.config.stash[STARTED]), run.settings.metrics_per_case
+                load_run(run.run_dir), RunStatus(started=run.config.stash[STARTED][0]), run.settings.metrics_per_case
             ),
         )
     except (OSError, RunError) as exc:
@@ -121,7 +122,14 @@ def metrics_at_end(run: RunContext, exit_status: int) -> bool:
     path = run.settings.metrics_file
     if path is None:
         return True
-    status = RunStatus(run.config.stash.get(STARTED, None), time.time(), exit_status, run.outcome.conclusion.answer)
+    started = run.config.stash.get(STARTED, None)
+    status = RunStatus(
+        started[0] if started else None,
+        wall(),
+        exit_status,
+        run.outcome.conclusion.answer,
+        seconds=time.monotonic() - started[1] if started else None,
+    )
     try:
         read = load_run(run.run_dir)
     except RunError:  # nothing of the run can be read back: it did not pass

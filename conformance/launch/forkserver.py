@@ -5,7 +5,7 @@ server's stdin; the server answers on its stdout:
 
     -> {"op": "spawn", "case_dir": "...", "world_size": 2}
     <- {"event": "spawned", "pids": [..], "pgid": N}
-    <- {"event": "exit", "pid": P, "code": C, "t": T}     (C < 0: killed by signal -C)
+    <- {"event": "exit", "pid": P, "code": C, "clock": T}  (C < 0: killed by signal -C; T: CLOCK_MONOTONIC)
 
 Each case's ranks share one new process group (the first rank's pid), so the parent can signal
 the whole case with killpg.  The server reaps its children through pidfds and reports every exit.
@@ -85,7 +85,7 @@ class Server:
         pid = self.pidfds.pop(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        _send({"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status), "t": time.time()})
+        _send({"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status), "clock": time.monotonic()})
 
     def kill_all(self) -> None:
         for pgid in self.groups:
@@ -226,7 +226,7 @@ class ForkServerClient:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 message = json.loads(line)
                 if message.get("event") == "exit":
-                    self.exits[message["pid"]] = (message["code"], message["t"])
+                    self.exits[message["pid"]] = (message["code"], message["clock"])
                     log.debug("forkserver reaped pid %d: code %d", message["pid"], message["code"])
                 else:
                     self._replies.setdefault(str(message.get("event")), []).append(message)

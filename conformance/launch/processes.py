@@ -66,7 +66,7 @@ class RankProcess:
     pid: int
     path: Path
     exit_code: int | None = None
-    exit_time: float | None = None
+    exit_time: float | None = None  # the host's monotonic clock when the forkserver reaped it
     stopped_by: StopReason | None = None  # why the watchdog stopped it
     stack: str = ""
     unkillable: bool = False

@@ -36,6 +36,8 @@ TURN_LOOK = 0.01
 
 @dataclass
 class Supervision:
+    """How a case's ranks were watched; ``started``, ``ended`` and ``grace_started`` on the monotonic clock."""
+
     ranks: list[RankProcess]
     started: float
     ended: float
@@ -66,8 +68,8 @@ class Confirm:
 
     def stuck(self, alive: list[RankProcess]) -> bool:
         lasts = [casefiles.last_phase(rank.path) for rank in alive]
-        arrived = [p.t for p in lasts if p is not None and p.where == self.where and p.t is not None]
-        return bool(arrived) and len(arrived) == len(alive) and time.time() - max(arrived) >= self.seconds
+        arrived = [p.clock for p in lasts if p is not None and p.where == self.where and p.clock is not None]
+        return bool(arrived) and len(arrived) == len(alive) and time.monotonic() - max(arrived) >= self.seconds
 
 
 PRESSURE = Path("/proc/pressure/cpu")
@@ -102,8 +104,8 @@ class SmallStep:
         if not lasts or not all(p is not None and _small(p) for p in lasts):
             return ""
         steps = {p.step for p in lasts if p is not None}
-        arrived = max(p.t or 0.0 for p in lasts if p is not None)
-        if len(steps) != 1 or time.time() - arrived < self.seconds or self.saturated():
+        arrived = max(p.clock or 0.0 for p in lasts if p is not None)
+        if len(steps) != 1 or time.monotonic() - arrived < self.seconds or self.saturated():
             return ""
         return steps.pop()
 
@@ -151,7 +153,7 @@ class Turn:
 
     def try_grant(self) -> bool:
         """One try for the turn; given to the ranks when had, or as "beside" once ``wait`` has passed."""
-        now = time.time()
+        now = time.monotonic()
         self.asked_at = self.asked_at or now
         alone = self.hold.try_turn()
         if alone or now - self.asked_at >= self.wait:
@@ -167,9 +169,9 @@ def every_rank(alive: list[RankProcess], test: Callable[[casefiles.PhaseLine], b
 
 
 def stalled_for(ranks: list[RankProcess], since: float) -> float:
-    """Seconds since any rank of the case last reported progress, or since ``since`` if that is later."""
+    """Seconds since any rank of the case last reported progress, or since ``since`` if that is later (monotonic)."""
     last = casefiles.last_progress(rank.path for rank in ranks)
-    return time.time() - max(since, last or 0.0)
+    return time.monotonic() - max(since, last or 0.0)
 
 
 _why: dict[StopReason, Callable[[Limits], str]] = {
@@ -220,8 +222,8 @@ def supervise(
     ``small_step``, once every one is stuck in the same small step.  ``on_wait`` is told the ranks
     still running and the seconds left, at every look (progress for people).
     """
-    started = time.time()
-    deadline = time.monotonic() + limits.case
+    started = time.monotonic()
+    deadline = started + limits.case
     grace, grace_deadline = limits.grace, None
     supervision = Supervision(ranks=processes.ranks, started=started, ended=started)
     while True:
@@ -229,7 +231,7 @@ def supervise(
         failed_here = processes.any_failed()
         if grace_deadline is None and (failed_here or (alive and peers is not None and peers.failed())):
             grace_deadline = time.monotonic() + grace
-            supervision.grace_started = time.time()
+            supervision.grace_started = time.monotonic()
             where = "a rank failed" if failed_here else "a rank failed on another node"
             log.info("case %s: %s; the others get %gs (grace)", processes.case, where, grace)
             if failed_here and peers is not None:
@@ -245,7 +247,7 @@ def supervise(
         if turn is not None:
             turn.leave_when_done(alive)
         if turn is not None and turn.asked(alive) and not turn.try_grant():
-            since = time.time()  # waiting for the turn is the harness's wait, not the case's stall
+            since = now  # waiting for the turn is the harness's wait, not the case's stall
         else:
             since = max(started, turn.granted_at or 0.0) if turn is not None else started
         stalled = now + limits.step - stalled_for(processes.ranks, since)
@@ -259,5 +261,5 @@ def supervise(
             break
         look = TURN_LOOK if turn is not None and turn.in_play and peers is None else EVENT_WAIT
         processes.wait(min(limit - now, look))
-    supervision.ended = time.time()
+    supervision.ended = time.monotonic()
     return supervision

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.common.clock import wall_ago
 from conformance.nodes.layout import NodeSetup
 from conformance.nodes.munge import Munge
 from conformance.nodes.store import BoundedStore, SignedStore, StoreUnanswered, listening_socket, open_store
@@ -211,11 +212,11 @@ class GroupWatch:
         if first:
             log.info("node %d: heard node %d (its first heartbeat)", self.me, node)
 
-    def lose(self, exc: BaseException, since: float | None = None) -> None:
-        """Node 0's store is gone for this node: every wait ends at once, naming it and since when."""
+    def lose(self, exc: BaseException, silent: float = 0.0) -> None:
+        """Node 0's store is gone for this node (silent for ``silent`` seconds): every wait ends at once, naming it."""
         if not self.lost:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            when = time.strftime("%H:%M:%S", time.localtime(since if since is not None else time.time()))
+            when = time.strftime("%H:%M:%S", time.localtime(wall_ago(silent)))
             self.lost = f"node 0 unreachable since {when}: {first_line}"
             log.info("node %d: %s", self.me, self.lost)
 
@@ -225,7 +226,7 @@ class GroupWatch:
             return
         silent = time.monotonic() - self._answered
         if silent > self.store_limit:
-            self.lose(StoreUnanswered(f"its store did not answer for {silent:.0f}s"), time.time() - silent)
+            self.lose(StoreUnanswered(f"its store did not answer for {silent:.0f}s"), silent)
 
     def now_at(self, nodeid: str) -> None:
         """Tell the other nodes which test this node is in."""

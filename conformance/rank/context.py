@@ -147,7 +147,7 @@ class RankContext:
         self.phase_name, self.step = name, step
         if facts:
             self.metrics.update(facts)
-        self._write(PhaseLine(name, step, time.time(), facts or {}, nbytes=nbytes))
+        self._write(PhaseLine.now(name, step, facts, nbytes=nbytes))
         self._apply_faults(name)
 
     def _write(self, line: PhaseLine) -> None:
@@ -161,7 +161,7 @@ class RankContext:
         """
         if self.turn is None:
             self.phase_name, self.step = "probe", casefiles.TURN_STEP  # no scenario faults: the harness's wait
-            self._write(PhaseLine(self.phase_name, self.step, time.time()))
+            self._write(PhaseLine.now(self.phase_name, self.step))
             case_dir = self.rank_path.parent
             while (turn := casefiles.read_turn(case_dir)) is None:
                 time.sleep(TURN_POLL)
@@ -175,11 +175,11 @@ class RankContext:
 
     def note(self, facts: Mapping[str, Any]) -> None:
         """Put facts where the parent reads them even if the rank is killed later (no step, no faults)."""
-        self._write(PhaseLine(self.phase_name, self.step, time.time(), dict(facts)))
+        self._write(PhaseLine.now(self.phase_name, self.step, facts))
 
     def advance(self, part: str) -> None:
         """Report a finished part of the current step (progress inside a long one; no faults applied)."""
-        self._write(PhaseLine(self.phase_name, self.step, time.time(), part=part))
+        self._write(PhaseLine.now(self.phase_name, self.step, part=part))
 
     def _matching_rules(self, phase: str, effect: str | None = None) -> list[tuple[int, Rule]]:
         return [

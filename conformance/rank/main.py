@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from conformance.common import casefiles, lifetime
 from conformance.common.casefiles import CaseFile, RankResult, RankStatus
+from conformance.common.clock import wall
 from conformance.rank import flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
@@ -143,7 +144,7 @@ def run_case(ctx: RankContext, case_dir: Path) -> None:
 
 def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, RankResult]:
     """The rank's exit code and its result: ok, skip, fail (wrong data) or error."""
-    ended = RankResult(RankStatus.OK, time.time())
+    ended = RankResult(RankStatus.OK, wall(), clock=time.monotonic())
     if ctx is not None:
         ended = replace(ended, phase=ctx.phase_name, step=ctx.step, metrics=ctx.metrics)
     if exc is None:

@@ -94,7 +94,9 @@ class CaseRecord:
     root_node: int | None = None
     node_verdicts: Mapping[str, str] | None = None
     case_dir: str | None = None
-    time: float | None = None
+    time: float | None = None  # when the case ended, wall time for people
+    # ... and on its host's monotonic clock: compared only with that host's other readings (the GPU watch's events)
+    clock: float | None = None
     shared_by: str | None = None  # the test whose case also ran this one's collective (one process group)
     one_rung: bool = False  # its test is not parametrised over the rungs: it runs as inherited only
     no_nccl: bool = False  # its probe uses no NCCL (a peer copy): a failure is the machine's, never a class's rung

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conformance.common.clock import wall
 from conformance.common.jsonl import append_line
 from conformance.common.verdicts import Verdict
 from conformance.record.records import CaseRecord, RankRecord, RootCause
@@ -130,7 +131,8 @@ def case_record(
         root_node=result.root_node,
         node_verdicts={str(k): v for k, v in result.node_verdicts.items()} if result.node_verdicts else None,
         case_dir=str(result.case_dir),
-        time=time.time(),
+        time=wall(),
+        clock=time.monotonic(),
         shared_by=result.shared_by,
         one_rung=one_rung,
         no_nccl=no_nccl,

@@ -88,9 +88,9 @@ def stop_watch(watch: Watch, records: Sequence[CaseRecord], node_rank: int | Non
     """What the GPUs' watch saw, each Xid naming the case that ran on its GPU then."""
     own = [r for r in records if r.set_kind != HOST_SET_KIND and r.node_rank == node_rank]
     spans = [
-        CaseSpan(r.nodeid, r.probe, r.verdict_text, r.devices, r.time - r.seconds, r.time)
+        CaseSpan(r.nodeid, r.probe, r.verdict_text, r.devices, r.clock - r.seconds, r.clock)
         for r in own
-        if r.time and r.seconds is not None
+        if r.clock is not None and r.seconds is not None
     ]
     return attribute_xids(watch.stop(transfer_generations(own)), spans)
 

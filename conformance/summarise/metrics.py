@@ -58,11 +58,12 @@ SERIES_BOUND_8_GPUS = 150  # docs/after-a-run.md states it; tests/test_metrics.p
 class RunStatus:
     """What only the run's own process knows; None in ``ended``: the run has just started."""
 
-    started: float | None = None  # seconds since the epoch
+    started: float | None = None  # seconds since the epoch, for people
     ended: float | None = None
     exit_status: int | None = None  # pytest's, after the baseline comparison
     answer: Answer | None = None  # None: no answer (nothing recorded, or the run could not be read back)
     unreadable: bool = False  # the run could not be read back: it did not pass
+    seconds: float | None = None  # how long it ran, on the monotonic clock (``started``/``ended`` are for people)
 
 
 def run_verdict(run: Run, status: RunStatus) -> str:
@@ -191,8 +192,8 @@ def _run_families(run: Run, status: RunStatus) -> list[Family]:
     ended = Family(f"{PREFIX}run_end_timestamp_seconds", "When the run ended (Unix time); absent while running.")
     ended.add(status.ended)
     duration = Family(f"{PREFIX}run_duration_seconds", "How long the run took; absent while running.")
-    if status.started is not None and status.ended is not None:
-        duration.add(round(status.ended - status.started, 3))
+    if status.seconds is not None and status.ended is not None:
+        duration.add(round(status.seconds, 3))
     problems = Family(
         f"{PREFIX}answer_problems",
         "What the run's answer found wrong, by kind (every kind listed; all 0: nothing failed); absent without one.",

@@ -102,7 +102,7 @@ class RankReport:
     pid: int
     phase: str
     step: str
-    phase_time: float | None
+    phase_time: float | None  # when it entered its last phase (host monotonic clock: orders a case's ranks)
     progress: int  # how many phases it reported
     exit: str | int | None
     seconds: float
@@ -110,7 +110,7 @@ class RankReport:
     error_type: str = ""
     message: str = ""
     traceback: str = ""
-    time: float | None = None  # when it failed
+    time: float | None = None  # when it failed (host monotonic clock: the earliest failure is the root cause)
     stopped_by: str | None = None
     stack: str = ""
     unkillable: bool = False
@@ -187,7 +187,7 @@ def _ended_report(proc: EndedRank, device: str, started: float) -> RankReport:
         pid=proc.pid,
         phase=last.phase,
         step=last.step,
-        phase_time=last.t,
+        phase_time=last.clock,
         progress=len(phases),
         exit=exit_label(proc.exit_code),
         seconds=round((proc.exit_time or started) - started, 3) if proc.exit_time else 0.0,
@@ -204,7 +204,7 @@ def _ended_report(proc: EndedRank, device: str, started: float) -> RankReport:
         report.time = proc.exit_time
         return report
     report.status, report.error_type, report.message = result.status, result.error_type, result.message
-    report.traceback, report.time = result.traceback, result.t
+    report.traceback, report.time = result.traceback, result.clock if result.clock is not None else proc.exit_time
     report.metrics = {**report.metrics, **result.metrics}
     report.phase, report.step = result.phase or report.phase, result.step if result.step is not None else report.step
     return report
