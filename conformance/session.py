@@ -10,9 +10,10 @@ from conformance.harness import across_nodes, run_life
 from conformance.harness.across_nodes import AcrossNodes
 from conformance.harness.cases import CasePipeline
 from conformance.harness.context import RunContext
+from conformance.harness.ending import RunEnding
 from conformance.harness.failed_tests import RECORDED
 from conformance.harness.host_checks import HostChecks
-from conformance.harness.junit import JunitHooks
+from conformance.harness.junit import JunitHooks, JunitWriterGuard
 from conformance.harness.later_rungs import LaterRungs
 from conformance.harness.local import LocalCases
 from conformance.harness.planned import Planner
@@ -52,6 +53,8 @@ class ConformanceSession:
         plugins.register(TerminalOutput(self.run), "conformance_terminal")
         plugins.register(HostChecks(self.run), "conformance_host_checks")
         plugins.register(JunitHooks(lambda: run_life.junit_summary(self.run)), "conformance_junit")
+        plugins.register(JunitWriterGuard(self.run.outcome.unwritten.append), "conformance_junit_guard")
+        plugins.register(RunEnding(self.run), "conformance_ending")
         if plugins.hasplugin("xdist"):
             plugins.register(XdistHooks(self.run), "conformance_xdist")
 
@@ -108,6 +111,7 @@ class ConformanceSession:
         if not self.run.role.worker:  # a worker's reports carry it to the controller; no JUnit property
             report.user_properties = [p for p in report.user_properties if p[0] != RECORDED]
 
+    @pytest.hookimpl(tryfirst=True)  # the run's end written before pytest's own JUnit writer, which may fail
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.runners.close()
         if self.run.nodes is not None:

@@ -18,7 +18,7 @@ import pytest
 from conformance.discover.topology import Device, Topology, cpu_topology
 from conformance.launch.case import CaseSpec, rank_devices
 from conformance.plan.matrix import MISMATCHED_BARRIER_SETS, barrier_sets
-from conformance.rank import probes, timing
+from conformance.rank import check_data, probes, timing
 from conformance.rank.barrier_device import barrier_device, guessed_wrong
 from conftest import COLLECTIVE_TEST, read_records
 
@@ -33,8 +33,8 @@ def naive_pattern(rank: int, n: int) -> torch.Tensor:
 @pytest.mark.parametrize("n", [1, 7, 251, 1000])
 def test_cycle_values_are_the_pattern_from_any_start(start: int, n: int) -> None:
     expected = naive_pattern(0, start + n)[start:]
-    assert torch.equal(probes.cycle_values(start, n), expected)
-    assert torch.equal(probes.cycle_values(start, n, scale=3), expected * 3)
+    assert torch.equal(check_data.cycle_values(start, n), expected)
+    assert torch.equal(check_data.cycle_values(start, n, scale=3), expected * 3)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8, 16])
@@ -42,25 +42,25 @@ def test_closed_form_references_equal_the_sums_they_replace(world: int) -> None:
     n = 600  # crosses the 251-cycle more than twice
     patterns = [naive_pattern(r, n * world) for r in range(world)]
     total = torch.stack(patterns).sum(0)
-    assert torch.equal(probes.reduced(world, n * world), total)
+    assert torch.equal(check_data.reduced(world, n * world), total)
     for rank in range(world):
-        share = probes.reduced(world, n, start=rank * n)  # what reduce-scatter delivers to this rank
+        share = check_data.reduced(world, n, start=rank * n)  # what reduce-scatter delivers to this rank
         assert torch.equal(share, total[rank * n : (rank + 1) * n])
-        assert torch.equal(probes.pattern(rank, n), naive_pattern(rank, n))
-    assert torch.equal(probes.gathered(world, n), torch.cat([naive_pattern(r, n) for r in range(world)]))
+        assert torch.equal(check_data.pattern(rank, n), naive_pattern(rank, n))
+    assert torch.equal(check_data.gathered(world, n), torch.cat([naive_pattern(r, n) for r in range(world)]))
 
 
 def test_sums_stay_exact_up_to_the_documented_world_size() -> None:
-    assert probes.rank_sum(365) * 251 < 1 << 24
+    assert check_data.rank_sum(365) * 251 < 1 << 24
     with pytest.raises(ValueError, match="366 ranks: sums of the check pattern would not be exact"):
-        probes.rank_sum(366)
+        check_data.rank_sum(366)
 
 
 MEMORY_PROBE = r"""
 import json, sys, tempfile
 from pathlib import Path
 import torch
-from conformance.rank import probes
+from conformance.rank import check_data, probes
 from conformance.common.casefiles import CaseFile, RankDevice
 from conformance.rank.context import RankContext
 
@@ -81,10 +81,12 @@ def check_cost(got, reference):
 
 rank = world - 1
 received = {
-    "all_reduce": (probes.reduced(world, n), lambda: probes.reduced(world, n)),
-    "broadcast": (probes.pattern(0, n), lambda: probes.pattern(0, n)),
-    "reduce_scatter": (probes.reduced(world, n, start=rank * n), lambda: probes.reduced(world, n, start=rank * n)),
-    "all_gather": (probes.gathered(world, n), lambda: probes.gathered(world, n)),
+    "all_reduce": (check_data.reduced(world, n), lambda: check_data.reduced(world, n)),
+    "broadcast": (check_data.pattern(0, n), lambda: check_data.pattern(0, n)),
+    "reduce_scatter": (
+        check_data.reduced(world, n, start=rank * n), lambda: check_data.reduced(world, n, start=rank * n)
+    ),
+    "all_gather": (check_data.gathered(world, n), lambda: check_data.gathered(world, n)),
 }
 largest = {"all_reduce": n, "broadcast": n, "reduce_scatter": world * n, "all_gather": world * n}
 got, reference = received[name]
@@ -294,7 +296,7 @@ def test_all_to_all_expects_each_chunk_from_its_rank_at_its_place(world: int, ch
     """All-to-all worked out from every rank's send buffer is ``exchanged``; a misrouted delivery is not."""
     import torch
 
-    from conformance.rank.probes import exchanged, pattern
+    from conformance.rank.check_data import exchanged, pattern
 
     sends = [pattern(r, chunk * world).view(world, chunk) for r in range(world)]
     for rank in range(world):

@@ -73,22 +73,6 @@ def test_a_line_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     assert [o["n"] for o in read_lines(path).objects] == [1] and not read_lines(path).skipped
 
 
-FILL_THE_DISK = """
-import errno
-from pathlib import Path
-
-
-def test_zz_the_disk_fills():
-    with open("reports/filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"x" * (1 << 20))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-"""
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of its own (root and mount needed), unmounted after the test."""
@@ -104,24 +88,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def test_a_disk_full_at_the_end_leaves_the_answer_one_line_per_file_and_no_temporary_file(
-    pytester: pytest.Pytester, run_suite: RunSuite, small_disk: Path
-) -> None:
-    files = copy_suites(pytester, "test_collectives.py")
-    (pytester.path / "reports").symlink_to(small_disk)
-    pytester.makepyfile(test_zz_full=FILL_THE_DISK)
-    metrics = pytester.path / "gpu_conformance.prom"
-    result = run_suite("--virtual-devices=2", "--reports-dir=reports", f"--metrics-file={metrics}", *files,
-                       "test_zz_full.py")  # fmt: skip
-    out = result.stdout.str()
-    assert result.ret == pytest.ExitCode.TESTS_FAILED, out  # every test passed; the run's files did not
-    assert "Traceback" not in out + result.stderr.str()
-    answer = out.index("conformance: the answer")
-    assert out.index("run.json NOT written: No space left on device") < answer  # the answer last, whole
-    assert "INCOMPLETE RUN" not in out[answer:]  # the end's facts in memory: the run reached its end
-    assert "recommended.env NOT written: No space left on device" in out
-    assert not [p.name for p in small_disk.rglob(".*.tmp")]  # no temporary file left behind
-    assert 'verdict="failed"' in metrics.read_text() and "gpu_conformance_run_passed 0" in metrics.read_text()
+# A disk full at the end: tests/test_the_end_answers.py walks it with every other failure of the run's end.
 
 
 def test_a_reports_folder_without_room_is_refused_at_the_start(

@@ -18,6 +18,7 @@ import torch
 import fake_nvml as nv
 from conformance.common.casefiles import TRANSFER_GENERATIONS
 from conformance.discover.health import GpuHealth
+from conformance.discover.kernel_log import kernel_log_lines, kernel_xid_problems, kernel_xids
 from conformance.discover.watch import (
     CaseSpan,
     GpuWatch,
@@ -26,9 +27,6 @@ from conformance.discover.watch import (
     WatchError,
     XidEvent,
     attribute_xids,
-    kernel_log_lines,
-    kernel_xid_problems,
-    kernel_xids,
     watch_findings,
     watch_from_json,
 )

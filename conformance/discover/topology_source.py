@@ -22,11 +22,12 @@ from conformance.common.values import MAX_DEVICES
 from conformance.discover.cpu import CPU_KINDS, UNKNOWN_CPU
 from conformance.discover.inventory import HostPaths, Inventory, broken_gpu_machine, host_paths, read_inventory
 from conformance.discover.iommu import read_iommu
+from conformance.discover.kernel_log import KernelXids, kernel_log_lines, kernel_xids
 from conformance.discover.nvml_topology import nvml_view, sysfs_bus_id
 from conformance.discover.platform import read_platform
 from conformance.discover.rdma import read_nics, read_rdma
 from conformance.discover.topology import BrokenGpuMachine, Device, Topology, TopologyError, cpu_topology, pair_key
-from conformance.discover.watch import KernelXids, PlayedWatch, Watch, kernel_log_lines, kernel_xids, start_nvml_watch
+from conformance.discover.watch import PlayedWatch, Watch, start_nvml_watch
 
 
 def load_topology_file(path: Path, where: str) -> Topology:

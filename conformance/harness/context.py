@@ -77,6 +77,7 @@ class RunOutcome:
     store_problems: tuple[str, ...] = ()  # node 0: its store flooded by a stranger, or ended: the run fails
     node_notes: list[str] = field(default_factory=list)  # what the nodes' meetings said, for the summary
     unwritten: list[str] = field(default_factory=list)  # "run.json NOT written: <why>": each fails the run
+    notes: list[str] = field(default_factory=list)  # what the end wrote where ("metrics for Prometheus: <path>")
     facts: RunFacts | None = None  # the end's facts, where run.json could not take them
 
 

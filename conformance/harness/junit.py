@@ -34,8 +34,9 @@ import pytest
 from conformance.common.files import write_via_temporary
 from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
-from conformance.harness.pytest_private import junit_writer
+from conformance.harness.pytest_private import junit_writer, raised_by_junit_writer
 from conformance.record.records import JUNIT_PREFIX, JunitRun
+from conformance.summarise.conclude import not_written
 
 HEADLINE = pytest.StashKey[str]()  # a failed case's headline, set before its pytest.fail
 CASE_SECONDS = pytest.StashKey[float]()  # the wall time of the item's case, set when its result is in
@@ -121,6 +122,28 @@ class JunitHooks:
         if report.when == "call" and report.failed and word in FAILED_VERDICT_WORDS:
             return "failed", "F", word
         return None
+
+
+class JunitWriterGuard:
+    """pytest's own JUnit writer failing is said in the run's answer, not raised past the run's end."""
+
+    def __init__(self, not_written: Callable[[str], None]) -> None:
+        self.not_written = not_written  # told "JUnit file <path> NOT written: <why>" when pytest's writer fails
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        """Innermost: pytest's writer failing (a full disk, ``--junitxml /dev/full``) is said, not raised past the end.
+
+        Its ``open(..., "w")`` has then truncated the file, or left part of one: a CI reading it meets an
+        empty or invalid file, and the run's answer and exit status say why.
+        """
+        try:
+            yield
+        except OSError as exc:
+            writer = junit_writer(session.config)
+            if writer is None or not raised_by_junit_writer(exc):
+                raise
+            self.not_written(not_written(f"JUnit file {writer.logfile}", exc))
 
 
 def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT_NAME) -> None:

@@ -5,7 +5,9 @@ Each has no public call that does the same; each says what is lost if a new pyte
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +54,15 @@ def junit_writer(config: pytest.Config) -> Any | None:
         return None
     writer = config.stash.get(xml_key, None)
     return writer if hasattr(writer, "logfile") else None
+
+
+def raised_by_junit_writer(exc: BaseException) -> bool:
+    """Whether pytest's own JUnit writer (``_pytest/junitxml.py``) raised ``exc`` (the frame it was raised in).
+
+    A pytest that moved the writer: its failures are the run's end's own (exit status 3, the answer last).
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).name == "junitxml.py" and "_pytest" in frames[-1].filename
 
 
 def terminal_line(reporter: Any) -> tuple[Any, str]:

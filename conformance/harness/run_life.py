@@ -21,6 +21,7 @@ from conformance.harness.junit import JunitSummary
 from conformance.record.records import PYTEST_OUTCOMES, JunitRun, time_spent
 from conformance.record.run_folder import RunFolder, stop_watch
 from conformance.record.runs import Run, RunError, load_run
+from conformance.summarise.answer import Answer
 from conformance.summarise.conclude import conclude
 from conformance.summarise.metrics import RunStatus, metrics_text, write_metrics
 
@@ -81,21 +82,25 @@ def pytest_counts(config: pytest.Config) -> dict[str, int] | None:
 
 
 def conclude_run(run: RunContext, session: pytest.Session) -> None:
-    """The answer, the baseline comparison, the report and the metrics; what fails the run fails a passing session."""
+    """The answer, the baseline comparison and the report; what fails the run fails a passing session."""
     if run.role.worker or not run.folder.facts_file.exists():  # results.jsonl may be gone: its loss is said
         return
-    concluded = False
-    try:
-        run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline, run.outcome.facts)
-        run.outcome.conclusion.lines += run.outcome.unwritten
-        failed = run.outcome.conclusion.fails_run or run.outcome.unwritten
-        if failed and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        concluded = True
-    finally:  # a conclusion that raised still leaves metrics, failed
-        exit_status = session.exitstatus if concluded else pytest.ExitCode.INTERNAL_ERROR
-        if not metrics_at_end(run, int(exit_status)) and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    run.outcome.conclusion = conclude(run.run_dir, run.settings, run.baseline, run.outcome.facts)
+    run.outcome.unwritten += run.outcome.conclusion.unwritten
+    if run.outcome.conclusion.fails_run:
+        fail_session(session)
+
+
+def fail_session(session: pytest.Session) -> None:
+    """A session whose tests passed fails: the run's answer found something (other exit statuses stand)."""
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def final_answer(run: RunContext) -> Answer | None:
+    """The run's answer with everything its end could not write so far (each fails the run)."""
+    answer, unwritten = run.outcome.conclusion.answer, tuple(run.outcome.unwritten)
+    return replace(answer, unwritten=unwritten) if answer is not None and unwritten else answer
 
 
 def metrics_at_start(run: RunContext) -> None:
@@ -114,20 +119,20 @@ def metrics_at_start(run: RunContext) -> None:
         raise pytest.UsageError(f"conformance: {run.settings.source('metrics_file')}: {path}: {exc}") from None
 
 
-def metrics_at_end(run: RunContext, exit_status: int) -> bool:
+def metrics_at_end(run: RunContext, exit_status: int) -> None:
     """The run's results in the metrics file, the failure of a run that cannot be read back included.
 
-    False, with a line for the summary, when the file cannot be written.
+    One that cannot be written is removed (none says 'running'), and named in the answer.
     """
     path = run.settings.metrics_file
     if path is None:
-        return True
+        return
     started = run.config.stash.get(STARTED, None)
     status = RunStatus(
         started[0] if started else None,
         wall(),
         exit_status,
-        run.outcome.conclusion.answer,
+        final_answer(run),
         seconds=time.monotonic() - started[1] if started else None,
     )
     try:
@@ -144,15 +149,14 @@ def metrics_at_end(run: RunContext, exit_status: int) -> bool:
             left = "the old file removed, so none says 'running'"
         except OSError as gone:
             left = f"the old file could not be removed either ({gone.strerror or gone})"
-        run.outcome.conclusion.lines.append(f"metrics NOT written to {path}: {why}; {left}")
-        return False
-    run.outcome.conclusion.lines.append(f"metrics for Prometheus: {path}")
-    return True
+        run.outcome.unwritten.append(f"metrics NOT written to {path}: {why}; {left}")
+        return
+    run.outcome.notes.append(f"metrics for Prometheus: {path}")
 
 
 def junit_summary(run: RunContext) -> JunitSummary:
     """The run and its answer, for the testsuite of the JUnit file (``harness.junit``)."""
-    answer = run.outcome.conclusion.answer
+    answer = final_answer(run)
     return JunitSummary(
         run=JunitRun(run.run_id, str(run.results_path.resolve()), suite_version() or "unknown"),
         node_rank=run.node_rank,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,7 +15,7 @@ from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext, user_timeout
 from conformance.harness.strategy import config_overrides
 from conformance.plan.transport import pair_paths
-from conformance.summarise.answer import Tone
+from conformance.summarise.answer import Answer, Tone
 from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
 from conformance.summarise.summary import (
@@ -52,15 +51,6 @@ class TerminalOutput:
     def pytest_terminal_summary(self, terminalreporter: TerminalReporter) -> None:
         if not self.run.role.worker:
             write_summary(self.run, terminalreporter)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
-        """The answer, last: after pytest's own summary and its count line, so a run's last screen starts with it."""
-        result = yield
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if not self.run.role.worker and reporter is not None:
-            _write_answer(self.run, reporter, " (SIMULATED)" if self.run.simulated else "")
-        return result
 
 
 def header_lines(run: RunContext) -> list[str]:
@@ -183,15 +173,26 @@ def write_summary(run: RunContext, write: TerminalReporter) -> None:
         write.write_line(shown(line))
 
 
-def _write_answer(run: RunContext, write: TerminalReporter, simulated: str) -> None:
-    """The tests in the suite's words, then the answer: red where something failed, green where all passed."""
+def write_answer(run: RunContext, write: TerminalReporter, answer: Answer | None) -> None:
+    """The tests in the suite's words, then the answer: red where something failed, green where all passed.
+
+    Last of all (``harness.ending``): after pytest's own summary and its count line, so a run's last
+    screen starts with it.
+    """
+    for line in run.outcome.notes:
+        write.write_line(shown(line))
     written = run.folder.own_records() if run.folder.facts_file.exists() else []
     counted = tally(
         node_records(written, run.node_rank), run.outcome.end, run.node_rank if run.nodes is not None else None
     )
     if counted is not None:
         write.write_line(counted.text())
-    answer = run.outcome.conclusion.answer
+    simulated = " (SIMULATED)" if run.simulated else ""
+    if answer is None and run.outcome.unwritten:  # nothing recorded to answer from, and files lost: said all the same
+        write.write_sep("=", f"conformance: the answer{simulated}", **TONE_MARKUP["bad"], bold=True)
+        for line in run.outcome.unwritten:
+            write.write_line(shown(line), **TONE_MARKUP["bad"], bold=True)
+        return
     if answer is None:
         return
     write.write_sep("=", f"conformance: the answer{simulated}", **TONE_MARKUP[answer.tone], bold=True)

@@ -19,9 +19,9 @@ import pytest
 
 from conformance.discover import health as rules
 from conformance.discover.iommu import IOMMU_FIX
+from conformance.discover.kernel_log import kernel_xid_problems
 from conformance.discover.platform import WSL_NOTE, PlatformFacts
 from conformance.discover.rdma import port_problems, rdma_warnings
-from conformance.discover.watch import kernel_xid_problems
 from conformance.harness.context import RunContext
 from conformance.harness.host_checks import WARNING, HostMetric
 from conformance.plan.acs import judge_acs

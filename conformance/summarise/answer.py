@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from conformance.common.verdicts import READING_ORDER, Verdict
@@ -101,6 +101,7 @@ class Answer:
     watched: tuple[WatchFinding, ...] = ()  # what NVML saw during the run (``discover/watch.py``)
     failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed: the run failed here too
     store_problems: tuple[str, ...] = ()  # node 0: its store flooded by a client not of the run, or ended
+    unwritten: tuple[str, ...] = ()  # what the run's end could not write ("run.json NOT written: <why>"): it fails
 
     @property
     def machine_watched(self) -> tuple[WatchFinding, ...]:
@@ -112,7 +113,8 @@ class Answer:
         slow = tuple((p.test_name, p.figure_text()) for p in self.slow)
         nodes = ((OTHER_NODES_TEST, self.failed_nodes_text),) if self.failed_nodes else ()
         store = tuple((STORE_TEST, f"{STORE_FAILED} {line}") for line in self.store_problems)
-        return slow + tuple((f.test_name, f.text) for f in self.machine_watched) + nodes + store
+        unwritten = tuple((UNWRITTEN_TEST, line) for line in self.unwritten)
+        return slow + tuple((f.test_name, f.text) for f in self.machine_watched) + nodes + store + unwritten
 
     @property
     def failed_nodes_text(self) -> str:
@@ -129,12 +131,13 @@ class Answer:
             and not self.harness_errors
             and not self.failed_nodes
             and not self.store_problems
+            and not self.unwritten
         )
 
     @property
     def tone(self) -> Tone:
         """The whole answer's: bad when anything failed, warn when the run is incomplete or tested no GPU."""
-        if self.harness_errors or self.failed_nodes or self.store_problems:
+        if self.harness_errors or self.failed_nodes or self.store_problems or self.unwritten:
             return "bad"
         if self.incomplete is not None:
             return "warn"
@@ -144,7 +147,7 @@ class Answer:
 
     def rows(self) -> list[tuple[str, Tone]]:
         """The answer's lines with how each reads: bad (red), good (green), warn (yellow), plain."""
-        first: list[tuple[str, Tone]] = []
+        first: list[tuple[str, Tone]] = [(line, "bad") for line in self.unwritten]
         if self.harness_errors:
             first.append((harness_error_line(self.harness_errors), "bad"))
         if self.failed_nodes:
@@ -161,6 +164,9 @@ class Answer:
     def _verdict_rows(self) -> list[tuple[str, Tone]]:
         if self.incomplete is not None:
             return [(f"INCOMPLETE RUN ({self.incomplete}): no answer from part of a run", "warn")]
+        if self.unwritten and replace(self, unwritten=()).all_passed:
+            cases = count_text(self.cases, "case")
+            return [(f"every case passed ({cases}), but the run fails: what is NOT written above is lost", "bad")]
         if self.all_passed:
             cases, classes = count_text(self.cases, "case"), count_text(len(self.passed), "class")
             if self.cpu_only is not None:
@@ -208,6 +214,7 @@ FAILED_ELSEWHERE = "RUN FAILED on another node:"
 OTHER_NODES_TEST = "other nodes of the run"  # the JUnit test case a failed node fails on every node
 STORE_FAILED = "RUN FAILED:"  # node 0's store problems, each saying what happened to the store
 STORE_TEST = "the run's store"  # the JUnit test case node 0's store problems fail on node 0
+UNWRITTEN_TEST = "the run's files"  # the JUnit test case a file the run's end could not write fails
 NO_NCCL_FIX = (
     "CUDA's own P2P between these GPUs: check the IOMMU (`iommu=pt` or off) and ACS on the PCIe switches above "
     "them (`lspci -vvv | grep ACSCtl`), the driver version, and run `p2pBandwidthLatencyTest` from cuda-samples"

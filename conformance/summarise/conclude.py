@@ -25,17 +25,23 @@ class Conclusion:
     lines: list[str] = field(default_factory=list)
     fails_run: bool = False  # a finding, a regression, an output asked for and not written: the run fails
     answer: Answer | None = None
+    unwritten: list[str] = field(default_factory=list)  # "recommended.env NOT written: <why>", for the answer
 
     def written(self, what: str, write: Callable[[], Path | None], said: str) -> None:
-        """``write`` a file: ``said`` names it ({path}), or a line says why it was not, which fails the run."""
+        """``write`` a file: ``said`` names it ({path}), or ``unwritten`` says why it was not, which fails the run."""
         try:
             path = write()
         except (ReportUnavailable, OSError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            self.lines.append(f"{what} NOT written: {why}")
+            self.unwritten.append(not_written(what, exc))
             self.fails_run = True
         else:
             self.lines += [said.format(path=path)] if path else []
+
+
+def not_written(what: str, exc: BaseException) -> str:
+    """``<what> NOT written: <why>``: one line of the answer for each output of the run's end that was lost."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+    return f"{what} NOT written: {why}"
 
 
 def conclude(run_dir: Path, settings: Settings, baseline: Run | None, facts: RunFacts | None = None) -> Conclusion:
@@ -51,8 +57,8 @@ def conclude(run_dir: Path, settings: Settings, baseline: Run | None, facts: Run
         return conclusion
     if facts is not None:
         run = replace(run, facts=facts)
-    if not run.records and not run.facts.harness_errors and not run.facts.store_problems:
-        return conclusion
+    if not (run.records or run.facts.harness_errors or run.facts.store_problems or run.facts.incomplete):
+        return conclusion  # nothing to answer for: a run that ran no case and was not cut short
     recommendation = recommend(run)
     conclusion.answer = answer(run, recommendation)
     # a SLOW pair or an Xid fails the run; so does a test without a verdict (a lost record: pytest passed it)
