@@ -13,7 +13,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from conformance.cli.slurm_health import drain_reason
+from conformance.cli.slurm_node import DrainReason
 from conformance.common.outside_text import shown, shown_lines
 from conformance.common.verdicts import Verdict
 from conformance.record.records import CaseRecord, RunEnd, RunFacts
@@ -48,7 +48,7 @@ def test_shown_lines_keeps_line_breaks_only() -> None:
 
 
 def test_a_drain_reason_carries_no_control_character() -> None:
-    reason = drain_reason(f"rank 3: {EVIL}")
+    reason = DrainReason.of(f"rank 3: {EVIL}").text
 
     assert RAW.search(reason) is None and "\\x1b]52" in reason
 

@@ -1,7 +1,8 @@
 """``conformance-healthcheck``: a SLURM node health check that drains the node the quick suite fails on.
 
     conformance-healthcheck [--time-limit SECONDS] [--node NAME] [--reports-dir DIR] [--keep N]
-                            [--tests SPEC]... [--no-drain] [--no-resume] [PYTEST OPTION]...
+                            [--state-dir DIR] [--lock-wait SECONDS] [--tests SPEC]...
+                            [--no-drain] [--no-resume] [PYTEST OPTION]...
     python -m conformance.cli.slurm_health ...
 
 Runs a quick part of the suite on this node (the host checks of ``test_environment.py`` and
@@ -11,19 +12,23 @@ limit, and on anything but a pass drains the node:
 
     scontrol update NodeName=<node> State=DRAIN Reason="gpu-conformance: <the answer's first failure>"
 
-The suite itself stays read-only; ``scontrol`` is called here and only here.  The node's state and
-reason are read first (``sinfo``): a node an administrator or anything else already drained, took
-down or reserved is left as it is, saying so.  On a pass it does nothing to the node, except resume
-one whose reason is still exactly the one this check set (kept in the reports folder,
-``drain-reason``); ``--no-resume`` leaves that to a person.  The node's name (``--node``,
-``SLURMD_NODENAME`` or the host name) must be one node's: a hostlist expression or ``ALL`` is
-refused, never given to ``scontrol``.  Options it does not know go to
-pytest (``--expect-gpus 8``, ``--backend nccl``, ``--scenario NAME``, ``--topology-file FILE``, ...).
+The suite itself stays read-only; ``scontrol`` is called by this program only (``slurm_node``).  A
+drain already there, an administrator's or anyone's, whatever its reason says, is never overwritten:
+the node's state is read first (``sinfo``), and a node whose state cannot be read is not drained.  On
+a pass it resumes only a node drained with, byte for byte, the reason it recorded setting
+(``drain_record``); ``--no-resume`` leaves that to a person.  The checks of one machine run one at a
+time (a lock held across the run, the drain and the resume), and each reads its own run's folder,
+named by the run id it gives the suite.  The node's name (``--node``, ``SLURMD_NODENAME`` or the
+host name) must be one node's: a hostlist expression or ``ALL`` is refused, never given to
+``scontrol``.  Options it does not know go to pytest (``--expect-gpus 8``, ``--backend nccl``,
+``--scenario NAME``, ``--topology-file FILE``, ...).
 
 Made for slurm.conf's ``HealthCheckProgram`` (root, no arguments, an environment of
-``SLURMD_NODENAME`` alone, killed after 60 s: the default time limit leaves room for the stop and
-``scontrol``) and for a job ``Prolog``.  Exit status: 0 healthy; 1 unhealthy (drained, or
-``--no-drain``); 2 bad arguments; 3 unhealthy and the drain failed (the message says why).
+``SLURMD_NODENAME`` alone, killed after 60 s: the default time limits leave room for the lock, the
+stop and ``sinfo``/``scontrol``) and for a job ``Prolog``.  Exit status: 0 healthy; 1 unhealthy
+(drained, left as someone drained it, or ``--no-drain``); 2 bad arguments; 3 unhealthy and not drained
+(the drain failed, or the node's state could not be read; the message says why); 4 not checked
+(another check of this machine holds the lock, or the state folder cannot be used).
 """
 
 from __future__ import annotations
@@ -45,38 +50,33 @@ from pathlib import Path
 from typing import IO, NoReturn
 
 from conformance.cli.common import RaisingParser, UsageError, argument_type
+from conformance.cli.drain_record import DrainRecord, StateError, Unreadable, default_state_dir
+from conformance.cli.slurm_node import DrainReason, drain_node, read_node_state, resume_node
 from conformance.common import values
 from conformance.common.outside_text import shown
 from conformance.common.suite import SUITES_DIR
-from conformance.record.results import LATEST
-from conformance.record.run_folder import run_id_of
+from conformance.record.results import CLAIM_TRIES, new_run_id
+from conformance.record.run_folder import GIVEN_RUN_ID, run_id_of
 from conformance.record.runs import Run, RunError, load_run
 from conformance.summarise.answer import answer
 from conformance.summarise.recommend import recommend
 
 PROG = "conformance-healthcheck"
-REASON_PREFIX = "gpu-conformance:"  # every drain reason this program writes, and the only ones it resumes
-# slurmdbd keeps a node event's reason in a MySQL TINYTEXT column (its event table): 255 bytes.
-REASON_BYTES = 255
 QUICK_TESTS = ("test_environment.py", "test_machine_health.py", "test_collectives.py::test_all_reduce")
 QUICK_OPTIONS = ("--matrix=inherited", "--nnodes=1", "--node-rank=0", "-p", "no:cacheprovider", "-v")
-# slurmd kills a HealthCheckProgram after 60 s: the suite gets 40, its stop 5, the output 1, scontrol 5 a call.
+# slurmd kills a HealthCheckProgram after 60 s: the lock gets 3, the suite 40, its stop 5, the output 1,
+# sinfo and scontrol 5 each.
+DEFAULT_LOCK_WAIT = 3.0
 DEFAULT_TIME_LIMIT = 40.0
 STOP_SECONDS = 5.0  # after SIGTERM, before SIGKILL; the suite stops its ranks on SIGTERM
 OUTPUT_SECONDS = 1.0  # for the rest of pytest's output once it has ended
-SCONTROL_SECONDS = 5.0
 DEFAULT_KEEP = 20
-HEALTHY, UNHEALTHY, USAGE, DRAIN_FAILED = 0, 1, 2, 3
+HEALTHY, UNHEALTHY, USAGE, DRAIN_FAILED, NOT_CHECKED = 0, 1, 2, 3, 4
 OUTPUT_TAIL = 200  # lines of pytest's output kept for the reason when no answer names one
-# slurmd gives a HealthCheckProgram no PATH at all; scontrol is looked for on PATH, then here.
-SLURM_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/usr/local/sbin")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEST_LINE = re.compile(r"^(\S+::\S+)")  # pytest -v names each test as it starts
 # One node's name: SLURM's hostlist syntax ("n[1-4]", "n1,n2"), ALL and spaces would reach other nodes.
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-# sinfo's state words of a node someone holds out of service (a "+drain" or "*" suffix included)
-HELD_STATES = ("drain", "down", "fail", "maint", "reserved", "future", "inval", "reboot", "power_down")
-OUR_REASON_FILE = "drain-reason"  # in the reports folder: the exact reason this check last set
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +113,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"run folders kept in the reports folder, newest first (default {DEFAULT_KEEP})",
     )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the record of this check's drain and its lock, one per machine, writable by this user alone (default: "
+        "$CONFORMANCE_HEALTHCHECK_STATE_DIR, else /var/lib/gpu-conformance/healthcheck-state as root, else "
+        "$XDG_STATE_HOME/gpu-conformance/healthcheck-state)",
+    )
+    parser.add_argument(
+        "--lock-wait",
+        type=argument_type(values.positive_seconds),
+        default=DEFAULT_LOCK_WAIT,
+        metavar="SECONDS",
+        help=f"how long to wait for another check of this machine to end before giving up, exit status 4 (default "
+        f"{DEFAULT_LOCK_WAIT:g}; a Prolog may wait longer than a HealthCheckProgram's 60 s)",
+    )
+    parser.add_argument(
         "--tests",
         action="append",
         metavar="SPEC",
@@ -126,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the quick suite said about the node: healthy, or the reason to drain it."""
+    """What the quick suite said about the node: healthy, or the reason to drain it (outside text, not yet escaped)."""
 
     healthy: bool
     reason: str = ""
@@ -141,26 +158,38 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return USAGE
     if env.get("SLURM_LOCALID", "0") != "0":  # srun -n2 on one node: its first task checks the node
-        print(f"{PROG}: SLURM_LOCALID={env['SLURM_LOCALID']}: the node's first task runs the health check")
+        print(f"{PROG}: SLURM_LOCALID={shown(env['SLURM_LOCALID'])}: the node's first task runs the health check")
         return HEALTHY
     try:
         node = node_name(args.node, env)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return USAGE
-    reports = args.reports_dir or default_reports_dir(env)
-    outcome = run_quick_suite(args, pytest_args, reports, env)
-    prune_runs(reports, args.keep)
+    record = DrainRecord(args.state_dir or default_state_dir(env))
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(record.locked(args.lock_wait))
+        except StateError as exc:
+            print(f"{PROG}: node {node}: NOT CHECKED, nothing changed in SLURM: {shown(str(exc))}", file=sys.stderr)
+            return NOT_CHECKED
+        return check_node(args, pytest_args, node, record, env)
+
+
+def check_node(
+    args: argparse.Namespace, pytest_args: Sequence[str], node: str, record: DrainRecord, env: Mapping[str, str]
+) -> int:
+    """Run the quick suite, then drain or resume the node: all under the machine's health check lock."""
+    outcome = run_quick_suite(args, pytest_args, args.reports_dir or default_reports_dir(env), env)
     if outcome.healthy:
         untested = f" (CPU ONLY: no GPU tested: {shown(outcome.cpu_only)})" if outcome.cpu_only else ""
         print(f"{PROG}: node {node}: healthy{untested}")
         if not (args.no_resume or args.no_drain):
-            resume_if_ours(node, reports, env)
+            resume_if_ours(node, record, env)
         return HEALTHY
-    print(f"{PROG}: node {node}: UNHEALTHY: {outcome.reason}")
+    print(f"{PROG}: node {node}: UNHEALTHY: {shown(outcome.reason)}")
     if args.no_drain:
         return UNHEALTHY
-    return drain(node, outcome.reason, reports, env)
+    return drain_unless_held(node, outcome.reason, record, env)
 
 
 def node_name(given: str | None, env: Mapping[str, str]) -> str:
@@ -198,18 +227,28 @@ def quick_suite_command(tests: Sequence[str] | None, reports: Path, pytest_args:
     return [sys.executable, "-m", "pytest", *named, f"--reports-dir={reports}", *QUICK_OPTIONS, *pytest_args]
 
 
+def fresh_run_id(reports: Path) -> str:
+    """A run id no folder of ``reports`` has: the suite's run takes it, and this check reads that folder alone."""
+    for _ in range(CLAIM_TRIES):
+        run_id = new_run_id()
+        if not (reports / run_id).exists():
+            return run_id
+    raise FileExistsError(f"{CLAIM_TRIES} new run ids were all taken")
+
+
 def run_quick_suite(
     args: argparse.Namespace, pytest_args: Sequence[str], reports: Path, env: Mapping[str, str]
 ) -> Outcome:
     """Run the quick suite within the time limit; its answer, or why there is none."""
     try:
         reports.mkdir(parents=True, exist_ok=True)
-        before = {path.name for path in reports.iterdir()}
-    except OSError as exc:
-        return Outcome(False, f"cannot use the reports folder {reports}: {exc.strerror or exc}")
+        run_id = fresh_run_id(reports)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return Outcome(False, f"cannot use the reports folder {reports}: {why}")
     command = quick_suite_command(args.tests, reports, pytest_args)
-    print(f"{PROG}: {' '.join(command)}", flush=True)
-    child_env = {**env, "PATH": env.get("PATH") or DEFAULT_PATH}
+    print(f"{PROG}: {shown(' '.join(command))}", flush=True)
+    child_env = {**env, "PATH": env.get("PATH") or DEFAULT_PATH, GIVEN_RUN_ID: run_id}
     process = subprocess.Popen(
         command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     )
@@ -222,13 +261,13 @@ def run_quick_suite(
         print()
     with contextlib.suppress(OSError):  # the run's own folder has the rest; this is the last output, for the admin
         (reports / "healthcheck.log").write_text("".join(tail), errors="replace")
+    prune_runs(reports, args.keep, run_id)
     if timed_out:
-        started = [m.group(1) for line in tail if (m := TEST_LINE.match(line))]
-        where = f": stopped in {started[-1]}" if started else ""
-        return Outcome(False, f"no answer within {args.time_limit:g}s (the health check's time limit){where}")
+        return Outcome(False, timed_out_reason(args.time_limit, list(tail)))
+    run = own_run(reports, run_id)
     if process.returncode == 0:
-        return Outcome(True, cpu_only=_cpu_only(reports, before))
-    return Outcome(False, failure_reason(reports, before, list(tail), process.returncode))
+        return Outcome(True, cpu_only=run.facts.cpu_only if run is not None else None)
+    return Outcome(False, failure_reason(run, list(tail), process.returncode))
 
 
 def _echo(stream: IO[str] | None, tail: deque[str]) -> None:
@@ -254,25 +293,26 @@ def _wait(process: subprocess.Popen[str], limit: float) -> bool:
     return False
 
 
-def _new_run(reports: Path, before: set[str]) -> Run | None:
-    """The run this health check just made (``latest``, new since it started); None where there is none."""
-    latest = reports / LATEST
-    if not latest.is_symlink() or latest.resolve().name in before:
+def own_run(reports: Path, run_id: str) -> Run | None:
+    """The run this check started (the folder of the run id it gave the suite); None where the suite made none."""
+    folder = reports / run_id
+    if not folder.is_dir():
         return None
     try:
-        return load_run(latest.resolve())
-    except RunError:
+        return load_run(folder)
+    except (RunError, OSError, ValueError):
         return None
 
 
-def _cpu_only(reports: Path, before: set[str]) -> str | None:
-    run = _new_run(reports, before)
-    return run.facts.cpu_only if run is not None else None
+def timed_out_reason(limit: float, output: Sequence[str]) -> str:
+    """The reason of a run stopped at the time limit: the test pytest had started last."""
+    started = [m.group(1) for line in output if (m := TEST_LINE.match(line))]
+    where = f": stopped in {started[-1]}" if started else ""
+    return f"no answer within {limit:g}s (the health check's time limit){where}"
 
 
-def failure_reason(reports: Path, before: set[str], output: Sequence[str], status: int) -> str:
+def failure_reason(run: Run | None, output: Sequence[str], status: int) -> str:
     """The answer's first failing line; where the run left no answer, pytest's own last word."""
-    run = _new_run(reports, before)
     if run is not None and (run.records or run.facts.harness_errors):
         rows = answer(run, recommend(run)).rows()
         bad = next((text for text, tone in rows if tone == "bad"), None)
@@ -285,116 +325,74 @@ def failure_reason(reports: Path, before: set[str], output: Sequence[str], statu
     return f"pytest exit status {status}" + (f": {last}" if last else "")
 
 
-def drain_reason(text: str) -> str:
-    """``gpu-conformance: <text>`` on one line, cut to what slurmdbd keeps (255 bytes)."""
-    reason = f"{REASON_PREFIX} {shown(' '.join(text.split()))}".encode("ascii", "replace")
-    if len(reason) <= REASON_BYTES:
-        return reason.decode()
-    return reason[: REASON_BYTES - 3].decode() + "..."
-
-
-def scontrol(env: Mapping[str, str]) -> str | None:
-    path = env.get("PATH") or ""
-    return shutil.which("scontrol", path=os.pathsep.join([path, *SLURM_BIN_DIRS]))
-
-
-def _scontrol(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str] | str:
-    """The result of ``scontrol ARGS``, or why it could not be run."""
-    program = scontrol(env)
-    if program is None:
-        return f"scontrol not found (PATH and {', '.join(SLURM_BIN_DIRS)})"
-    try:
-        return subprocess.run(
-            [program, *args], env=dict(env), capture_output=True, text=True, timeout=SCONTROL_SECONDS, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{program} {args[0]}: {exc}"
-
-
-def drain(node: str, text: str, reports: Path, env: Mapping[str, str]) -> int:
-    """Drain the node with the answer's failure, unless someone else already holds it out of service."""
-    reason = drain_reason(text)
-    found = node_state(node, env)
-    if found is not None and held_by_someone_else(*found):
-        state, theirs = found
-        print(f"{PROG}: node {node}: already {shown(state)} by someone else ({shown(theirs)}): left as it is")
-        return UNHEALTHY
-    done = _scontrol(env, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
-    if isinstance(done, str) or done.returncode != 0:
-        why = done if isinstance(done, str) else (done.stderr or done.stdout).strip()
-        print(f"{PROG}: node {node}: the drain failed: {shown(why)}", file=sys.stderr)
+def drain_unless_held(node: str, text: str, record: DrainRecord, env: Mapping[str, str]) -> int:
+    """Drain the node with ``text`` (escaped there) and record it, unless a drain or anything else holds it already."""
+    found = read_node_state(node, env)
+    if isinstance(found, str):
+        print(f"{PROG}: node {node}: not drained: its state could not be read first ({shown(found)}), and a drain "
+              "already there is never overwritten", file=sys.stderr)  # fmt: skip
         return DRAIN_FAILED
-    if found is None:  # its state unread: a drain already there may be a person's, so this check never resumes it
-        print(f"{PROG}: node {node}: its state could not be read first (sinfo): it will not be resumed by this check")
-    else:
-        with contextlib.suppress(OSError):  # without it the node is only never resumed by this check: safe
-            (reports / OUR_REASON_FILE).write_text(reason + "\n")
-    print(f"{PROG}: node {node}: drained: {reason}")
+    if found.held:
+        ours = record.read(node)
+        if isinstance(ours, bytes) and found.drained_with(ours):
+            print(f"{PROG}: node {node}: already drained by this health check earlier ({found.shown_reason}): left "
+                  "as it is")  # fmt: skip
+            return UNHEALTHY
+        print(f"{PROG}: node {node}: already {shown(found.state)} by someone else ({found.shown_reason}): left as it "
+              "is, its reason unchanged")  # fmt: skip
+        if isinstance(ours, bytes) and found.reason != ours:
+            record.forget()  # its own drain is gone: a record of it could only ever resume someone else's
+        return UNHEALTHY
+    reason = DrainReason.of(text)
+    failed = drain_node(node, reason, env)
+    if failed is not None:
+        print(f"{PROG}: node {node}: the drain failed: {shown(failed)}", file=sys.stderr)
+        return DRAIN_FAILED
+    try:
+        record.write(node, reason.raw)
+    except OSError as exc:  # without it the node is only never resumed by this check: safe
+        print(f"{PROG}: node {node}: its record ({shown(str(record.record_path))}) could not be written "
+              f"({exc.strerror or exc}): this check will not resume it")  # fmt: skip
+    print(f"{PROG}: node {node}: drained: {reason.text}")
     return UNHEALTHY
 
 
-def node_state(node: str, env: Mapping[str, str]) -> tuple[str, str] | None:
-    """(state, reason) as sinfo names them (``drained``, ``gpu-conformance: ...``); None when unknown."""
-    program = scontrol(env)
-    sinfo = Path(program).with_name("sinfo") if program else None
-    if sinfo is None or not sinfo.exists():
-        return None
-    try:
-        done = subprocess.run(
-            [str(sinfo), "-h", "-N", "-n", node, "-o", "%T|%E"],
-            env=dict(env), capture_output=True, text=True, timeout=SCONTROL_SECONDS, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
-    state, _, reason = line.partition("|")
-    return (state.strip(), reason.strip()) if state else None
-
-
-def held_by_someone_else(state: str, reason: str) -> bool:
-    """A node drained, down or reserved for a reason this check did not write."""
-    held = any(word in state.lower() for word in HELD_STATES)
-    return held and not reason.startswith(REASON_PREFIX)
-
-
-def drained_by_us(state: str, reason: str) -> bool:
-    return "drain" in state.lower() and reason.startswith(REASON_PREFIX)
-
-
-def resume_if_ours(node: str, reports: Path, env: Mapping[str, str]) -> None:
-    """Resume the node only while its reason is exactly the one this check last set; any other drain stays."""
-    found = node_state(node, env)
-    if found is None or not drained_by_us(*found):
+def resume_if_ours(node: str, record: DrainRecord, env: Mapping[str, str]) -> None:
+    """Resume the node only while its reason is, byte for byte, the one this check recorded setting."""
+    ours = record.read(node)
+    found = read_node_state(node, env)
+    if isinstance(found, str):
+        if ours is not None:
+            print(f"{PROG}: node {node}: its state could not be read ({shown(found)}): not resumed")
         return
-    try:
-        ours = (reports / OUR_REASON_FILE).read_text().strip()
-    except OSError:
-        ours = ""
-    if found[1] != ours:
-        print(f"{PROG}: node {node}: drained with a reason this check did not set last ({shown(found[1])}): left "
-              "for a person")  # fmt: skip
+    if isinstance(ours, bytes) and found.reason != ours:
+        record.forget()  # resumed or drained again by someone else since: nothing of this check's is left
+    if not found.held:
         return
-    done = _scontrol(env, "update", f"NodeName={node}", "State=RESUME")
-    if isinstance(done, str) or done.returncode != 0:
-        why = done if isinstance(done, str) else (done.stderr or done.stdout).strip()
-        print(f"{PROG}: node {node}: healthy again, but the resume failed: {shown(why)}", file=sys.stderr)
-        return
-    with contextlib.suppress(OSError):
-        (reports / OUR_REASON_FILE).unlink()
-    print(f"{PROG}: node {node}: resumed (drained earlier by this health check: {shown(found[1])})")
+    if isinstance(ours, Unreadable):
+        print(f"{PROG}: node {node}: {shown(found.state)} ({found.shown_reason}); this check's record of its drain "
+              f"is unreadable ({shown(ours.why)}): left for a person")  # fmt: skip
+    elif ours is None or not found.drained_with(ours):
+        whose = "not by this check" if ours != found.reason else "not only drained by this check"
+        print(f"{PROG}: node {node}: {shown(found.state)}, {whose} ({found.shown_reason}): left for a person")
+    else:
+        failed = resume_node(node, env)
+        if failed is not None:
+            print(f"{PROG}: node {node}: healthy again, but the resume failed: {shown(failed)}", file=sys.stderr)
+            return
+        record.forget()
+        print(f"{PROG}: node {node}: resumed (drained earlier by this health check: {found.shown_reason})")
 
 
-def prune_runs(reports: Path, keep: int) -> None:
-    """Keep the newest ``keep`` runs of the health check's reports folder; remove the older ones' folders."""
+def prune_runs(reports: Path, keep: int, current: str | None = None) -> None:
+    """Keep the newest ``keep`` runs of the health check's reports folder (and ``current``); remove the others."""
     try:
         runs = {p: run_id_of(p.name) for p in reports.iterdir() if p.is_dir() and not p.is_symlink()}
     except OSError:
         return
-    latest = reports / LATEST
-    current = latest.resolve().name if latest.is_symlink() else None
     kept = sorted({run_id for run_id in runs.values() if run_id}, reverse=True)[:keep]
     for path, run_id in runs.items():
-        if run_id and run_id not in kept and path.name != current:
+        if run_id and run_id not in kept and run_id != current:
             shutil.rmtree(path, ignore_errors=True)
 
 

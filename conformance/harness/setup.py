@@ -21,6 +21,7 @@ from conformance.plan.matrix import Rung, RungError, load_rungs_file, parse_rung
 from conformance.plan.scenario_fit import RunBounds, check_scenario_fits
 from conformance.rank.scenario import Scenario, ScenarioError, load_scenario
 from conformance.record.results import new_run_id
+from conformance.record.run_folder import given_run_id
 from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import NODE_LAYOUT, SettingError, Settings, deadlines
 from conformance.settings import resolve as resolve_settings
@@ -53,11 +54,18 @@ def _inputs(config: pytest.Config, role: Role) -> RunInputs:
         settings=settings,
         topology=topology,
         scenario=scenario,
-        run_id=handed.get(RUN_ID) or new_run_id(),
+        run_id=handed.get(RUN_ID) or _given_run_id() or new_run_id(),
         user_rungs=tuple(_user_rungs(settings)),
         baseline=None if role.worker else _baseline(settings),
         node_setup=setup,
     )
+
+
+def _given_run_id() -> str | None:
+    try:
+        return given_run_id(os.environ)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
 
 
 IN_RANK_MARGIN = 1.0  # seconds between the in-rank timeouts and the case limit that bounds them

@@ -8,7 +8,7 @@ multi-node run the other nodes write ``<run id>-node<k>`` beside it (a shared fi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,20 @@ def run_id_of(name: str) -> str | None:
     """The run id a run folder's name holds; None for a name that is no run folder's."""
     m = FOLDER_NAME.fullmatch(name)
     return m["run_id"] if m else None
+
+
+# The id its caller chose for a run (conformance-healthcheck, to read back its own run's folder and no other).
+GIVEN_RUN_ID = "CONFORMANCE_RUN_ID"
+
+
+def given_run_id(environ: Mapping[str, str]) -> str | None:
+    """The run id in ``$CONFORMANCE_RUN_ID`` (None: none given); ValueError for one that is no run folder's name."""
+    given = environ.get(GIVEN_RUN_ID)
+    if not given:
+        return None
+    if run_id_of(given) != given:
+        raise ValueError(f"{GIVEN_RUN_ID}={given!r}: not a run id (YYYYMMDD-HHMMSS-<hex>, as results.new_run_id makes)")
+    return given
 
 
 @dataclass(frozen=True)
