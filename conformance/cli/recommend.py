@@ -7,7 +7,8 @@ import json
 
 from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
 from conformance.record.runs import RunError
-from conformance.summarise.recommend import ENV_FILE, UNFIT_STATUS, recommend, write_env_file
+from conformance.summarise.env_file import ENV_FILE, write_env_file
+from conformance.summarise.recommend import UNFIT_STATUS, recommend
 
 COMMAND = "recommend"
 
