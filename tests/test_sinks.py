@@ -125,6 +125,26 @@ def test_one_hostile_run_leaves_every_sink_valid(
     assert not list(pytester.path.rglob(f"{PWNED}*"))
 
 
+def test_a_host_name_with_control_characters_still_ends_with_the_answer(
+    pytester: pytest.Pytester, run_suite: RunSuite, reports_dir: Path, isolated_env: None
+) -> None:
+    """Pytest writes the host name raw; the run's JUnit step used to crash on it, with no answer (item 3)."""
+    hostname = carried(IN_ENVIRONMENT, SURROGATE)
+    pytester.makepyfile(test_p=PAIR_TEST)
+    pytester.makeconftest(HOSTNAME_CONFTEST.format(hostname=hostname))
+    junit = pytester.path / "junit.xml"
+
+    result = run_suite("--virtual-devices=2", f"--junitxml={junit}", "test_p.py")
+
+    output = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, output
+    last_block = output[output.rindex("\n==") :]
+    assert "conformance: the answer" in last_block.splitlines()[1] and "1 case in 1 class passed" in last_block
+    check_junit(junit)
+    facts = json.loads((reports_dir / "latest" / "run.json").read_text())
+    assert facts["end"]["state"] == "complete" and facts["host"] == hostname
+
+
 def check_junit(path: Path) -> None:
     """Strict XML 1.0 (expat) and valid xunit2 (Jenkins xunit's junit-10.xsd, as pytest's own tests check)."""
     text = path.read_text(encoding="utf-8")
