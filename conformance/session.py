@@ -86,7 +86,7 @@ class ConformanceSession:
         later = sum(1 for item in session.items if self.run.plan.on_fallback_rung(item.nodeid))
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if later and reporter is not None and not self.run.role.worker and self.run.plan.mode == "adaptive":
-            reporter.write_line(
+            reporter.write_line(  # the suite's own words and counts: nothing from outside
                 f"conformance: {len(session.items) - later} tests on the machine as it is; {later} on fallback rungs "
                 "run only for a class that failed the rung before: pytest counts those not needed 'deselected' as "
                 "the run goes, so its percentage can jump"

@@ -30,6 +30,15 @@ def test_a_line_is_split_at_its_first_equals_sign_and_nothing_is_trimmed() -> No
     }
 
 
+def test_a_nul_ends_a_line_as_nccl_s_c_strings_do() -> None:
+    """Before the ``=`` the line has none (skipped); in the value it ends the value: no name or value holds a NUL.
+
+    A NUL in a name reached os.environ as the clean rung emptied it: ``ValueError: embedded null byte``.
+    """
+    text = "NCCL_A\0B=1\nNCCL_SOCKET_IFNAME=eth0\0junk\nNCCL_C=\0\n"
+    assert parse_config(text, "f") == {"NCCL_SOCKET_IFNAME": ConfigValue("eth0", "f"), "NCCL_C": ConfigValue("", "f")}
+
+
 @pytest.mark.parametrize(
     ("environ", "version", "read"),
     [

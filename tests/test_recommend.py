@@ -18,14 +18,16 @@ from conformance.cli.main import main
 from conformance.plan.matrix import BUILTIN_LADDER
 from conformance.record.records import CaseRecord, RunFacts
 from conformance.record.runs import Run, RunError, load_run, run_facts
-from conformance.summarise.recommend import Recommendation, recommend, write_env_file
+from conformance.summarise.env_file import USAGE, env_file_text, write_env_file
+from conformance.summarise.recommend import recommend
+from conformance.summarise.recommendation import Recommendation
 from conftest import REPO, copy_suites
 from test_compare import SYS_P2P_HANG
 
 RunSuite = Callable[..., pytest.RunResult]
 
 RUN_ID = "20250101-000000-abcd"
-ENV_USAGE = "# VAR=VALUE lines: docker --env-file, systemd EnvironmentFile=, or set -a; . ./recommended.env; set +a"
+ENV_USAGE = f"# {USAGE}"
 SIMULATED = "SIMULATED run: this is for the simulated machine, not this host"
 PER_CLASS = "per topology class, the first rung on which every case of the class passed:"
 NOTHING = "nothing to set: the environment as it is"
@@ -119,7 +121,7 @@ def test_only_the_failing_class_needs_a_setting(tmp_path: Path) -> None:
         "  would then run on a broader setting than they need: PIX (needs inherited), all (needs inherited)",
         "  export NCCL_P2P_LEVEL=NVL",
     ]
-    assert rec.env_text() == "\n".join(
+    assert env_file_text(rec) == "\n".join(
         [
             *header(tmp_path),
             "# PIX: inherited: nothing to set",
@@ -153,7 +155,7 @@ def test_one_setting_serves_every_class(tmp_path: Path) -> None:
     rec = recommend(make_run(tmp_path, records))
     assert rec.lines()[-2:] == ["one setting serves every class:", "  export NCCL_SHM_DISABLE=1"]
     assert rec.serves_every_class and rec.broader == []
-    assert rec.env_text().splitlines()[-3:] == [
+    assert env_file_text(rec).splitlines()[-3:] == [
         "# all: shm_off: NCCL_SHM_DISABLE=1",
         "# single: shm_off: NCCL_SHM_DISABLE=1",
         "NCCL_SHM_DISABLE=1",
@@ -172,7 +174,7 @@ def test_healthy_run_needs_nothing(tmp_path: Path) -> None:
         "note: every rung ran on top of what the run inherited: GLOO_SOCKET_IFNAME=lo",
     ]
     assert rec.exports() == []
-    assert rec.env_text() == "\n".join(
+    assert env_file_text(rec) == "\n".join(
         [
             *header(tmp_path, simulated=True),
             "# NV18: inherited: nothing to set",
@@ -206,7 +208,7 @@ def test_clean_rung_unsets_the_nccl_families(tmp_path: Path) -> None:
         "  export NCCL_P2P_LEVEL=NVL",
         "note: every rung ran on top of what the run inherited: GLOO_SOCKET_IFNAME=lo",
     ]
-    assert rec.env_text() == "\n".join(
+    assert env_file_text(rec) == "\n".join(
         [
             *header(tmp_path),
             "# PIX: p2p_level_nvl: NCCL_P2P_LEVEL=NVL",
@@ -229,7 +231,7 @@ def test_clean_alone_is_a_comment_in_the_env_file(tmp_path: Path) -> None:
     rec = recommend(make_run(tmp_path, records))
     unset = "unset every NCCL_*/TORCH_NCCL_* variable"
     assert rec.lines()[-2:] == ["one setting serves every class:", f"  {unset}"]
-    assert rec.env_text() == "\n".join(
+    assert env_file_text(rec) == "\n".join(
         [*header(tmp_path), f"# single: clean: {unset}", f"# {unset} before these: a .env file cannot unset", ""]
     )
 
@@ -275,8 +277,8 @@ def test_conflicting_rungs_take_the_later_one_and_name_who_gets_more(tmp_path: P
             ],
         }
     ]  # fmt: skip
-    assert f"# {conflict}" in rec.env_text().splitlines()
-    assert rec.env_text().endswith("\nNCCL_SHM_DISABLE=1\nNCCL_SOCKET_IFNAME=eth1\n")
+    assert f"# {conflict}" in env_file_text(rec).splitlines()
+    assert env_file_text(rec).endswith("\nNCCL_SHM_DISABLE=1\nNCCL_SOCKET_IFNAME=eth1\n")
 
 
 def test_no_rung_passes_points_at_the_failing_cases(tmp_path: Path) -> None:
@@ -300,7 +302,7 @@ def test_no_rung_passes_points_at_the_failing_cases(tmp_path: Path) -> None:
         {"nodeid": "suites/test_x.py::test_barrier_no_device_ids[last_half-gpu4-gpu5-inherited]", "verdict": "hang"},
         {"nodeid": "suites/test_x.py::test_barrier_no_device_ids[last_half-gpu4-gpu5-p2p_off]", "verdict": "crash"},
     ]
-    assert "# last_half: no environment fixes it (no rung passed; tried inherited, p2p_off)" in rec.env_text()
+    assert "# last_half: no environment fixes it (no rung passed; tried inherited, p2p_off)" in env_file_text(rec)
     only_broken = recommend(make_run(tmp_path, records[2:]))
     assert only_broken.lines()[-1] == "no environment fixes any class (last_half); see the failing cases above"
 
@@ -321,7 +323,7 @@ def test_wrong_data_on_any_rung_makes_the_machine_unfit(tmp_path: Path) -> None:
         "  FAIL suites/test_x.py::test_pair_exchange[gpu0-gpu1-PIX-cumem_off] (PIX, rung cumem_off): fail on cumem_off",
     ]
     assert rec.exports() == []
-    assert rec.env_text() == "\n".join(
+    assert env_file_text(rec) == "\n".join(
         [
             *header(tmp_path),
             f"# NOT FIT FOR TRAINING: wrong data (verdict fail); {UNFIT}",
@@ -423,7 +425,7 @@ def test_an_empty_run_recommends_nothing(tmp_path: Path) -> None:
     rec = recommend(make_run(tmp_path, [record("gpu0", "inherited", "skip", kind="single")]))
     assert (rec.classes, rec.unfit) == ([], False)
     assert rec.lines() == ["nothing to recommend: no case ran that can be used (all skipped or negative controls)"]
-    assert rec.env_text().splitlines()[-1] == "# nothing to recommend: no case ran that can be used"
+    assert env_file_text(rec).splitlines()[-1] == "# nothing to recommend: no case ran that can be used"
 
 
 def test_write_env_file(tmp_path: Path) -> None:
@@ -432,7 +434,7 @@ def test_write_env_file(tmp_path: Path) -> None:
     (tmp_path / "recommended.env").write_text("old\n")
     path = write_env_file(run, rec)
     assert path == tmp_path / "recommended.env"
-    assert path.read_text() == rec.env_text()
+    assert path.read_text() == env_file_text(rec)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recommended.env"]
     with pytest.raises(RunError, match="no run folder to write recommended.env into"):
         write_env_file(Run("x.xml", RunFacts(), typed(sys_records())), rec)
@@ -475,7 +477,7 @@ def test_command_prints_and_writes(
         *expected.lines(),
         f"(written to {env_file})",
     ]
-    assert env_file.read_text() == expected.env_text()
+    assert env_file.read_text() == env_file_text(expected)
     # a bare run id, the results file itself, reports/ in the working directory
     assert run_cli(capsys, RUN_ID, "--reports-dir", str(reports))[0] == 0
     assert run_cli(capsys, str(folder / "results.jsonl"))[0] == 0
@@ -572,7 +574,7 @@ def finished(reports_dir: Path, result: pytest.RunResult, simulated: bool) -> tu
     run = load_run(reports_dir / "latest")
     rec = recommend(run)
     assert run.folder is not None
-    assert (run.folder / "recommended.env").read_text() == rec.env_text()
+    assert (run.folder / "recommended.env").read_text() == env_file_text(rec)
     result.stdout.fnmatch_lines(["recommended environment:", *(line.replace("[", "[[]") for line in rec.lines())])
     assert rec.simulated is simulated
     return run, rec, run.folder

@@ -2,7 +2,8 @@
 
 A command module exposes ``register(commands)``, adding its argparse subcommand with
 ``set_defaults(run=function)``; the function takes the parsed arguments and returns the exit
-status.  Bad input is one line on stderr and exit status 2 (:data:`USAGE_ERROR`).
+status.  Bad input is one line on stderr and exit status 2 (:data:`USAGE_ERROR`).  Everything a
+command prints goes through :func:`say`, the terminal's escape for outside text.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from conformance.common import values
+from conformance.common.outside_text import shown, shown_lines
 from conformance.record.runs import Run, load_run, resolve_run_path
 from conformance.settings import SETTING, reports_dir_outside_pytest
 
@@ -67,13 +69,23 @@ def load_run_argument(value: str | None, reports_dir: Path) -> Run:
     return load_run(resolve_run_path(value, reports_dir))
 
 
+def say(text: str, error: bool = False) -> None:
+    """The commands' one way to the terminal: ``text`` on stdout (stderr: ``error``), outside text shown as data.
+
+    A path, a run id, a record's words or a log line is anyone's text; ``shown_lines`` leaves none of
+    its characters to act on the terminal (``common/outside_text.py``), the text's own lines kept.
+    """
+    print(shown_lines(text), file=sys.stderr if error else sys.stdout)
+
+
 def fail(command: str, message: str, status: int = USAGE_ERROR) -> int:
-    print(f"{PROG} {command}: {message}", file=sys.stderr)
+    """Bad input: one line on stderr (a newline in the message is shown, not kept), and ``status``."""
+    say(f"{PROG} {command}: {shown(message)}", error=True)
     return status
 
 
 def warn(command: str, message: str) -> None:
-    print(f"{PROG} {command}: warning: {message}", file=sys.stderr)
+    say(f"{PROG} {command}: warning: {shown(message)}", error=True)
 
 
 def argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:

@@ -13,6 +13,7 @@ from conformance.cli.common import (
     argument_type,
     fail,
     load_run_argument,
+    say,
     warn,
 )
 from conformance.common import values
@@ -66,9 +67,9 @@ def compare_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         warn(COMMAND, f"the comparison cannot be kept with {comparison.current.source}: {exc.strerror or exc}")
     if args.json:
-        print(json.dumps(comparison.to_json(), indent=2, sort_keys=True))
+        say(json.dumps(comparison.to_json(), indent=2, sort_keys=True))
     else:
-        print("\n".join(_without_warnings(comparison.lines(), comparison.warnings)))
+        say("\n".join(_without_warnings(comparison.lines(), comparison.warnings)))
     return comparison.exit_status
 
 

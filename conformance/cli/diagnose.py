@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import fail
-from conformance.common.outside_text import shown
+from conformance.cli.common import fail, say
 from conformance.diagnose.diagnosis import diagnose
 from conformance.diagnose.inputs import UnusableInput
 from conformance.diagnose.sources import gather
@@ -38,12 +37,12 @@ def diagnose_command(args: argparse.Namespace) -> int:
     try:
         gathered = gather(list(args.paths))
     except UnusableInput as exc:
-        return fail(COMMAND, shown(str(exc)))
+        return fail(COMMAND, str(exc))
     if gathered.evidence.lines == 0:
-        return fail(COMMAND, shown(f"{args.paths[0]}: empty: no log line to read"))
+        return fail(COMMAND, f"{args.paths[0]}: empty: no log line to read")
     answer = diagnose(gathered)
     if args.json:
-        print(json.dumps(answer.to_json(), indent=2))  # ensure_ascii: every control or bidi character is \uXXXX
+        say(json.dumps(answer.to_json(), indent=2))  # ensure_ascii: every control or bidi character is \uXXXX
     else:
-        print("\n".join(answer.text_lines()))
+        say("\n".join(answer.text_lines()))
     return answer.exit_status

@@ -17,12 +17,12 @@ and exits 2.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from conformance.cli import compare, diagnose, merge_junit, recommend, report, smoke, topology
-from conformance.cli.common import PROG, USAGE_ERROR, RaisingParser, UsageError
+from conformance.cli.common import PROG, USAGE_ERROR, RaisingParser, UsageError, say
+from conformance.common.outside_text import shown
 from conformance.discover.versions import SUITE_DISTRIBUTION, suite_version
 
 COMMANDS = (topology, recommend, compare, report, merge_junit, smoke, diagnose)
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        say(f"{PROG}: error: {shown(str(exc))}", error=True)
         return USAGE_ERROR
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0

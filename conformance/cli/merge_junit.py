@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import fail, warn
+from conformance.cli.common import fail, say, warn
 from conformance.summarise.junit_merge import MergeError, merge
 
 COMMAND = "merge-junit"
@@ -36,5 +36,5 @@ def merge_command(args: argparse.Namespace) -> int:
         return fail(COMMAND, str(exc))
     for message in result.warnings:
         warn(COMMAND, message)
-    print(result.line())
+    say(result.line())
     return 0

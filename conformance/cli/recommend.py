@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, say, warn
+from conformance.common.outside_text import shown
 from conformance.record.runs import RunError
-from conformance.summarise.recommend import ENV_FILE, UNFIT_STATUS, recommend, write_env_file
+from conformance.summarise.env_file import ENV_FILE, write_env_file
+from conformance.summarise.recommend import UNFIT_STATUS, recommend
 
 COMMAND = "recommend"
 
@@ -45,11 +47,11 @@ def recommend_command(args: argparse.Namespace) -> int:
     except (OSError, RunError) as exc:
         return fail(COMMAND, f"{ENV_FILE} cannot be written: {exc}")
     if args.json:
-        print(json.dumps({**recommendation.to_json(), "env_file": str(path)}, indent=2, sort_keys=True))
+        say(json.dumps({**recommendation.to_json(), "env_file": str(path)}, indent=2, sort_keys=True))
     else:
-        print(f"recommended environment for run {recommendation.run_id or '(unknown run id)'} ({run.source}):")
+        say(f"recommended environment for run {recommendation.run_id or '(unknown run id)'} ({run.source}):")
         for line in recommendation.lines():
-            print(line)
-        print(f"(written to {path})")
+            say(line)
+        say(f"(written to {shown(str(path))})")  # one line: a newline in the reports folder's name is shown
     # A run with nothing a launch script could use (incomplete, harness errors) is not a success either.
     return UNFIT_STATUS if recommendation.withheld else 0

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, warn
+from conformance.cli.common import add_reports_dir_argument, add_run_argument, fail, load_run_argument, say, warn
+from conformance.common.outside_text import shown
 from conformance.record.results import RESULTS_FILE
 from conformance.record.runs import Run, RunError
 from conformance.summarise.answer import answer
@@ -41,7 +42,7 @@ def report_command(args: argparse.Namespace) -> int:
         return fail("report", str(exc))
     for message in run.warnings:
         warn("report", message)
-    print(path)
+    say(shown(str(path)))  # one line: a newline in the reports folder's name is shown
     return 0
 
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import fail
+from conformance.cli.common import fail, say
 from conformance.cli.smoke_checks import (
     FAIL,
     NOT_RUN,
@@ -61,6 +61,7 @@ from conformance.cli.smoke_checks import (
 from conformance.common.casefiles import rank_dir, read_phases
 from conformance.common.clock import wall
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines, StopLadder
+from conformance.common.outside_text import shown
 from conformance.discover.topology import Topology, TopologyError
 from conformance.discover.topology_source import discover
 from conformance.discover.versions import SUITE_DISTRIBUTION, nccl_wheel_version, package_version
@@ -335,20 +336,20 @@ def run(out: Path, skip_suite: bool) -> int:
     except OSError as exc:
         return fail("smoke", f"--out {out}: cannot make the folder: {exc.strerror or exc}")
     found = versions()
-    print("versions: " + ", ".join(f"{k} {v or 'n/a'}" for k, v in found.items()))
-    print(show_topology(out))
+    say("versions: " + ", ".join(f"{k} {v or 'n/a'}" for k, v in found.items()))
+    say(show_topology(out))
     topology, why_not = gpu_topology()
     if topology is not None:
-        print(f"driver {topology.driver}, CUDA driver {topology.cuda_driver}")
+        say(f"driver {topology.driver}, CUDA driver {topology.cuda_driver}")
     checks = [] if skip_suite else [run_suite(out)]
     if topology is not None:
         checks += gpu_checks(out, topology, found)
     else:
         checks += [Check(name, NOT_RUN, f"no GPU: {why_not}") for name in GPU_CHECKS]
-    print(table(checks))
+    say(table(checks))
     summary = {"time": wall(), "versions": found, "checks": [asdict(c) for c in checks]}
     (out / "smoke.json").write_text(json.dumps(summary, indent=2))
-    print(f"\nwritten to {out}")
+    say(f"\nwritten to {shown(str(out))}")
     return 0 if all(c.status == PASS for c in checks) else 1
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import PROG, USAGE_ERROR, argument_type
+from conformance.cli.common import argument_type, fail, say
 from conformance.common import values
 from conformance.common.tables import align_columns
 from conformance.discover.topology import Device, Topology, TopologyError, link_matrix_lines, link_note_lines
@@ -42,9 +41,8 @@ def topology_command(args: argparse.Namespace) -> int:
         else:
             topology = discover("auto", args.virtual_devices)
     except TopologyError as exc:
-        print(f"{PROG} topology: {exc}", file=sys.stderr)
-        return USAGE_ERROR
-    print(topology.to_json(indent=2) if args.json else "\n".join(topology_lines(topology)))
+        return fail("topology", str(exc))
+    say(topology.to_json(indent=2) if args.json else "\n".join(topology_lines(topology)))
     return 0
 
 

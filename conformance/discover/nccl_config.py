@@ -95,13 +95,17 @@ class NcclConfig:
 
 
 def parse_config(text: str, file: str) -> dict[str, ConfigValue]:
-    """One file's lines as NCCL's ``setEnvFile`` reads them: the first line naming a variable wins."""
+    """One file's lines as NCCL's ``setEnvFile`` reads them: the first line naming a variable wins.
+
+    A line is a C string there: a NUL before the ``=`` ends the line (skipped: no ``=``), a NUL in
+    the value ends the value (``strncpy``).
+    """
     found: dict[str, ConfigValue] = {}
     for line in text.split("\n"):
-        if not line or line.startswith("#") or "=" not in line:
+        if not line or line.startswith("#") or "=" not in line.split("\0", 1)[0]:
             continue
         name, value = line.split("=", 1)
-        found.setdefault(name[:LINE_BYTES], ConfigValue(value[:LINE_BYTES], file))
+        found.setdefault(name[:LINE_BYTES], ConfigValue(value.split("\0", 1)[0][:LINE_BYTES], file))
     return found
 
 

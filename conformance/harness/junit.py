@@ -19,6 +19,9 @@
   shows it as a failure, not a silent metric.
 * A test case's ``time`` includes its case's wall time, also for a case that ran side by side
   before pytest reached its test (its call then took milliseconds).
+* The file is read back and written by ``common/xml_text.py``: what pytest left raw (a host name
+  with a control character) is read with it shown, and every text goes out through its one escape,
+  so the file stays XML 1.0 whatever a rank, a host or a variable said.
 """
 
 from __future__ import annotations
@@ -31,9 +34,8 @@ from xml.etree import ElementTree
 
 import pytest
 
-from conformance.common.files import write_via_temporary
-from conformance.common.outside_text import shown_lines
 from conformance.common.verdicts import Verdict
+from conformance.common.xml_text import parse_pytest_junit, write_junit
 from conformance.harness.pytest_private import junit_writer, raised_by_junit_writer
 from conformance.record.records import JUNIT_PREFIX, JunitRun
 from conformance.summarise.conclude import not_written
@@ -147,9 +149,11 @@ class JunitWriterGuard:
 
 
 def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT_NAME) -> None:
-    """Name each testsuite of ``path`` and add the run's properties and answer to it (rewritten in place)."""
-    tree = ElementTree.parse(path)
-    root = tree.getroot()
+    """Name each testsuite of ``path`` and add the run's properties and answer to it (rewritten in place).
+
+    Every text, pytest's and the run's, reaches the file through ``write_junit``'s one escape.
+    """
+    root = parse_pytest_junit(path)
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     for suite in suites:
         if suite_name == PYTEST_DEFAULT_NAME:
@@ -157,7 +161,7 @@ def complete(path: Path, summary: JunitSummary, suite_name: str = PYTEST_DEFAULT
         _add_properties(suite, summary.properties())
         _add_findings(suite, summary.findings)
         _set_system_out(suite, summary.system_out())
-    write_via_temporary(path, lambda temporary: tree.write(temporary, encoding="utf-8", xml_declaration=True))
+    write_junit(path, root)
 
 
 def _add_properties(suite: ElementTree.Element, properties: Sequence[tuple[str, str]]) -> None:
@@ -166,7 +170,7 @@ def _add_properties(suite: ElementTree.Element, properties: Sequence[tuple[str, 
         holder = ElementTree.Element("properties")
         suite.insert(0, holder)
     for name, value in properties:
-        ElementTree.SubElement(holder, "property", {"name": name, "value": shown_lines(value)})
+        ElementTree.SubElement(holder, "property", {"name": name, "value": value})
 
 
 def _add_findings(suite: ElementTree.Element, findings: Sequence[tuple[str, str]]) -> None:
@@ -175,7 +179,6 @@ def _add_findings(suite: ElementTree.Element, findings: Sequence[tuple[str, str]
     place = list(suite).index(out) if out is not None else len(suite)
     for offset, (name, message) in enumerate(findings):
         case = ElementTree.Element("testcase", {"classname": SUITE_NAME, "name": name, "time": "0"})
-        message = shown_lines(message)  # XML 1.0 has no control characters; a rank's words may hold them
         ElementTree.SubElement(case, "failure", {"message": message}).text = message
         suite.insert(place + offset, case)
     for count in ("tests", "failures"):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conformance.common import casefiles
+from conformance.common.outside_text import shown
 from conformance.harness.pytest_private import set_terminal_line, terminal_line
 from conformance.launch.processes import RankProcess
 from conformance.launch.watchdog import OnWait
@@ -83,14 +84,14 @@ class CaseProgress:
         if self.reporter is None or self.capture is None or self.worker:
             return None
         self.on_terminal = bool(self.reporter.isatty())
-        begun, shown = time.monotonic(), [0.0]
+        begun, last_shown = time.monotonic(), [0.0]
 
         def on_wait(alive: Sequence[RankProcess], seconds_left: float) -> None:
             now = time.monotonic()
             every = EVERY_ON_TERMINAL if self.on_terminal else EVERY_IN_LOG
-            if now - begun < (SHOW_AFTER if self.on_terminal else EVERY_IN_LOG) or now - shown[0] < every:
+            if now - begun < (SHOW_AFTER if self.on_terminal else EVERY_IN_LOG) or now - last_shown[0] < every:
                 return
-            shown[0] = now
+            last_shown[0] = now
             run_left = time_left_text(now - self.started, self.counts(), seconds_left)
             head = f"conformance [{now - begun:.0f}s, stopped in {max(0.0, seconds_left):.0f}s{run_left}]"
             self._show(head, nodeid, where_ranks_are(alive))
@@ -98,6 +99,7 @@ class CaseProgress:
         return on_wait
 
     def _show(self, head: str, nodeid: str, where: str) -> None:
+        nodeid, where = shown(nodeid), shown(where)  # a test id and the ranks' phases: outside text, shown first
         with self.capture.global_and_fixture_disabled():
             if not self.on_terminal:
                 self.reporter.write_line(f"{head} {nodeid}: {where}")

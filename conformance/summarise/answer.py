@@ -31,7 +31,7 @@ from conformance.summarise.bandwidth import (
 )
 from conformance.summarise.causes import cause_lines, p2p_path_line
 from conformance.summarise.network import network_warnings
-from conformance.summarise.recommend import ClassAdvice, Recommendation
+from conformance.summarise.recommendation import ClassAdvice, Recommendation
 from conformance.summarise.summary import (
     count_text,
     counted_cases,

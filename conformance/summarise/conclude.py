@@ -16,7 +16,8 @@ from conformance.record.runs import Run, RunError, load_run
 from conformance.settings import Settings
 from conformance.summarise.answer import Answer, answer
 from conformance.summarise.compare import COMPARISON_FILE, CompareError, compare, write_comparison
-from conformance.summarise.recommend import ENV_FILE, recommend, write_env_file
+from conformance.summarise.env_file import ENV_FILE, write_env_file
+from conformance.summarise.recommend import recommend
 from conformance.summarise.report import ReportUnavailable, write_report
 
 

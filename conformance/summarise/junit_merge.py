@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from conformance.common.files import write_via_temporary
 from conformance.common.inputs import NO_JUNITPARSER, RUN_FILE_BYTES, NotReadable, junitparser_missing, read_bounded
+from conformance.common.xml_text import junit_text, write_junit
 from conformance.record.records import JunitRun
 from conformance.record.results import RESULTS_FILE
 from conformance.record.runs import RUN_FACTS, Run, RunError, read_jsonl, read_run_facts, suite_run
@@ -155,7 +155,9 @@ def set_run_properties(suite: Any, properties: Mapping[str, object]) -> None:
         if str(prop.name).startswith(RUN_PROPERTY_PREFIX):
             props.remove(prop)
     for key in RUN_PROPERTY_KEYS:
-        props.add_property(Property(f"{RUN_PROPERTY_PREFIX}{key}", property_text(properties.get(key))))
+        # escaped here too: lxml, where junitparser finds it, refuses a character XML forbids as it is set
+        value = junit_text(property_text(properties.get(key)))
+        props.add_property(Property(f"{RUN_PROPERTY_PREFIX}{key}", value))
 
 
 def _check_output(out: Path, inputs: Sequence[Path]) -> None:
@@ -255,7 +257,7 @@ def merge(out: Path, inputs: Sequence[Path]) -> Merge:
 def _write_whole(merged: Any, out: Path) -> None:
     """Written beside OUT and renamed over it, so a failed write leaves OUT as it was."""
     try:
-        write_via_temporary(out, lambda temporary: merged.write(str(temporary)))
+        write_junit(out, merged._elem)  # the suite's one JUnit writer (its one escape)
     except OSError as exc:
         raise MergeError(f"{out}: cannot be written: [Errno {exc.errno}] {exc.strerror}") from None
 

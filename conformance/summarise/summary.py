@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from conformance.common.shell_text import export_line
 from conformance.common.verdicts import READING_ORDER, Verdict
 from conformance.plan.matrix import BUILTIN_LADDER, INHERITED, Rung
 from conformance.record.records import HOST_SET_KIND, CaseRecord, RunEnd
@@ -259,7 +260,8 @@ def rung_env_text(rung: Rung) -> str:
         return f"unset every {'/'.join(f + '*' for f in rung.unset_families)} variable"
     if not rung.set:
         return "nothing to set: the environment as it is"
-    return " ".join(f"export {k}={v}" for k, v in sorted(rung.set.items()))
+    lines = [export_line(k, v) for k, v in sorted(rung.set.items())]
+    return " ".join(sorted(lines, key=lambda line: line.startswith("#")))  # a comment, last, ends the line
 
 
 def ladder_summary_lines(records: list[CaseRecord], ladder: Sequence[Rung], step_deadline: float) -> list[str]:
