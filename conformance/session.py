@@ -52,8 +52,9 @@ class ConformanceSession:
         plugins.register(self, "conformance_session")
         plugins.register(TerminalOutput(self.run), "conformance_terminal")
         plugins.register(HostChecks(self.run), "conformance_host_checks")
-        plugins.register(JunitHooks(lambda: run_life.junit_summary(self.run)), "conformance_junit")
-        plugins.register(JunitWriterGuard(self.run.outcome.unwritten.append), "conformance_junit_guard")
+        not_written = self.run.outcome.unwritten.append
+        plugins.register(JunitHooks(lambda: run_life.junit_summary(self.run), not_written), "conformance_junit")
+        plugins.register(JunitWriterGuard(not_written), "conformance_junit_guard")
         plugins.register(RunEnding(self.run), "conformance_ending")
         if plugins.hasplugin("xdist"):
             plugins.register(XdistHooks(self.run), "conformance_xdist")

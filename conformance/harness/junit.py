@@ -89,16 +89,21 @@ class JunitSummary:
 class JunitHooks:
     """Completes the JUnit file with the run and its answer; headlines failures; times cases."""
 
-    def __init__(self, summary: Callable[[], JunitSummary]) -> None:
+    def __init__(self, summary: Callable[[], JunitSummary], not_written: Callable[[str], None]) -> None:
         self.summary = summary  # the run and its answer, once the run has ended
+        self.not_written = not_written  # told "<what> NOT written: <why>" when the file cannot be completed
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """After pytest's writer has written the file (a plain hook of its own) and the run has its answer."""
         writer = junit_writer(session.config)
         path = Path(writer.logfile) if writer is not None else None
-        if path is not None and path.is_file():
+        if path is None or not path.is_file():
+            return
+        try:
             complete(path, self.summary(), session.config.getini("junit_suite_name"))
+        except (OSError, ValueError, ElementTree.ParseError) as exc:  # a full disk; a file pytest left cut short
+            self.not_written(not_written(f"the run's answer in JUnit file {path}", exc))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
@@ -141,7 +146,7 @@ class JunitWriterGuard:
         """
         try:
             yield
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a text UTF-8 cannot encode (a host name's stray bytes)
             writer = junit_writer(session.config)
             if writer is None or not raised_by_junit_writer(exc):
                 raise
