@@ -299,7 +299,7 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "topology-not-json": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
-        "--topology-file: topology file '{d}/box.json' is not a topology: Expecting value: ",
+        "--topology-file: topology file '{d}/box.json' is not a topology: not JSON: Expecting value: ",
         {"box.json": "kind: gpu\n"},
     ),
     "topology-null": Refusal(
