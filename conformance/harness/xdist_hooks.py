@@ -7,6 +7,7 @@ the same.  A worker hands back the later rungs it found not needed (never run as
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,6 +15,17 @@ import pytest
 from conformance.harness.context import RunContext
 from conformance.harness.pytest_private import scope_scheduler
 from conformance.harness.workers import CONTROLLER, NOT_NEEDED, RUN_ID, TOPOLOGY
+
+
+@dataclass(frozen=True)
+class NotNeeded:
+    """A later rung a worker did not run, as pytest's terminal counts it among the deselected.
+
+    An object, as pytest's own entries there are (items): other plugins read each entry's ``__dict__``
+    (hypothesis's terminal summary does), which a bare node id has not.
+    """
+
+    nodeid: str
 
 
 class XdistHooks:
@@ -34,7 +46,7 @@ class XdistHooks:
             self.run.coverage.not_needed(nodeid)
         terminal = self.run.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
-            terminal.stats.setdefault("deselected", []).extend(ids)
+            terminal.stats.setdefault("deselected", []).extend(NotNeeded(nodeid) for nodeid in ids)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """The controller collects nothing itself: the run's plan is what its workers collected."""
