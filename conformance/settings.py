@@ -24,6 +24,7 @@ from conformance.common.inputs import (
     NO_JINJA2,
     NO_PROMETHEUS_CLIENT,
     NotReadable,
+    absolute,
     jinja2_missing,
     prometheus_client_missing,
     read_bounded,
@@ -377,7 +378,10 @@ def _parse(setting: Setting, raw: Any, where: str, base: Path) -> Any:
     if setting.is_path:
         if not str(value).strip():
             raise SettingError(f"{where}: an empty path is not allowed")
-        value = (base / Path(value).expanduser()).resolve()
+        try:
+            value = absolute(base / Path(value).expanduser())
+        except NotReadable as exc:  # a loop: one line here, before any reader meets it
+            raise SettingError(f"{where}: {str(value)!r} {exc}") from None
     return value
 
 
