@@ -20,10 +20,9 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from conformance.diagnose import job_lines
-from conformance.diagnose.inputs import UnusableInput, open_regular
+from conformance.diagnose.inputs import LogFile, UnusableInput, open_regular
 from conformance.diagnose.logs import SNIFF_BYTES, LogLine, Who, is_text, scan, strip_prefixes, text_of, who_from_path
 from conformance.verdict import cuda_errors, job_causes
 from conformance.verdict.decision import VICTIM_PATTERN
@@ -261,11 +260,12 @@ class JobEvidence:
 
     # ---------------------------------------------------------------------------------------- reading
 
-    def read_file(self, path: Path) -> None:
+    def read_file(self, log: LogFile) -> None:
         """Every line of one text file (a binary file raises :class:`UnusableInput`)."""
+        path = log.path
         base = who_from_path(path)
         name = str(path)
-        with open_regular(path) as stream:
+        with open_regular(log) as stream:
             if not is_text(stream.read(SNIFF_BYTES)):
                 raise UnusableInput(f"{path}: a binary file, not a log")
             stream.seek(0)
