@@ -26,8 +26,9 @@ from conformance.common import casefiles
 from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.casefiles import RankStatus
 from conformance.common.jsonl import parse_lines
-from conformance.diagnose.evidence import STOPPED_LINE, JobEvidence
+from conformance.diagnose.evidence import JobEvidence
 from conformance.diagnose.inputs import LogFile, Skipped, UnusableInput, log_files, open_regular
+from conformance.diagnose.line_forms import STOPPED_LINE
 from conformance.diagnose.logs import LogLine, who_from_path
 
 JSON_LIMIT = 16 * 1024 * 1024  # a JSON file larger than this is no error file: skipped
