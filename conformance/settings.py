@@ -490,6 +490,8 @@ def check_metrics_file(path: Path, where: str) -> None:
     shown = f"metrics file {str(path)!r}"
     if path.is_dir():
         raise SettingError(f"{where}: {shown} is a folder; name a file in it (gpu_conformance.prom)")
+    if path.exists() and not path.is_file():  # replaced at the end of the run, a FIFO or a device would be lost
+        raise SettingError(f"{where}: {shown} is not a regular file (a named pipe or a device?); name a file")
     if not path.parent.is_dir():
         missing = "is not a folder" if path.parent.exists() else "does not exist"
         raise SettingError(f"{where}: {shown} cannot be written: its folder {str(path.parent)!r} {missing}")

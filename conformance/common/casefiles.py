@@ -215,19 +215,27 @@ def read_case(case_dir: Path) -> CaseFile:
         raise CaseFileError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise CaseFileError(f"{path}: not a case (a JSON {type(data).__name__})")
-    return CaseFile.from_json(data)
+    try:
+        return CaseFile.from_json(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CaseFileError(f"{path}: not a case: {exc}") from None
 
 
 def write_result(rank_path: Path, result: RankResult) -> None:
     write_json_atomic(rank_path / RESULT, asdict(result))
 
 
+_STATUSES = frozenset(status.value for status in RankStatus)
+
+
 def read_result(rank_path: Path) -> RankResult | None:
     """The rank's result; None when it wrote none (or not a whole one)."""
     data = read_json(rank_path / RESULT)
-    if not isinstance(data, dict) or data.get("status") not in set(RankStatus):
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str) or data["status"] not in _STATUSES:
         return None
     values = {f.name: data[f.name] for f in fields(RankResult) if f.name in data}
+    if "t" not in values or wrong_field_type(values, RankResult):  # not one the rank wrote whole
+        return None
     return RankResult(**{**values, "status": RankStatus(data["status"])})
 
 

@@ -181,11 +181,18 @@ def _summary(data: Any) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         return None
     if "error" in data:
-        return {"error": data["error"], "last": [], "groups": {}}
-    entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
-    entries.sort(key=lambda e: e.get("record_id", 0))
+        return {"error": str(data["error"]), "last": [], "groups": {}}
+    listed = data.get("entries")
+    entries = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+    entries.sort(key=_record_id)
     groups = data.get("pg_status", {})
     return {"last": [_entry(e) for e in entries[-LAST_ENTRIES:]], "groups": groups if isinstance(groups, dict) else {}}
+
+
+def _record_id(entry: Mapping[str, Any]) -> int:
+    """Where torch recorded the entry (a whole number; anything else first)."""
+    found = entry.get("record_id")
+    return found if type(found) is int else -1
 
 
 def describe(collectives: Mapping[str, Any] | None) -> str:
