@@ -62,6 +62,7 @@ from conformance.common import casefiles
 from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.casefiles import rank_dir, read_phases
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines, StopLadder
+from conformance.common.inputs import NotReadable, absolute
 from conformance.discover.topology import Topology, TopologyError
 from conformance.discover.topology_source import discover
 from conformance.discover.versions import SUITE_DISTRIBUTION, nccl_wheel_version, package_version
@@ -336,7 +337,12 @@ def gpu_topology() -> tuple[Topology | None, str]:
 
 def run(out: Path, skip_suite: bool) -> int:
     try:
+        absolute(out)
         out.mkdir(parents=True, exist_ok=True)
+    except NotReadable as exc:
+        return fail("smoke", f"--out {out} {exc}")
+    except FileExistsError:
+        return fail("smoke", f"--out {out}: is there already, and not a folder")
     except OSError as exc:
         return fail("smoke", f"--out {out}: cannot make the folder: {exc.strerror or exc}")
     found = versions()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -90,7 +91,8 @@ def resolve_run_path(argument: str | None, reports_dir: Path) -> Path:
     """A run named on the command line, or the newest run (``reports/latest``)."""
     if argument:
         path = Path(argument)
-        if not path.exists() and (reports_dir / argument).exists():
+        unusable = os.path.lexists(reports_dir) and not reports_dir.is_dir()  # a loop, a file: said as its own
+        if not path.exists() and ((reports_dir / argument).exists() or unusable):
             path = reports_dir / argument  # a bare run id
         return path
     return reports_dir / LATEST
