@@ -44,7 +44,9 @@ def json_value(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         raise TooDeep(f"nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes
         raise NotParsed(f"not JSON: {exc}") from None
-    _refuse_deeper_than(value, max_depth)
+    opened = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
+    if opened > max_depth:  # fewer brackets than levels cannot nest that deep: a results line is not walked
+        _refuse_deeper_than(value, max_depth)
     return value
 
 

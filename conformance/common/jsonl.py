@@ -76,7 +76,7 @@ class JsonlFollower:
         self.path = path
         self.offset = 0
         self.limit = limit
-        self.skipped: list[str] = []  # what was skipped, "line 3 is ...", kept for the caller to name
+        self.skipped: list[str] = []  # what was skipped and not yet taken, "line 3 is ...", for the caller to name
         self._lines_read = 0
         self._in_long_line = False  # skipping the rest of a line longer than ``limit``
 
@@ -99,6 +99,11 @@ class JsonlFollower:
         self._lines_read += whole.count(b"\n")
         self.skipped += read.skipped
         return read.objects
+
+    def take_skipped(self) -> list[str]:
+        """What was skipped since the last call, each once."""
+        taken, self.skipped = self.skipped, []
+        return taken
 
     def _skip_long_line(self, size: int) -> None:
         if size < self.limit:

@@ -127,6 +127,8 @@ class LadderBook:
                 self._known[where] = outcome
             if line.get("stuck"):
                 self._stuck[where] = line["stuck"]
+        for problem in self._lines.take_skipped():  # a line of someone else's, or cut off by a kill
+            LOG.warning("%s: %s; skipped", self.path, problem)
         return dict(self._known)
 
     def wait_for(self, wanted: Sequence[tuple[str, str]], deadline: float) -> dict[tuple[str, str], str]:
