@@ -24,6 +24,7 @@ from conformance.common.inputs import (
     NO_JINJA2,
     NO_PROMETHEUS_CLIENT,
     NotReadable,
+    absolute,
     jinja2_missing,
     prometheus_client_missing,
     read_bounded,
@@ -377,7 +378,10 @@ def _parse(setting: Setting, raw: Any, where: str, base: Path) -> Any:
     if setting.is_path:
         if not str(value).strip():
             raise SettingError(f"{where}: an empty path is not allowed")
-        value = (base / Path(value).expanduser()).resolve()
+        try:
+            value = absolute(base / Path(value).expanduser())
+        except NotReadable as exc:  # a loop: one line here, before any reader meets it
+            raise SettingError(f"{where}: {str(value)!r} {exc}") from None
     return value
 
 
@@ -486,6 +490,8 @@ def check_metrics_file(path: Path, where: str) -> None:
     shown = f"metrics file {str(path)!r}"
     if path.is_dir():
         raise SettingError(f"{where}: {shown} is a folder; name a file in it (gpu_conformance.prom)")
+    if path.exists() and not path.is_file():  # replaced at the end of the run, a FIFO or a device would be lost
+        raise SettingError(f"{where}: {shown} is not a regular file (a named pipe or a device?); name a file")
     if not path.parent.is_dir():
         missing = "is not a folder" if path.parent.exists() else "does not exist"
         raise SettingError(f"{where}: {shown} cannot be written: its folder {str(path.parent)!r} {missing}")

@@ -23,7 +23,7 @@ import pytest
 
 # The project's own tests need the dev extra; a bare ``pytest`` in a checkout without it says so in
 # one line, and says how the machine is tested, instead of failing on the first missing import.
-DEV_MODULES = ("psutil", "xmlschema", "junitparser", "jinja2", "prometheus_client")
+DEV_MODULES = ("psutil", "xmlschema", "junitparser", "jinja2", "prometheus_client", "hypothesis")
 _MISSING = [name for name in DEV_MODULES if importlib.util.find_spec(name) is None]
 if _MISSING:
     pytest.exit(

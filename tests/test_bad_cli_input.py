@@ -83,6 +83,10 @@ def _junit_case(data: Mapping[str, Any]) -> str:
     return f'<testcase classname="test_pairs" name="{name}" time="0.5" />'
 
 
+DEEP = 100_000  # levels of nesting, far past the interpreter's recursion limit
+DEEP_LINE = "[" * DEEP + "]" * DEEP + "\n"
+DEEP_LINE_SKIPPED = "line {line} is nested deeper than 64 levels; skipped"
+DEEP_XML = "<system-out>" + "<a>" * DEEP + "</a>" * DEEP + "</system-out>"
 FOREIGN_JUNIT = (
     '<testsuites><testsuite name="other" tests="1"><testcase classname="a" name="b"/></testsuite></testsuites>'
 )
@@ -205,6 +209,37 @@ REFUSALS: dict[str, Refusal] = {
         "{d}/new: no readable record ({d}/new/results.jsonl: line 1 is not a record of this suite (nodeid",
         {**run_folder("old"), "new/results.jsonl": results({**A_RUN, "nodeid": 7})},
     ),
+    # nested deeper than any reader follows (issue 51): one line, never a RecursionError
+    "report-only-a-deep-line": Refusal(
+        ("report", "{d}/run"),
+        "{d}/run: no readable record ({d}/run/results.jsonl: " + DEEP_LINE_SKIPPED.format(line=1) + ")",
+        {**run_folder(), "run/results.jsonl": DEEP_LINE},
+    ),
+    "recommend-only-a-deep-line": Refusal(
+        ("recommend", "{d}/run"),
+        "{d}/run: no readable record ({d}/run/results.jsonl: " + DEEP_LINE_SKIPPED.format(line=1) + ")",
+        {**run_folder(), "run/results.jsonl": DEEP_LINE},
+    ),
+    "compare-current-only-a-deep-line": Refusal(
+        ("compare", "{d}/old", "{d}/new"),
+        "{d}/new: no readable record ({d}/new/results.jsonl: " + DEEP_LINE_SKIPPED.format(line=1) + ")",
+        {**run_folder("old"), "new/results.jsonl": DEEP_LINE},
+    ),
+    "report-run-json-nested-deep": Refusal(
+        ("report", "{d}/run"),
+        "{d}/run/run.json: nested deeper than 64 levels",
+        {**run_folder(), "run/run.json": "[" * DEEP + "]" * DEEP},
+    ),
+    "merge-junit-nested-deep": Refusal(
+        ("merge-junit", "-o", "{d}/out.xml", "{d}/a.xml"),
+        "{d}/a.xml: not a readable JUnit XML file: nested deeper than 64 elements",
+        {**MERGE_RUN_A, "a.xml": junit_xml(A_RUN).replace("</testsuite>", DEEP_XML + "</testsuite>")},
+    ),
+    "compare-junit-nested-deep": Refusal(
+        ("compare", "{d}/run", "{d}/a.xml"),
+        "{d}/a.xml: not a readable JUnit XML file: nested deeper than 64 elements",
+        {**MERGE_RUN_A, **run_folder(), "a.xml": junit_xml(A_RUN).replace("</testsuite>", DEEP_XML + "</testsuite>")},
+    ),
     # merge-junit
     "merge-output-is-an-input": Refusal(
         ("merge-junit", "-o", "{d}/a.xml", "{d}/a.xml"),
@@ -299,8 +334,13 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "topology-not-json": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
-        "--topology-file: topology file '{d}/box.json' is not a topology: Expecting value: ",
+        "--topology-file: topology file '{d}/box.json' is not a topology: not JSON: Expecting value: ",
         {"box.json": "kind: gpu\n"},
+    ),
+    "topology-nested-deep": Refusal(
+        ("topology", "--topology-file", "{d}/box.json"),
+        "--topology-file: topology file '{d}/box.json' is not a topology: nested deeper than 64 levels",
+        {"box.json": '{"kind": ' * DEEP + "1" + "}" * DEEP},
     ),
     "topology-null": Refusal(
         ("topology", "--topology-file", "{d}/box.json"),
@@ -536,3 +576,18 @@ def test_the_module_refuses_without_a_traceback(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"python -m conformance report: {tmp_path}/run: {NOT_OF_THIS_SUITE}\n"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["results.jsonl"]
+
+
+@pytest.mark.parametrize("command", ["report", "recommend", "compare"])
+def test_a_deep_line_among_records_is_named_and_the_command_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """The line is skipped and named on stderr; the records around it are read and the command does its work."""
+    monkeypatch.chdir(tmp_path)
+    prepare(tmp_path, {**run_folder("old"), **run_folder(), "run/results.jsonl": results(A_RUN) + DEEP_LINE})
+    argv = [command, *([str(tmp_path / "old")] if command == "compare" else []), str(tmp_path / "run")]
+    status, out, err = run_cli(capsys, argv)
+    assert status == 0 and out, err
+    assert "Traceback" not in err
+    skipped = f"{tmp_path}/run/results.jsonl: {DEEP_LINE_SKIPPED.format(line=2)}"
+    assert f"python -m conformance {command}: warning: {skipped}" in err.splitlines(), err

@@ -81,6 +81,14 @@ def make_regular_file(here: Path) -> None:
     (here / "plain-file").write_text("not a folder\n")
 
 
+DEEP = 100_000  # levels of nesting, far past the interpreter's recursion limit
+
+
+def deep_run_folder(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("[" * DEEP + "]" * DEEP + "\n")
+
+
 SCENARIO = "--scenario=scenario.toml"
 SC = "ERROR: conformance: {here}/scenario.toml rule"
 SECONDS_NOT_FINITE = " 1: seconds must be a finite, non-negative number, got {}"
@@ -240,6 +248,31 @@ BAD_INPUTS = {
         "ERROR: conformance: command-line option --topology-file: topology file '{here}/huge.json' is over 16 MiB, "
         "the most the suite reads of such a file",
         setup=lambda here: (here / "huge.json").write_bytes(b" " * (17 << 20)),
+    ),
+    # nested deeper than any reader follows (issue 51): one line, never a RecursionError
+    "topology-file-nested-deep": Case(
+        ("--topology-file=deep.json",),
+        "ERROR: conformance: command-line option --topology-file: topology file '{here}/deep.json' is not a "
+        "topology: nested deeper than 64 levels",
+        setup=lambda here: (here / "deep.json").write_text("[" * DEEP + "]" * DEEP),
+    ),
+    "scenario-nested-deep": Case(
+        (SCENARIO,),
+        "ERROR: conformance: command-line option --scenario: scenario file '{here}/scenario.toml' is nested deeper "
+        "than 64 levels",
+        scenario="rule = " + "[" * DEEP + "]" * DEEP + "\n",
+    ),
+    "rungs-file-nested-deep": Case(
+        ("--env-rungs-file=rungs.toml",),
+        "ERROR: conformance: command-line option --env-rungs-file: rungs file '{here}/rungs.toml' is nested deeper "
+        "than 64 levels",
+        setup=lambda here: (here / "rungs.toml").write_text("rung = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n"),
+    ),
+    "baseline-nested-deep": Case(
+        ("--baseline=base",),
+        "ERROR: conformance: command-line option --baseline: {here}/base: no readable record "
+        "({here}/base/results.jsonl: line 1 is nested deeper than 64 levels; skipped)",
+        setup=lambda here: deep_run_folder(here / "base"),
     ),
     "scenario-not-toml": Case(
         (SCENARIO,),

@@ -323,6 +323,6 @@ def test_files_read_in_parallel_give_the_answer_read_in_turn(
     monkeypatch.setattr(sources.os, "sched_getaffinity", lambda _pid: {0, 1, 2}, raising=False)
     in_parallel = diagnose(capsys, tmp_path)
 
-    assert sources._workers(sorted(tmp_path.iterdir())) == 3  # the second run did read in three processes
+    assert sources._workers(sources.files_to_read([tmp_path])[0]) == 3  # the second run did read in three processes
     assert in_parallel == in_turn
     assert in_turn[1]["class"] == "oom" and in_turn[1]["root_ranks"] == [4], in_turn

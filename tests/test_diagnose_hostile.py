@@ -2,7 +2,9 @@
 
 Escape sequences and bidi overrides are shown, never acted on; a forged answer line stays a quoted
 line under the real answer; a FIFO, socket or device file is named and skipped, never opened; a link
-loop is named and the other files still read; a line of any length is read in bounded memory.
+loop is named and the other files still read; a link out of the folder given is named, never read,
+and a file swapped for one after the walk is not read either; folders 1,500 deep are named below
+the 64th, never a traceback; a line of any length is read in bounded memory.
 Each test runs diagnose as a user does, in a process of its own, with a bound on its time.
 """
 
@@ -130,3 +132,110 @@ def test_a_line_of_any_length_is_read_in_bounded_memory(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("OUT OF MEMORY on rank 1")
     assert peak_mb < MEMORY_LIMIT_MB, peak_mb
+
+
+SECRET = "[rank0]:RuntimeError: the secret line of a file only root may read"
+
+
+def test_a_link_out_of_the_folder_given_is_named_and_never_read(tmp_path: Path) -> None:
+    """An administrator diagnosing a user's job folder reads nothing the user linked in from outside it."""
+    secret = tmp_path / "root-only.log"
+    secret.write_text(SECRET + "\n")
+    secret.chmod(0o600)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.log").write_text(OOM + "\n")
+    (job / "slurm-1.out").symlink_to(secret)
+    (job / "again.log").symlink_to("train.log")  # inside: its target is read where it is, once
+
+    done = run_diagnose(str(job))
+
+    out = done.stdout.decode()
+    assert done.returncode == 1 and out.startswith("OUT OF MEMORY on rank 1"), out
+    assert "secret line" not in out and "(1 file, 1 lines read)" in out, out
+    assert (
+        f"not read: {job / 'slurm-1.out'}: a symbolic link out of the folder given (to {secret}): not followed" in out
+    )
+    assert f"not read: {job / 'again.log'}: a symbolic link: not followed" in out
+
+
+def test_a_file_swapped_after_the_walk_is_never_read(tmp_path: Path) -> None:
+    """Between the walk and the read a file becomes a link, or its folder a link to another: neither is read."""
+    from conformance.diagnose.inputs import UnusableInput, log_files, open_regular
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "rank0.log").write_text(SECRET + "\n")
+    job = tmp_path / "job"
+    (job / "ranks").mkdir(parents=True)
+    (job / "train.log").write_text(OOM + "\n")
+    (job / "ranks" / "rank0.log").write_text("[rank0]:step 1\n")
+    found, _ = log_files([job])
+    train, rank0 = sorted(found, key=lambda log: str(log.path))[::-1]
+
+    (job / "train.log").unlink()
+    (job / "train.log").symlink_to(outside / "rank0.log")
+    (job / "ranks").rename(job / "was-ranks")
+    (job / "ranks").symlink_to(outside)
+
+    with pytest.raises(UnusableInput, match="replaced by a symbolic link: not followed"):
+        open_regular(train)
+    with pytest.raises(UnusableInput, match="replaced while the folder was read"):
+        open_regular(rank0)
+
+
+def make_deep_folders(top: Path, levels: int, log: str) -> None:
+    """``levels`` folders one in another under ``top`` (made through folder handles: the path outgrows PATH_MAX)."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open("deepest.log", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as out:
+            out.write(log + "\n")
+    finally:
+        os.close(fd)
+
+
+def remove_deep_folders(top: Path) -> None:
+    """Bottom up, without recursion (shutil.rmtree recurses once per level)."""
+    fds = [os.open(top, os.O_RDONLY)]
+    while True:
+        try:
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        except FileNotFoundError:
+            break
+    os.unlink("deepest.log", dir_fd=fds[-1])
+    while len(fds) > 1:
+        os.close(fds.pop())
+        os.rmdir("d", dir_fd=fds[-1])
+    os.close(fds.pop())
+
+
+DEEP_FOLDERS = 1500
+
+
+@pytest.mark.parametrize("with_a_log_on_top", [True, False])
+def test_a_folder_1500_deep_is_named_never_a_traceback(tmp_path: Path, with_a_log_on_top: bool) -> None:
+    """Folders below the 64th are named, not read: the answer comes from the rest, or one line and exit 2."""
+    job = tmp_path / "job"
+    make_deep_folders(job, DEEP_FOLDERS, OOM)
+    try:
+        if with_a_log_on_top:
+            (job / "train.log").write_text(OOM + "\n")
+        done = run_diagnose(str(job))
+    finally:
+        remove_deep_folders(job)
+
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert "Traceback" not in out + err and "RecursionError" not in out + err
+    cut = "/d" * 65 + ": more than 64 folders deep: not read"
+    if with_a_log_on_top:
+        assert done.returncode == 1 and out.startswith("OUT OF MEMORY on rank 1"), out
+        assert f"not read: {job}{cut}" in out, out
+    else:
+        assert (done.returncode, out) == (2, "") and err.count("\n") == 1, err
+        assert err.rstrip("\n").endswith(f"{job}{cut}"), err

@@ -975,7 +975,7 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
          "No such file or directory"),
         (["topology", "--topology-file", "{garbage}"],
          "python -m conformance topology: --topology-file: topology file '{garbage}' is not a topology: "
-         "Expecting value: line 1 column 1 (char 0)"),
+         "not JSON: Expecting value: line 1 column 1 (char 0)"),
         (["topology", "--topology-file", "{array}"],
          "python -m conformance topology: --topology-file: topology file '{array}' is not a topology: it holds a "
          "JSON list, not an object"),

@@ -58,9 +58,12 @@ from conformance.cli.smoke_checks import (
     torch_dump_in_rank_folder,
     uuid_compared,
 )
+from conformance.common import casefiles
+from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.casefiles import rank_dir, read_phases
 from conformance.common.clock import wall
 from conformance.common.deadlines import GPU_STOP_LADDER, Deadlines, StopLadder
+from conformance.common.inputs import NotReadable, absolute
 from conformance.common.outside_text import shown
 from conformance.discover.topology import Topology, TopologyError
 from conformance.discover.topology_source import discover
@@ -97,7 +100,11 @@ def versions() -> dict[str, str | None]:
         "print(json.dumps({'cuda (torch)': torch.version.cuda, 'nccl': '.'.join(map(str, nccl)) if nccl else None}))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
-    found.update(json.loads(done.stdout) if done.returncode == 0 else {"cuda (torch)": None, "nccl": None})
+    try:
+        said = json_value(done.stdout) if done.returncode == 0 else None
+    except NotParsed:  # a warning printed on stdout before it: not known, as when the child fails
+        said = None
+    found.update(said if isinstance(said, dict) else {"cuda (torch)": None, "nccl": None})
     return found
 
 
@@ -127,7 +134,7 @@ def run_suite(out: Path) -> Check:
     with (out / "suite.log").open("w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=SUITE_TIMEOUT, check=False)
     code = done.returncode
-    tail = (out / "suite.log").read_text(errors="replace").strip().splitlines()[-1:]
+    tail = casefiles.tail(out / "suite.log").strip().splitlines()[-1:]  # the log's end only, however long it grew
     return Check("pytest suites/", PASS if code == 0 else FAIL, f"exit {code}: {' '.join(tail)} ({junit})")
 
 
@@ -332,7 +339,12 @@ def gpu_topology() -> tuple[Topology | None, str]:
 
 def run(out: Path, skip_suite: bool) -> int:
     try:
+        absolute(out)
         out.mkdir(parents=True, exist_ok=True)
+    except NotReadable as exc:
+        return fail("smoke", f"--out {out} {exc}")
+    except FileExistsError:
+        return fail("smoke", f"--out {out}: is there already, and not a folder")
     except OSError as exc:
         return fail("smoke", f"--out {out}: cannot make the folder: {exc.strerror or exc}")
     found = versions()

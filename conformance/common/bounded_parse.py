@@ -1,4 +1,4 @@
-"""The one parser of each text format the suite reads from outside: JSON and TOML, bounded in depth.
+"""The one parser of each text format the suite reads from outside: JSON, TOML and XML, bounded in depth.
 
 Outside data (results.jsonl, run.json, topology, scenario and rungs files, store values, baselines,
 diagnose's inputs) is written by whoever can reach the file or the port.  Python's parsers recurse
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from typing import Any
+from xml.etree import ElementTree
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,15 +32,21 @@ class NotParsed(ValueError):
     """Text that is not a value of its format, or nests deeper than :data:`MAX_DEPTH`; the message says which."""
 
 
+class TooDeep(NotParsed):
+    """A value of its format that nests deeper than the limit: whole, not cut off, and still refused."""
+
+
 def json_value(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads(text)``, refused with ``NotParsed`` (a ``ValueError``) when bad or nested too deep."""
     try:
         value = json.loads(text)
     except RecursionError:
-        raise NotParsed(f"nested deeper than {max_depth} levels") from None
+        raise TooDeep(f"nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes
         raise NotParsed(f"not JSON: {exc}") from None
-    _refuse_deeper_than(value, max_depth)
+    opened = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
+    if opened > max_depth:  # fewer brackets than levels cannot nest that deep: a results line is not walked
+        _refuse_deeper_than(value, max_depth)
     return value
 
 
@@ -48,11 +55,46 @@ def toml_table(text: str, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     try:
         value: dict[str, Any] = tomllib.loads(text)
     except RecursionError:
-        raise NotParsed(f"nested deeper than {max_depth} levels") from None
+        raise TooDeep(f"nested deeper than {max_depth} levels") from None
     except tomllib.TOMLDecodeError as exc:
         raise NotParsed(f"not valid TOML: {exc}") from None
     _refuse_deeper_than(value, max_depth)
     return value
+
+
+XML_CHUNK = 1 << 20
+
+
+def xml_root(data: bytes, max_depth: int = MAX_DEPTH) -> ElementTree.Element:
+    """The root element of an XML document, refused with ``NotParsed`` when bad, nested too deep, or declaring entities.
+
+    A JUnit file nests four levels (testsuites, testsuite, testcase, failure); elements nested
+    100,000 deep parse (expat keeps its own stack) but break whatever walks them by recursion next
+    (``ElementTree.tostring``, junitparser's writer).  Entity declarations (XML 1.0 §4.2) are what
+    entity expansion attacks (the "billion laughs") are made of, and no JUnit writer uses them.
+    Callers that parse with another library (junitparser, lxml where installed) pass the same bytes
+    here first.
+    """
+    if b"<!ENTITY" in data:
+        raise NotParsed("declares XML entities (<!ENTITY>), which no JUnit file does")
+    parser: ElementTree.XMLPullParser[ElementTree.Element] = ElementTree.XMLPullParser(events=("start", "end"))
+    level, root = 0, None
+    try:
+        for start in range(0, len(data), XML_CHUNK):
+            parser.feed(data[start : start + XML_CHUNK])
+            for event in parser.read_events():  # ("start", element) and ("end", element): the events asked for
+                element = event[-1]
+                if root is None and isinstance(element, ElementTree.Element):
+                    root = element
+                level += 1 if event[0] == "start" else -1
+                if level > max_depth:
+                    raise TooDeep(f"nested deeper than {max_depth} elements")
+        parser.close()
+    except ElementTree.ParseError as exc:
+        raise NotParsed(f"not XML: {exc}") from None
+    if root is None:
+        raise NotParsed("not XML: no element")
+    return root
 
 
 def depth(value: object) -> int:
@@ -70,4 +112,4 @@ def depth(value: object) -> int:
 
 def _refuse_deeper_than(value: object, max_depth: int) -> None:
     if depth(value) > max_depth:
-        raise NotParsed(f"nested deeper than {max_depth} levels")
+        raise TooDeep(f"nested deeper than {max_depth} levels")

@@ -31,11 +31,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.clock import wall
 from conformance.common.files import write_atomic
+from conformance.common.inputs import read_bounded, wrong_field_type
 from conformance.common.jsonl import JsonlError, read_lines
 
 CASE_SPEC = "case.json"
+CASE_FILE_BYTES = 64 << 20  # a case file: case.json, result.json, a flight-recorder dump of 2000 entries
 STORE = "store"
 # FileStore locks its file; on NFS (a reports dir on a shared file system) locks are slow or broken, so
 # the store lives in a local temporary folder instead, named after the case folder.
@@ -217,20 +220,40 @@ def write_case(case_dir: Path, case: CaseFile) -> None:
     write_json_atomic(case_dir / CASE_SPEC, asdict(case))
 
 
+class CaseFileError(ValueError):
+    """A case file that is not whole (cut off, too big, nested too deep, not an object); the message says which."""
+
+
 def read_case(case_dir: Path) -> CaseFile:
-    return CaseFile.from_json(json.loads((case_dir / CASE_SPEC).read_text(encoding="utf-8")))
+    """The case the parent wrote for its ranks; CaseFileError when it is not one (the rank fails with it)."""
+    path = case_dir / CASE_SPEC
+    try:
+        data = json_value(read_bounded(path, CASE_FILE_BYTES))
+    except (OSError, NotParsed) as exc:
+        raise CaseFileError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise CaseFileError(f"{path}: not a case (a JSON {type(data).__name__})")
+    try:
+        return CaseFile.from_json(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CaseFileError(f"{path}: not a case: {exc}") from None
 
 
 def write_result(rank_path: Path, result: RankResult) -> None:
     write_json_atomic(rank_path / RESULT, asdict(result))
 
 
+_STATUSES = frozenset(status.value for status in RankStatus)
+
+
 def read_result(rank_path: Path) -> RankResult | None:
     """The rank's result; None when it wrote none (or not a whole one)."""
     data = read_json(rank_path / RESULT)
-    if not isinstance(data, dict) or data.get("status") not in set(RankStatus):
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str) or data["status"] not in _STATUSES:
         return None
     values = {f.name: data[f.name] for f in fields(RankResult) if f.name in data}
+    if "t" not in values or wrong_field_type(values, RankResult):  # not one the rank wrote whole
+        return None
     return RankResult(**{**values, "status": RankStatus(data["status"])})
 
 
@@ -253,20 +276,26 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """A case file's JSON value; None when it is missing or not whole (cut off, too big, nested too deep)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json_value(read_bounded(path, CASE_FILE_BYTES))
+    except (OSError, NotParsed):
         return None
 
 
 def read_phases(rank_path: Path) -> list[PhaseLine]:
     """Every whole line of a rank's phase log (a line cut by a kill is ignored; an unreadable log is empty)."""
     try:
-        lines = read_lines(rank_path / PHASES).objects
+        return phases_from(read_lines(rank_path / PHASES).objects)
     except JsonlError:
         return []
+
+
+def phases_from(lines: Iterable[Mapping[str, Any]]) -> list[PhaseLine]:
+    """The phase lines among JSON objects read back: each with a phase, and every known field of its type."""
     keys = {f.name for f in fields(PhaseLine)}
-    return [PhaseLine(**{k: v for k, v in line.items() if k in keys}) for line in lines if "phase" in line]
+    known = ({k: v for k, v in line.items() if k in keys} for line in lines if "phase" in line)
+    return [PhaseLine(**line) for line in known if not wrong_field_type(line, PhaseLine)]
 
 
 def last_phase(rank_path: Path) -> PhaseLine | None:
@@ -297,12 +326,13 @@ def last_progress(rank_paths: Iterable[Path]) -> float | None:
 
 
 def tail(path: Path, max_lines: int = 30, max_chars: int = 4000) -> str:
+    """The last lines of a log, at most ``max_chars`` of it read however it grows meanwhile."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_chars))
-            text = f.read().decode("utf-8", errors="replace")
+            text = f.read(max_chars).decode("utf-8", errors="replace")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-max_lines:])

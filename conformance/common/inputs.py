@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import importlib
 import os
@@ -33,6 +34,14 @@ def read_bounded(path: Path, limit: int) -> bytes:
     Opened without blocking, so a FIFO cannot hang the open; its kind is read from the open file itself,
     and at most ``limit`` + 1 bytes are read, so /dev/zero or a file that grows cannot fill the memory.
     """
+    data = read_part(path, 0, limit + 1)
+    if len(data) > limit:
+        raise NotReadable(f"is over {limit >> 20} MiB, the most the suite reads of such a file")
+    return data
+
+
+def read_part(path: Path, offset: int, most: int) -> bytes:
+    """At most ``most`` bytes of a regular file from ``offset`` (a file others append to, read in turns)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
@@ -41,12 +50,28 @@ def read_bounded(path: Path, limit: int) -> bytes:
             raise NotReadable(f"is {kind}, not a regular file")
         os.set_blocking(fd, True)
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
+            f.seek(offset)
+            return f.read(most)
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise NotReadable(f"is over {limit >> 20} MiB, the most the suite reads of such a file")
-    return data
+
+
+def absolute(path: Path) -> Path:
+    """``path.resolve()``, with a symbolic link loop on its way refused as NotReadable on every Python.
+
+    Python 3.10-3.12 raise RuntimeError for a loop (pathlib's ``check_eloop``); 3.13 returns the path as far as
+    it got, and the loop shows at the first use (ELOOP, "Too many levels of symbolic links").
+    """
+    try:
+        resolved = path.resolve()
+    except RuntimeError:
+        raise NotReadable("is a symbolic link loop") from None
+    try:
+        os.stat(resolved)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotReadable("is a symbolic link loop") from None
+    return resolved
 
 
 def read_user_file(path: Path, what: str, where: str, error: type[ValueError], limit: int = USER_FILE_BYTES) -> str:

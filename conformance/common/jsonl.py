@@ -2,8 +2,9 @@
 
 Writers are several processes (xdist workers, nodes); a lock keeps their lines whole and fsync
 keeps a line written before a kill.  A reader skips what is not whole (a line cut off by a kill,
-a line that is not an object) and says which lines it skipped; what to do with that is the
-caller's policy.
+a line that is not an object, a line nested deeper than ``bounded_parse`` reads) and says which
+lines it skipped; what to do with that is the caller's policy.  Every read is bounded in size
+(``RUN_FILE_BYTES``) and every line in depth (``bounded_parse.json_value``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.common.inputs import RUN_FILE_BYTES, NotReadable, read_bounded
+from conformance.common.bounded_parse import NotParsed, TooDeep, json_value
+from conformance.common.inputs import RUN_FILE_BYTES, NotReadable, read_bounded, read_part
 
 # A JSON object as read, or about to be written (a file, a pipe, the run store): a boundary, not a contract.
 JsonDict = dict[str, Any]
@@ -64,22 +66,51 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class JsonlFollower:
-    """Reads a file that others append to, each call only the whole lines added since the last."""
+    """Reads a file that others append to, each call only the whole lines added since the last.
 
-    def __init__(self, path: Path) -> None:
+    At most ``limit`` bytes a call, and a line longer than that is skipped whole (named in ``skipped``), so
+    a writer that never ends its line cannot hold the reader's memory or stop it for good.
+    """
+
+    def __init__(self, path: Path, limit: int = RUN_FILE_BYTES) -> None:
         self.path = path
         self.offset = 0
+        self.limit = limit
+        self.skipped: list[str] = []  # what was skipped and not yet taken, "line 3 is ...", for the caller to name
+        self._lines_read = 0
+        self._in_long_line = False  # skipping the rest of a line longer than ``limit``
 
     def new_objects(self) -> list[JsonDict]:
         try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
+            chunk = read_part(self.path, self.offset, self.limit)
         except FileNotFoundError:
             return []
-        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
-        self.offset += len(whole)
-        return _objects(whole.decode("utf-8", errors="replace").splitlines(), JsonLines()).objects
+        except OSError as exc:
+            raise JsonlError(f"{self.path}: cannot be read: {exc.strerror or exc}") from None
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next call
+        if not end:
+            self._skip_long_line(len(chunk))
+            return []
+        whole, self.offset = chunk[:end], self.offset + end
+        if self._in_long_line:  # the end of a line skipped already
+            self._in_long_line, whole = False, whole[whole.find(b"\n") + 1 :]
+            self._lines_read += 1
+        read = parse_lines(whole.decode("utf-8", errors="replace").split("\n"), self._lines_read)
+        self._lines_read += whole.count(b"\n")
+        self.skipped += read.skipped
+        return read.objects
+
+    def take_skipped(self) -> list[str]:
+        """What was skipped since the last call, each once."""
+        taken, self.skipped = self.skipped, []
+        return taken
+
+    def _skip_long_line(self, size: int) -> None:
+        if size < self.limit:
+            return
+        if not self._in_long_line:
+            self.skipped.append(f"line {self._lines_read + 1} is longer than {self.limit} bytes")
+        self._in_long_line, self.offset = True, self.offset + size
 
 
 def read_lines(path: Path, missing_ok: bool = True) -> JsonLines:
@@ -94,16 +125,21 @@ def read_lines(path: Path, missing_ok: bool = True) -> JsonLines:
         raise JsonlError(f"{path}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise JsonlError(f"{path}: cannot be read: {exc}") from None
-    return _objects(text.splitlines(), JsonLines())
+    return parse_lines(text.split("\n"))
 
 
-def _objects(lines: list[str], read: JsonLines) -> JsonLines:
-    for number, line in enumerate(lines, start=1):
+def parse_lines(lines: list[str], before: int = 0) -> JsonLines:
+    """The objects of JSON lines (numbered from ``before`` + 1) and why each other line was skipped."""
+    read = JsonLines()
+    for number, line in enumerate(lines, start=before + 1):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
-        except ValueError:
+            value = json_value(line)
+        except TooDeep as exc:
+            read.skipped.append(f"line {number} is {exc}")
+            continue
+        except NotParsed:
             read.skipped.append(f"line {number} is not whole JSON (cut off?)")
             continue
         if isinstance(value, dict):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from conformance.common.casefiles import RankStatus
 from conformance.common.outside_text import shown
 from conformance.common.verdicts import Verdict
-from conformance.diagnose.evidence import EXCEPTION_LINE, JobEvidence, ProcessStory
+from conformance.diagnose.evidence import JobEvidence
 from conformance.diagnose.findings import Finding, finding
 from conformance.diagnose.inputs import Skipped
 from conformance.diagnose.job_wide import (
@@ -41,8 +41,10 @@ from conformance.diagnose.job_wide import (
     ranked_stories,
     ranks_text,
 )
+from conformance.diagnose.line_forms import EXCEPTION_LINE
 from conformance.diagnose.logs import LogLine
 from conformance.diagnose.sources import Gathered
+from conformance.diagnose.stories import ProcessStory
 from conformance.verdict import job_causes
 from conformance.verdict.decision import Decision, RankReport, decide
 from conformance.verdict.job_causes import FailureClass

@@ -1,7 +1,7 @@
 """What each process of a failed job said, gathered from its log lines in one pass, memory bounded.
 
 :class:`JobEvidence` reads a job's files (:meth:`JobEvidence.read_file`, through
-:func:`conformance.diagnose.logs.scan`: only lines with one of :data:`ANCHOR_WORDS` reach it) and
+:func:`conformance.diagnose.logs.scan`: only lines with one of ``line_forms.ANCHOR_WORDS`` reach it) and
 keeps, per process, the lines that name a failure (a few of each kind, never the whole log), its
 exceptions (a traceback's last line, whatever the exception's name), its last NCCL warnings, the
 collective its watchdog timed out in and how it ended; for the job, what NCCL's own lines say
@@ -11,225 +11,63 @@ normal end, and how each file ends.  The patterns are the verdict stage's tables
 (:mod:`conformance.verdict.job_causes`, ``stderr_causes``, ``machine_faults``, ``cuda_errors``,
 ``decision.VICTIM_PATTERN``) and :mod:`conformance.diagnose.job_lines`.
 
-Memory: every list is bounded (:data:`KEPT_PER_KIND`, :data:`WARNINGS_KEPT`, :data:`FACTS_KEPT`),
-as are the sets of ranks, hosts and transports; lines are bounded by the reader.
+What is kept, and its bounds, is :mod:`conformance.diagnose.stories`; the forms of the lines read,
+:mod:`conformance.diagnose.line_forms`; lines are bounded by the reader.
 """
 
 from __future__ import annotations
 
-import re
-from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from conformance.diagnose import job_lines
-from conformance.diagnose.inputs import UnusableInput, open_regular
+from conformance.diagnose.inputs import LogFile, UnusableInput, open_regular
+from conformance.diagnose.line_forms import (
+    ANCHORS,
+    EXCEPTION_LINE,
+    LAUNCHER_EXCEPTIONS,
+    MAY_NAME_GPU,
+    STOPPED_START,
+    SUMMARY_END,
+    SUMMARY_EXIT,
+    SUMMARY_HOST,
+    SUMMARY_LINES,
+    SUMMARY_RANK,
+    SUMMARY_TIME,
+    TORCH_RANK,
+    TRACEBACK_CONTINUES,
+    TRACEBACK_END,
+    VIA,
+    WRITTEN_LOCAL,
+    WRITTEN_RANK,
+    line_time,
+)
 from conformance.diagnose.logs import SNIFF_BYTES, LogLine, Who, is_text, scan, strip_prefixes, text_of, who_from_path
+from conformance.diagnose.stories import (
+    FACTS_KEPT,
+    KEPT_PER_KIND,
+    SET_LIMIT,
+    VIAS_KEPT,
+    Collective,
+    FileRead,
+    JobFacts,
+    ProcessKey,
+    ProcessStory,
+    node_of,
+    process_key,
+)
 from conformance.verdict import cuda_errors, job_causes
 from conformance.verdict.decision import VICTIM_PATTERN
 from conformance.verdict.machine_faults import ANY_MACHINE_FAULT
 from conformance.verdict.nccl_log import NcclLogBuilder, is_warning, process_of
 from conformance.verdict.stderr_causes import KNOWN_CAUSES
 
-KEPT_PER_KIND = 3  # lines kept per process and kind: the first ones (the last ones for the warnings)
-WARNINGS_KEPT = 64  # per process: NCCL warnings and cause lines, the last ones, for stderr_causes.recognise
-FACTS_KEPT = 4  # job-wide lines kept per kind (failures, normal ends, sizes)
-SET_LIMIT = 1 << 16  # ranks, hosts, announcements remembered at most (a 64k-rank job)
-VIAS_KEPT = 512  # distinct NCCL transport texts
 TRACEBACK_LINES = 400  # a traceback longer than this is closed without its last line
-
-# Every word any pattern of this module, the verdict stage's tables or job_lines can match, lower-case: a line
-# holding none of them is only counted (it is searched lower-cased, so one search per line finds every case).
-ANCHOR_WORDS = (
-    # failures, exceptions, exits and signals
-    "error", "fail", "fatal", "exception", "traceback", "abort", "kill", "signal", "segmentation", "core dumped",
-    "panic", "died", "exit", "interrupt", "file \"", "during handling", "direct cause", "root cause", "failures:",
-    # waits and timeouts; victims
-    "timed out", "time out", "timeout", "watchdog", "heartbeat", "broken pipe", "by peer", "socket closed",
-    "remote process", "worker crash", "seqnum",
-    # memory, devices and the machine
-    "memory", "ecc", "xid", "cuda", "nvlink", "off the bus", "is lost", "busy", "unavailable", "not yet initialized",
-    "device ordinal", "insufficient", "oom", "kernel image", "sharedmem", "cudaarch", "sm_",
-    # NCCL: warnings, init, versions, interfaces, transports
-    "nccl warn", "init complete", "init start", "abort complete", "destroy complete", "nccl version", "bootstrap",
-    "using network", "set by environment", "ibv_", "p2p is disabled", "peer access", "nvls", "sharp",
-    "unhandled", "invalid", "internal error", "last error",
-    # host limits and sockets
-    "open files", "emfile", "enfile", "shm", "shared memory", "no space", "in use", "eaddrinuse", "interface",
-    "connect", "socket", "refused", "unreachable",
-    # the job's size, its ranks and launchers
-    "duplicate", "mismatch", "barrier", "rendezvous", "clients joined", "world_size", "world size", "global_rank",
-    "member", "nnodes", "min_nodes", "nproc", "workers_joined", "worker_count", "srun:",
-    # normal ends (job_lines.NORMAL_ENDS)
-    "avg bus bandwidth", "successfully", "succeeded", "training completed", "trainer.fit", "is a success",
-    "after training is done", "is ok (global rank",
-    # where the job was: launched, a stack dump, the exit, plugins, the GPU model, stopped from outside
-    "omp_num_threads", "elastic_operator", "(active", "(idle", "most recent call first", "destroy_process_group",
-    "plugin", "nvidia", "cancelled", "mem(gb)", "cudnn", "unable to find", "ancdata", "memlock", "nvrm",
-)  # fmt: skip
-ANCHORS = tuple(word.encode() for word in ANCHOR_WORDS)
-# Writers named on any line, searched in each lower-cased block (a line need hold no anchor word to count): global
-# ranks (torch's "[rank3]:", Lightning's "[rank: 3]", DeepSpeed's "[Rank 3]", mpirun's "[1,3]<stderr>:"), and
-# torchrun's local ranks ("[default3]:") with srun's task before them where it labels lines ("1: [default3]:").
-_WRITTEN_RANK = re.compile(rb"\[rank:? ?(\d{1,7})\]|\[\d{1,7},(\d{1,7})\]<std")
-_MAY_NAME_GPU = re.compile(r"sm_|cudaArch|NVIDIA|GeForce|Tesla")  # before cuda_errors.generation_in's searches
-# NCCL's transport of a connection ("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read", conformance.verdict.nccl_log);
-# another program's " via " gives a text nccl_transport.classify does not know, and counts for nothing.
-_VIA = re.compile(rb" via ([^\n]{1,120})")
-_WRITTEN_LOCAL = re.compile(rb"\n(?:\s{0,4}(\d{1,5}): )?\[(?!rank[\d:])[a-z_]{1,40}?(\d{1,5})\]:")
-
-# The last line of a Python traceback: "torch.OutOfMemoryError: CUDA out of memory. ...", "KeyError: 'x'".
-EXCEPTION_LINE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_][\w]*\.){0,8}[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s?(?P<message>.*))?$"
-)
-# What may end a traceback: "Name" or "pkg.Name: message" (an exception whose name ends in no known word).
-TRACEBACK_END = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.){0,8}[A-Za-z_]\w*)(?::\s?(?P<message>.*))?$")
-TRACEBACK_CONTINUES = ('File "', "During handling of", "The above exception", "Traceback (most recent", "^", "~")
-# The launcher's own exceptions: not what a rank died of (torch/distributed/elastic/multiprocessing/errors,
-# .../api.py SignalException: the agent itself got SIGTERM from SLURM or a user).
-LAUNCHER_EXCEPTIONS = re.compile(r"ChildFailedError|SignalException|CalledProcessError")
-# torch/distributed/elastic/multiprocessing/errors/__init__.py _FAILURE_FORMAT_TEMPLATE: one failed process
-# of the "Root Cause (first observed failure):" and "Failures:" sections.
-SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(?P<host>\S+)")
-SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,7}) \(local_rank: (?P<local>\d{1,5})\)")
-SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,4}) \(pid: (?P<pid>\d{1,10})\)")
-SUMMARY_TIME = re.compile(r"^\s*time\s*:\s*(?P<time>\S+)")
-SUMMARY_END = re.compile(r"^(?:=+|-+|\[\d+\]:)\s*$")
-SUMMARY_LINES = 200  # a summary block longer than this is closed
-# Timestamps that order lines across files: glog's "[E1218 20:27:21.426" (torch's C++ logs), ISO dates
-# ("2024-01-01 12:00:00", "2024-01-01_12:00:00" in torchrun's summary, "[2024-01-01 12:00:00]" NCCL).
-GLOG_TIME = re.compile(r"\b[IWEF](?P<month>\d\d)(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d(?:\.\d{1,9})?)\b")
-ISO_TIME = re.compile(
-    r"\b\d{4}-(?P<month>\d\d)-(?P<day>\d\d)[ _T](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d(?:[.,]\d{1,9})?)", re.ASCII
-)
-# torch's ProcessGroupNCCL names the rank in its own messages, prefix or not: "[Rank 3] Watchdog caught ...",
-# "[PG ID 0 PG GUID 0(default_pg) Rank 3] ..." (ProcessGroupNCCL.cpp logPrefix(), torch >= 2.3).
-TORCH_RANK = re.compile(r"^\s*(?:\[[IWEF]\d{4} [^\]]{0,80}\]\s*)?\[(?:PG [^\]]{0,120}?)?Rank (?P<rank>\d{1,7})\]")
-# How diagnose.sources quotes a rank of this suite's own cases that the suite's watchdog stopped.
-STOPPED_LINE = "stopped by the suite's watchdog while waiting (no result): wait timeout in {where}"
-_STOPPED_START = STOPPED_LINE.split("{", 1)[0]
-
-
-def line_time(text: str) -> float | None:
-    """Seconds since the start of the year (no year: glog prints none), for ordering lines of one job."""
-    m = GLOG_TIME.search(text) or ISO_TIME.search(text)
-    if m is None:
-        return None
-    days = (int(m["month"]) - 1) * 31 + int(m["day"])
-    return ((days * 24 + int(m["h"])) * 60 + int(m["m"])) * 60 + float(m["s"].replace(",", "."))
-
-
-ProcessKey = tuple[str, str]  # ("rank", "3"), ("local", "<task or host>/3"), ("pid", "host:123"), ("file", path)
-
-
-def node_of(who: Who) -> str:
-    """The node of a local rank: srun's task id where it says, else the host."""
-    return str(who.task) if who.task is not None else (who.host or "")
-
-
-def process_key(who: Who, path: str) -> ProcessKey:
-    if who.rank is not None:
-        return ("rank", str(who.rank))
-    if who.local_rank is not None:
-        return ("local", f"{node_of(who)}/{who.local_rank}")
-    if who.pid is not None:
-        return ("pid", f"{who.host}:{who.pid}" if who.host else f"pid {who.pid}")
-    if who.task is not None:
-        return ("task", str(who.task))
-    return ("file", path)
-
-
-@dataclass(frozen=True)
-class Collective:
-    """The collective a rank's watchdog timed out in: torch's ``WorkNCCL(SeqNum=, OpType=, NumelIn=, ...)``."""
-
-    seq: int
-    op: str
-    numel: int | None
-    line: LogLine
-
-    @property
-    def shape(self) -> tuple[int, str, int | None]:
-        return (self.seq, self.op, self.numel)
-
-
-@dataclass
-class ProcessStory:
-    """What one process's lines said; every list holds at most :data:`KEPT_PER_KIND` lines."""
-
-    key: ProcessKey
-    who: Who = field(default_factory=Who)
-    signs: dict[str, list[tuple[int, LogLine]]] = field(default_factory=dict)  # index into LINE_SIGNS
-    exceptions: list[LogLine] = field(default_factory=list)
-    victim_lines: list[LogLine] = field(default_factory=list)
-    exits: list[tuple[int, LogLine]] = field(default_factory=list)  # (exit code, the line saying so)
-    errors: list[LogLine] = field(default_factory=list)  # lines that show a failure and name nothing known
-    warnings: deque[LogLine] = field(default_factory=lambda: deque(maxlen=WARNINGS_KEPT))
-    collective: Collective | None = None  # the watchdog's last timed-out collective
-    stopped: bool = False  # a rank of this suite's own case, stopped by its watchdog
-    first_time: float | None = None  # of the first failure line
-    clock: float | None = None  # the last timestamp seen in this process's lines
-
-    def sign_lines(self, key: str) -> tuple[LogLine, ...]:
-        return tuple(line for _, line in self.signs.get(key, []))
-
-    def absorb(self, other: ProcessStory) -> None:
-        """Take in another story of the same process (read from another file, or by another key)."""
-        self.who = self.who.merged(other.who)
-        for key, kept in other.signs.items():
-            self.signs.setdefault(key, []).extend(kept)
-        self.exceptions.extend(other.exceptions)
-        self.victim_lines.extend(other.victim_lines)
-        self.exits.extend(other.exits)
-        self.errors.extend(other.errors)
-        self.warnings.extend(other.warnings)
-        self.collective = self.collective or other.collective
-        self.stopped = self.stopped or other.stopped
-        times = [t for t in (self.first_time, other.first_time) if t is not None]
-        self.first_time = min(times) if times else None
 
 
 def _keep(items: list[LogLine], line: LogLine) -> bool:
     if len(items) < KEPT_PER_KIND:
         items.append(line)
     return True
-
-
-@dataclass
-class FileRead:
-    """One file read: how many lines, and how it ends (the last lines, their writers' prefixes taken off)."""
-
-    path: str
-    lines: int
-    last: list[LogLine]
-
-
-@dataclass
-class JobFacts:
-    """What the logs say about the job as a whole; every list bounded by :data:`FACTS_KEPT`."""
-
-    hard: list[LogLine] = field(default_factory=list)  # a failure no healthy job prints (exception, exit, signal)
-    soft: list[LogLine] = field(default_factory=list)  # a line that says something failed
-    normal_ends: list[tuple[str, LogLine]] = field(default_factory=list)
-    started: LogLine | None = None  # the first line showing the job got past its start (NCCL init, a rank's own line)
-    sizes: dict[int, LogLine] = field(default_factory=dict)  # stated world sizes
-    nnodes: tuple[int, LogLine] | None = None
-    nproc: tuple[int, LogLine] | None = None
-    joined: tuple[int, int, LogLine] | None = None  # (joined, expected, line): a store's count of arrivals
-    members: dict[int, int] = field(default_factory=dict)  # rank -> times it announced itself
-    ranks_written: set[int] = field(default_factory=set)  # ranks whose prefix some line carries
-    hosts: set[str] = field(default_factory=set)
-    vias: set[str] = field(default_factory=set)  # NCCL transport texts ("P2P/IPC/read", "NET/IB/0/GDRDMA")
-    launched: LogLine | None = None  # a launcher starting the ranks
-    stuck_in: LogLine | None = None  # a stack dump's frame inside a collective
-    no_destroy: LogLine | None = None  # torch's warning that the program exits without destroy_process_group()
-    stopped_outside: LogLine | None = None  # Ctrl-C, SIGTERM to the launcher, SLURM cancelling the job
-    net_plugins: dict[str, tuple[str, LogLine]] = field(default_factory=dict)  # host -> NCCL net plugin
-    gpu: tuple[cuda_errors.GpuGeneration, LogLine] | None = None  # the GPU generation the logs name
-
-    def add_kept(self, items: list[LogLine], line: LogLine) -> None:
-        if len(items) < FACTS_KEPT:
-            items.append(line)
 
 
 @dataclass
@@ -261,11 +99,12 @@ class JobEvidence:
 
     # ---------------------------------------------------------------------------------------- reading
 
-    def read_file(self, path: Path) -> None:
+    def read_file(self, log: LogFile) -> None:
         """Every line of one text file (a binary file raises :class:`UnusableInput`)."""
+        path = log.path
         base = who_from_path(path)
         name = str(path)
-        with open_regular(path) as stream:
+        with open_regular(log) as stream:
             if not is_text(stream.read(SNIFF_BYTES)):
                 raise UnusableInput(f"{path}: a binary file, not a log")
             stream.seek(0)
@@ -290,12 +129,12 @@ class JobEvidence:
     def _block(self, block: bytes, lowered: bytes) -> None:
         vias = self.facts.vias
         if len(vias) < VIAS_KEPT and b" via " in block:
-            vias.update(via.decode("ascii", "replace").strip() for via in set(_VIA.findall(block)))
+            vias.update(via.decode("ascii", "replace").strip() for via in set(VIA.findall(block)))
         written = self.facts.ranks_written
         if len(written) < SET_LIMIT:
-            written.update(int(a or b) for a, b in _WRITTEN_RANK.findall(lowered))
+            written.update(int(a or b) for a, b in WRITTEN_RANK.findall(lowered))
         if len(self.local_ranks) < SET_LIMIT:
-            self.local_ranks.update((task.decode(), int(local)) for task, local in _WRITTEN_LOCAL.findall(lowered))
+            self.local_ranks.update((task.decode(), int(local)) for task, local in WRITTEN_LOCAL.findall(lowered))
 
     def _nccl_info(self, line: LogLine) -> None:
         """An NCCL INFO line: what NCCL says of itself (versions, init, interfaces, plugins), never a failure.
@@ -426,7 +265,7 @@ class JobEvidence:
         if "lugin" in text and host is not None and (m := job_lines.NET_PLUGIN.search(text)) is not None:
             if host in facts.net_plugins or len(facts.net_plugins) < SET_LIMIT:
                 facts.net_plugins.setdefault(host, (job_lines.net_plugin(m), line))
-        if facts.gpu is None and _MAY_NAME_GPU.search(text) and (generation := cuda_errors.generation_in(text)):
+        if facts.gpu is None and MAY_NAME_GPU.search(text) and (generation := cuda_errors.generation_in(text)):
             facts.gpu = (generation, line)
 
     def _stated_size(self, size: int, line: LogLine) -> None:
@@ -452,7 +291,7 @@ class JobEvidence:
         if last_error_text or names_cause:
             story.warnings.append(line)
         self._collective(story, line)
-        story.stopped = story.stopped or text.startswith(_STOPPED_START)
+        story.stopped = story.stopped or text.startswith(STOPPED_START)
         failed = self._failure(story, line, hard=found and not is_warning(text))  # a WARN, however telling, is soft
         if (found or failed) and story.first_time is None:
             story.first_time = story.clock

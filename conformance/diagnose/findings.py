@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 
 from conformance.common.casefiles import RankStatus
-from conformance.diagnose.evidence import ProcessStory
 from conformance.diagnose.logs import LogLine
+from conformance.diagnose.stories import ProcessStory
 from conformance.verdict import cuda_errors, job_causes
 from conformance.verdict.job_causes import FailureClass
 from conformance.verdict.machine_faults import MACHINE_FAULTS

@@ -1,12 +1,18 @@
-"""Which files ``conformance diagnose`` reads: regular files only, everything else named and skipped.
+"""Which files ``conformance diagnose`` reads: regular files inside what it was given; the rest named, skipped.
 
 A job folder is written by the job's own code, so it may hold anything: a FIFO (opening it blocks
 until someone writes), a socket, a device file (``/dev/zero`` never ends), a link to one of those,
-a link loop.  Each is skipped with the reason, the others are still read; a path given on the
-command line that cannot be read at all is refused with the reason (exit status 2).  Folders are
-walked without following links to folders (a loop cannot be entered); a link to a folder is named.
-Files are opened without blocking and checked again after opening, so a file swapped for a FIFO
-between the walk and the read is still never read from.
+a link loop, a link out of the folder to a file its reader may read and its writer may not (an
+administrator diagnosing a user's job), folders nested thousands deep.  Each is skipped with the
+reason, the others are still read; a path given on the command line that cannot be read at all is
+refused with the reason (exit status 2).
+
+Inside a folder given, no symbolic link is followed: a link to a file is named and its target is
+read only where the walk finds it inside the folder; folders are walked without recursion, at most
+:data:`MAX_FOLDER_DEPTH` below the one given.  A file is opened without blocking and checked once
+open to be the very file the walk found (its device and inode), so a file swapped for a link, a
+FIFO or a folder of links between the walk and the read is never read from.  A path named on the
+command line is the user's own choice and is followed wherever it points.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from conformance.common import casefiles
+
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".json", ".stderr", ".stdout")
+SIDE_FILES = (casefiles.PHASES,)  # a rank folder of this suite's cases: read beside the rank's stderr.log
 MAX_FILES = 10_000  # a folder with more is refused rather than read for hours
+MAX_FOLDER_DEPTH = 64  # a job's logs sit a few folders deep (torchelastic: <run>/attempt_0/<rank>/)
 
 
 class UnusableInput(Exception):
@@ -32,6 +42,14 @@ class Skipped:
 
     path: str
     why: str
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """A file to read: where it is, and for one found in a folder, the file it was there (device, inode)."""
+
+    path: Path
+    found: tuple[int, int] | None = None  # None: named on the command line, read wherever it points
 
 
 def _kind(mode: int) -> str | None:
@@ -62,13 +80,21 @@ def _why_not(path: Path) -> str | None:
     return _kind(mode)
 
 
-def open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for reading if it is still a regular file once open (else :class:`UnusableInput`)."""
+def open_regular(log: LogFile) -> BinaryIO:
+    """The file opened for reading if, once open, it is a regular file and the one the walk found.
+
+    Else :class:`UnusableInput`, and nothing read from it.
+    """
+    path = log.path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if log.found else 0))
     except OSError as exc:
-        raise UnusableInput(f"{path}: {_why_not(path) or f'cannot be read ({exc.strerror or exc})'}") from exc
-    why = _kind(os.fstat(fd).st_mode)
+        why = "replaced by a symbolic link: not followed" if exc.errno == errno.ELOOP and log.found else None
+        raise UnusableInput(f"{path}: {why or _why_not(path) or f'cannot be read ({exc.strerror or exc})'}") from exc
+    opened = os.fstat(fd)
+    why = _kind(opened.st_mode)
+    if why is None and log.found is not None and (opened.st_dev, opened.st_ino) != log.found:
+        why = "replaced while the folder was read (by a link, or a folder of links?): not read"
     if why is not None:
         os.close(fd)
         raise UnusableInput(f"{path}: {why}")
@@ -77,48 +103,91 @@ def open_regular(path: Path) -> BinaryIO:
 
 
 def _is_log_name(name: str) -> bool:
-    return name.endswith(LOG_SUFFIXES) or name.startswith("slurm-")
+    return name.endswith(LOG_SUFFIXES) or name.startswith("slurm-") or name in SIDE_FILES
 
 
-def _walk(folder: Path, found: list[Path], skipped: list[Skipped]) -> None:
-    """The log files under ``folder``, in name order, links to folders named and not followed."""
-    try:
-        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-    except OSError as exc:
-        skipped.append(Skipped(str(folder), f"cannot be listed ({exc.strerror or exc})"))
-        return
-    for entry in entries:
-        path = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            _walk(path, found, skipped)
-        elif entry.is_symlink() and path.is_dir():
-            skipped.append(Skipped(str(path), "a link to a folder: not followed"))
-        elif _is_log_name(entry.name) or entry.is_symlink() and _why_not(path) == "a symbolic link loop":
-            why = _why_not(path)
-            if why is None:
-                found.append(path)
-            else:
-                skipped.append(Skipped(str(path), why))
-        if len(found) > MAX_FILES:
-            raise UnusableInput(f"{folder}: more than {MAX_FILES} log files; name the job's own folder")
+def _link_why(path: Path, top: str) -> str:
+    """Why a symbolic link found in a folder given is not followed, in words."""
+    why = _why_not(path)
+    if why == "a folder":
+        return "a link to a folder: not followed"
+    if why is not None:  # a loop, a broken link, a link to a FIFO, a socket or a device
+        return why
+    target = os.path.realpath(path)
+    if os.path.commonpath([target, top]) != top:
+        return f"a symbolic link out of the folder given (to {target}): not followed"
+    return "a symbolic link: not followed (its target is read where it is, if it is a log)"
 
 
-def log_files(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
+class _Walk:
+    """The log files under one folder given, in name order, without recursion and without following links."""
+
+    def __init__(self, top: Path, found: list[LogFile], skipped: list[Skipped]) -> None:
+        self.top = top
+        self.real_top = os.path.realpath(top)
+        self.found = found
+        self.skipped = skipped
+
+    def run(self) -> None:
+        stack = [(self.top, 0)]
+        while stack:
+            folder, depth = stack.pop()
+            if depth > MAX_FOLDER_DEPTH:
+                self.skipped.append(Skipped(str(folder), f"more than {MAX_FOLDER_DEPTH} folders deep: not read"))
+                continue
+            stack += reversed([(sub, depth + 1) for sub in self._entries(folder)])
+
+    def _entries(self, folder: Path) -> list[Path]:
+        """Note the files of one folder; return its folders."""
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            self.skipped.append(Skipped(str(folder), f"cannot be listed ({exc.strerror or exc})"))
+            return []
+        folders = []
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(path)
+            elif entry.is_symlink():
+                if _is_log_name(entry.name) or _why_not(path) in ("a folder", "a symbolic link loop"):
+                    self.skipped.append(Skipped(str(path), _link_why(path, self.real_top)))
+            elif _is_log_name(entry.name):
+                self._file(entry, path)
+            if len(self.found) > MAX_FILES:
+                raise UnusableInput(f"{self.top}: more than {MAX_FILES} log files; name the job's own folder")
+        return folders
+
+    def _file(self, entry: os.DirEntry[str], path: Path) -> None:
+        try:
+            seen = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            self.skipped.append(Skipped(str(path), f"cannot be read ({exc.strerror or exc})"))
+            return
+        why = _kind(seen.st_mode)
+        if why is None:
+            self.found.append(LogFile(path, (seen.st_dev, seen.st_ino)))
+        else:
+            self.skipped.append(Skipped(str(path), why))
+
+
+def log_files(paths: list[Path]) -> tuple[list[LogFile], list[Skipped]]:
     """The files to read under ``paths`` and the ones skipped with why; a path that gives nothing raises."""
-    found: list[Path] = []
+    found: list[LogFile] = []
     skipped: list[Skipped] = []
     for path in paths:
         if not path.exists() and not path.is_symlink():
             raise UnusableInput(f"{path}: no such file or folder")
         if path.is_dir():
             before = len(found)
-            _walk(path, found, skipped)
+            _Walk(path, found, skipped).run()
             if len(found) == before and not skipped:
                 raise UnusableInput(f"{path}: a folder with no log files (*.log, *.out, *.err, *.txt, slurm-*)")
             continue
         why = _why_not(path)
         if why is None:
-            found.append(path)
+            found.append(LogFile(path))
         elif len(paths) == 1:
             raise UnusableInput(f"{path}: {why}")
         else:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from conformance.common.casefiles import RankStatus
 from conformance.common.versions import release
-from conformance.diagnose.evidence import Collective, JobEvidence, ProcessStory, node_of
+from conformance.diagnose.evidence import JobEvidence
 from conformance.diagnose.findings import Finding
 from conformance.diagnose.logs import LogLine, Who
+from conformance.diagnose.stories import Collective, ProcessStory, node_of
 from conformance.verdict import job_causes
 from conformance.verdict.job_causes import FailureClass
 from conformance.verdict.nccl_facts import NcclLog

@@ -13,9 +13,9 @@ the suite stopped: its last phase says where; its phase facts say where its firs
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
+import stat
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -23,9 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from conformance.common import casefiles
+from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.casefiles import RankStatus
-from conformance.diagnose.evidence import STOPPED_LINE, JobEvidence
-from conformance.diagnose.inputs import Skipped, UnusableInput, log_files, open_regular
+from conformance.common.jsonl import parse_lines
+from conformance.diagnose.evidence import JobEvidence
+from conformance.diagnose.inputs import LogFile, Skipped, UnusableInput, log_files, open_regular
+from conformance.diagnose.line_forms import STOPPED_LINE
 from conformance.diagnose.logs import LogLine, who_from_path
 
 JSON_LIMIT = 16 * 1024 * 1024  # a JSON file larger than this is no error file: skipped
@@ -35,16 +38,17 @@ PARALLEL_BYTES = 64 * 1024 * 1024  # below this, starting processes costs more t
 MAX_WORKERS = 8
 
 
-def _json_lines(path: Path) -> list[str]:
+def _json_lines(log: LogFile) -> list[str]:
     """The lines an error file or a suite rank's result.json holds (none for any other JSON)."""
-    with open_regular(path) as stream:
+    path = log.path
+    with open_regular(log) as stream:
         raw = stream.read(JSON_LIMIT + 1)
     if len(raw) > JSON_LIMIT:
         return []
     try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-    except ValueError:
-        return []
+        data = json_value(raw.decode("utf-8", errors="replace"))
+    except NotParsed as exc:
+        raise UnusableInput(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         return []
     message = data.get("message")
@@ -56,16 +60,23 @@ def _json_lines(path: Path) -> list[str]:
         return ([f"error file timestamp {stamp}"] if stamp else []) + text.splitlines()
     if path.name != casefiles.RESULT or not isinstance(data.get("t"), (int, float)):
         return []
-    when = datetime.fromtimestamp(data["t"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    try:
+        when = datetime.fromtimestamp(data["t"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    except (OverflowError, OSError, ValueError) as exc:  # a time no clock can show (1e300, nan)
+        raise UnusableInput(f"{path}: its time {data['t']!r} is no time ({exc})") from None
     said = [f"the rank's result, written {when}"]  # orders its failure against the other ranks' (errors: stderr.log)
     if data.get("status") == RankStatus.FAIL.value:
         said.append(WRONG_DATA_LINE.format(message=data.get("message", "")))
     return said
 
 
-def _phase_lines(folder: Path) -> list[str]:
+def _phase_lines(log: LogFile) -> list[str]:
     """A suite rank's phases: its first barrier on another GPU; without a result, where the suite stopped it."""
-    phases = casefiles.read_phases(folder)
+    with open_regular(log) as stream:
+        raw = stream.read(JSON_LIMIT + 1)
+    if len(raw) > JSON_LIMIT:
+        raise UnusableInput(f"{log.path}: over {JSON_LIMIT >> 20} MiB: no phase log of a rank")
+    phases = casefiles.phases_from(parse_lines(raw.decode("utf-8", errors="replace").split("\n")).objects)
     barriers = [line.facts["barrier"] for line in phases if isinstance(line.facts.get("barrier"), dict)]
     said = [
         BARRIER_LINE.format(
@@ -76,18 +87,19 @@ def _phase_lines(folder: Path) -> list[str]:
         for barrier in barriers
         if {"barrier_device", "rank_device"} <= set(barrier) and barrier["barrier_device"] != barrier["rank_device"]
     ]
-    if not (folder / casefiles.RESULT).is_file():
+    if not (log.path.parent / casefiles.RESULT).is_file():
         said.append(STOPPED_LINE.format(where=phases[-1].where if phases else "its start"))
     return said
 
 
-def _read_one(evidence: JobEvidence, path: Path) -> None:
+def _read_one(evidence: JobEvidence, log: LogFile) -> None:
+    path = log.path
     if path.suffix == ".json":
-        texts = _json_lines(path)
+        texts = _json_lines(log)
     elif path.name == casefiles.PHASES:
-        texts = _phase_lines(path.parent)
+        texts = _phase_lines(log)
     else:
-        evidence.read_file(path)
+        evidence.read_file(log)
         return
     who = who_from_path(path)
     for number, text in enumerate(texts, start=1):
@@ -103,37 +115,57 @@ class Gathered:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def _read_share(paths: list[Path]) -> Gathered:
+def _read_share(logs: list[LogFile]) -> Gathered:
     """One share of the files, in order, read into one evidence: a file that cannot be read is named."""
     gathered = Gathered(JobEvidence())
-    for path in paths:
+    for log in logs:
         try:
-            _read_one(gathered.evidence, path)
+            _read_one(gathered.evidence, log)
         except UnusableInput as exc:
-            gathered.skipped.append(Skipped(str(path), str(exc).removeprefix(f"{path}: ")))
+            gathered.skipped.append(Skipped(str(log.path), str(exc).removeprefix(f"{log.path}: ")))
         except OSError as exc:
-            gathered.skipped.append(Skipped(str(path), f"cannot be read ({exc.strerror or exc})"))
+            gathered.skipped.append(Skipped(str(log.path), f"cannot be read ({exc.strerror or exc})"))
     return gathered
 
 
-def files_to_read(paths: list[Path]) -> tuple[list[Path], list[Skipped]]:
-    """The inputs' files, with each suite rank folder's ``phase.jsonl`` (it tells a stopped rank)."""
+def files_to_read(paths: list[Path]) -> tuple[list[LogFile], list[Skipped]]:
+    """The inputs' files, with each suite rank folder's ``phase.jsonl`` last (it tells a stopped rank).
+
+    A phase log is read only beside a rank's ``stderr.log``: found in a folder given, or beside a
+    ``stderr.log`` named on the command line (and then only if it is a regular file, not a link).
+    """
     files, skipped = log_files(paths)
-    phases = {path.parent / casefiles.PHASES for path in files if path.name == casefiles.STDERR}
-    return files + sorted(p for p in phases if p.is_file() and p not in files), skipped
+    ranks = {log.path.parent for log in files if log.path.name == casefiles.STDERR}
+    phases = {log.path: log for log in files if log.path.name == casefiles.PHASES and log.found is not None}
+    for log in files:
+        beside = log.path.parent / casefiles.PHASES
+        if log.found is None and log.path.name == casefiles.STDERR and beside not in phases:
+            found = _regular_beside(beside)
+            if found is not None:
+                phases[beside] = found
+    kept = [log for log in files if log.path not in phases]
+    return kept + [phases[path] for path in sorted(phases) if path.parent in ranks], skipped
 
 
-def _shares(files: list[Path], workers: int) -> list[list[Path]]:
+def _regular_beside(path: Path) -> LogFile | None:
+    try:
+        seen = path.lstat()
+    except OSError:
+        return None
+    return LogFile(path, (seen.st_dev, seen.st_ino)) if stat.S_ISREG(seen.st_mode) else None
+
+
+def _shares(files: list[LogFile], workers: int) -> list[list[LogFile]]:
     """The files in order, cut into ``workers`` runs of about the same size in bytes."""
-    sizes = [_size(path) for path in files]
+    sizes = [_size(log.path) for log in files]
     target = sum(sizes) / workers
-    shares: list[list[Path]] = [[]]
+    shares: list[list[LogFile]] = [[]]
     held = 0.0
-    for path, size in zip(files, sizes, strict=True):
+    for log, size in zip(files, sizes, strict=True):
         if shares[-1] and held + size / 2 > target and len(shares) < workers:
             shares.append([])
             held = 0.0
-        shares[-1].append(path)
+        shares[-1].append(log)
         held += size
     return shares
 
@@ -145,10 +177,10 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _workers(files: list[Path]) -> int:
+def _workers(files: list[LogFile]) -> int:
     """How many processes read the files: one, unless they are big and the machine has the cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if len(files) < 2 or cores < 2 or sum(_size(path) for path in files) < PARALLEL_BYTES:
+    if len(files) < 2 or cores < 2 or sum(_size(log.path) for log in files) < PARALLEL_BYTES:
         return 1
     return min(cores, len(files), MAX_WORKERS)
 

@@ -19,6 +19,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from conformance.common.inputs import read_bounded
+
 NONE = "none"
 DEFAULT_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
 PLUGIN_BYTES = 256 << 20  # a plugin larger than this is not digested: its size stands in
@@ -71,7 +73,7 @@ def identity(path: Path) -> str:
     size = path.stat().st_size
     if size > PLUGIN_BYTES:
         return f"{path} ({size} bytes)"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(read_bounded(path, PLUGIN_BYTES)).hexdigest()[:12]
     return f"{path} sha256:{digest}"
 
 

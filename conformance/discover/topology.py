@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
 
+from conformance.common.bounded_parse import json_value
 from conformance.common.tables import align_columns
 from conformance.discover.health import GpuHealth, health_from_json
 from conformance.discover.inventory import Inventory, inventory_from_json
@@ -108,7 +109,7 @@ class Topology:
 
     @classmethod
     def from_json(cls, text: str) -> Topology:
-        data: dict[str, Any] = json.loads(text)
+        data: dict[str, Any] = json_value(text)
         devices = tuple(Device(**d) for d in data.pop("devices"))
         for name, read in FACT_READERS.items():
             if name in data:

@@ -17,6 +17,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
+from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.inputs import json_type_name, read_user_file, wrong_field_type
 from conformance.common.values import MAX_DEVICES
 from conformance.discover.cpu import CPU_KINDS, UNKNOWN_CPU
@@ -50,8 +51,8 @@ def load_topology_file(path: Path, where: str) -> Topology:
 def _read_topology(text: str, path: Path) -> tuple[Topology, dict[str, Any]] | str:
     """The topology and its JSON, or why the text is not a topology at all."""
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = json_value(text)
+    except NotParsed as exc:
         return str(exc)
     if not isinstance(data, dict):
         return f"it holds a JSON {json_type_name(data)}, not an object"

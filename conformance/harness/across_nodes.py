@@ -19,7 +19,7 @@ from conformance.nodes.group import NodeGroup, NodeGroupError
 from conformance.nodes.layout import local_fingerprint
 from conformance.nodes.liveness import GroupLimits, NodeProblem
 from conformance.plan.matrix import DeviceSet, RungError, as_node_pair, build_ladder, node_rungs, recheck_partners
-from conformance.record.records import CaseRecord
+from conformance.record.runs import record_from_text
 from conformance.summarise.answer import FAILED_ELSEWHERE
 from conformance.verdict.decision import Decision, NodeVerdict, decide_across_nodes
 
@@ -185,9 +185,15 @@ def _gather(run: RunContext, group: NodeGroup, status: int) -> list[str]:
     gathered = group.gather_results(waiting)
     run.ensure_run_dir()
     for node, lines in sorted(gathered.records.items()):
-        for line in lines:
-            run.folder.append(CaseRecord.from_json(json.loads(line)))
-        notes.append(f"node {node}: {len(lines)} records gathered into {run.results_path}")
+        kept = 0
+        for number, line in enumerate(lines, start=1):
+            record = record_from_text(line)
+            if isinstance(record, str):  # a node's line that is no record: skipped, and said
+                notes.append(f"node {node}: record {number} of {len(lines)} skipped: {record}")
+                continue
+            run.folder.append(record)
+            kept += 1
+        notes.append(f"node {node}: {kept} records gathered into {run.results_path}")
     notes.extend(f"node {node}: records missing: {reason}" for node, reason in sorted(gathered.gone.items()))
     named, count = group.strangers()
     notes.extend(f"turned away a node of another run ({stranger}); none of its records entered" for stranger in named)

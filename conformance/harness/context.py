@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
 from collections.abc import Sequence
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.common.bounded_parse import json_value
 from conformance.common.families import inherited_variables
 from conformance.common.versions import release
 from conformance.discover.nccl_config import NcclConfig, read_nccl_config, simulated_config
@@ -204,7 +204,7 @@ class RunContext:
             run_id=self.run_id,
             host=socket.gethostname(),
             backend=self.backend,
-            topology=json.loads(self.topology.to_json()),
+            topology=json_value(self.topology.to_json()),  # its own JSON: the one parser all the same
             torch=package_version("torch"),
             nccl=self.nccl.used,
             nccl_warning=self.nccl.warning,

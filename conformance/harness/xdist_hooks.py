@@ -19,7 +19,11 @@ from conformance.harness.workers import CONTROLLER, NOT_NEEDED, RUN_ID, TOPOLOGY
 
 @dataclass(frozen=True)
 class NotNeeded:
-    """A test of a later rung a worker left out, as the controller's terminal counts it deselected."""
+    """A later rung a worker did not run, as pytest's terminal counts it among the deselected.
+
+    An object, as pytest's own entries there are (items): other plugins read each entry's ``__dict__``
+    (hypothesis's terminal summary does), which a bare node id has not.
+    """
 
     nodeid: str
 
@@ -42,7 +46,6 @@ class XdistHooks:
             self.run.coverage.not_needed(nodeid)
         terminal = self.run.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
-            # pytest counts what its stats hold; other plugins read each entry's attributes (hypothesis: __dict__)
             terminal.stats.setdefault("deselected", []).extend(NotNeeded(nodeid) for nodeid in ids)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

@@ -34,6 +34,7 @@ import warnings
 from pathlib import Path
 from typing import IO
 
+from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.deadlines import FORKSERVER_READY_WAIT, SPAWN_WAIT
 from conformance.common.jsonl import JsonDict
 from conformance.launch.signals import signal_group
@@ -42,8 +43,37 @@ log = logging.getLogger("conformance.launch")
 REPLY_POLL = 0.05  # how long one look for a reply waits before looking again
 
 
+MESSAGE_BYTES = 1 << 20  # a request or a reply is some hundred bytes; a longer line is no message
+
+
 def _send(message: JsonDict) -> None:
     os.write(1, (json.dumps(message) + "\n").encode())
+
+
+def take_messages(buffer: bytes) -> tuple[list[JsonDict], list[str], bytes]:
+    """The whole lines of ``buffer`` as messages, what was not a message (in words), and what is left.
+
+    Something else may write on the pipe (a library printing to stdout in the server): such a line is
+    skipped and said, never taken for a message, and a line that never ends is dropped once it is
+    longer than :data:`MESSAGE_BYTES`.
+    """
+    messages: list[JsonDict] = []
+    skipped: list[str] = []
+    *lines, rest = buffer.split(b"\n")
+    for line in lines:
+        try:
+            message = json_value(line)
+        except NotParsed as exc:
+            skipped.append(f"{line[:80]!r}...: {exc}" if len(line) > 80 else f"{line!r}: {exc}")
+            continue
+        if isinstance(message, dict):
+            messages.append(message)
+        else:
+            skipped.append(f"{line[:80]!r}: not a message (a JSON object)")
+    if len(rest) > MESSAGE_BYTES:
+        skipped.append(f"a line of more than {MESSAGE_BYTES} bytes without its end: dropped")
+        rest = b""
+    return messages, skipped, rest
 
 
 def _fork_rank(case_dir: Path, rank: int, pgid: int, server_pid: int) -> int:
@@ -96,13 +126,13 @@ class Server:
         chunk = os.read(0, 65536)
         if not chunk:
             return False
-        self.pending += chunk
-        while b"\n" in self.pending:
-            line, self.pending = self.pending.split(b"\n", 1)
-            request = json.loads(line)
-            if request["op"] == "spawn":
+        requests, skipped, self.pending = take_messages(self.pending + chunk)
+        for line in skipped:  # the server's log (its stderr) says what it could not take for a request
+            print(f"forkserver: not a request, skipped: {line}", file=sys.stderr, flush=True)
+        for request in requests:
+            if request.get("op") == "spawn":
                 self.spawn(request)
-            elif request["op"] == "stop":
+            elif request.get("op") == "stop":
                 return False
         return True
 
@@ -221,11 +251,11 @@ class ForkServerClient:
                 return
             if not chunk:
                 raise ForkServerError(f"the forkserver exited; its log: {self.log_path}")
-            self._buffer += chunk
-            while b"\n" in self._buffer:
-                line, self._buffer = self._buffer.split(b"\n", 1)
-                message = json.loads(line)
-                if message.get("event") == "exit":
+            messages, skipped, self._buffer = take_messages(self._buffer + chunk)
+            for line in skipped:
+                log.warning("forkserver (%s) wrote what is no message, skipped: %s", self.log_path, line)
+            for message in messages:
+                if message.get("event") == "exit" and {"pid", "code", "clock"} <= message.keys():
                     self.exits[message["pid"]] = (message["code"], message["clock"])
                     log.debug("forkserver reaped pid %d: code %d", message["pid"], message["code"])
                 else:

@@ -120,11 +120,15 @@ class LadderBook:
     def _outcomes(self) -> dict[tuple[str, str], str]:
         """Every outcome recorded so far; each call reads only the lines added since the last."""
         for line in self._lines.new_objects():
+            if not _texts(line, "key", "rung", "outcome"):  # not a line of ours: nothing decided by it
+                continue
             where, outcome = (line["key"], line["rung"]), "final" if line.get("final") else line["outcome"]
             if outcome != UNDECIDED or where not in self._known:  # a give-up never overwrites a real outcome
                 self._known[where] = outcome
             if line.get("stuck"):
                 self._stuck[where] = line["stuck"]
+        for problem in self._lines.take_skipped():  # a line of someone else's, or cut off by a kill
+            LOG.warning("%s: %s; skipped", self.path, problem)
         return dict(self._known)
 
     def wait_for(self, wanted: Sequence[tuple[str, str]], deadline: float) -> dict[tuple[str, str], str]:
@@ -163,6 +167,8 @@ class LadderBook:
 
     def _read_claims(self) -> None:
         for line in self._claim_lines.new_objects():
+            if not _texts(line, "key", "rung") or type(line.get("pid")) is not int:
+                continue
             self._claims[(line["key"], line["rung"])] = int(line["pid"])
 
     def _orphaned(self, where: tuple[str, str]) -> bool:
@@ -298,3 +304,8 @@ def _alone(key: str, undecided: Sequence[str]) -> str:
     if not undecided:
         return ""
     return f"rung {', '.join(undecided)} of {key} was never decided (its worker died?): deciding alone, this rung runs"
+
+
+def _texts(line: Mapping[str, object], *names: str) -> bool:
+    """Whether each of ``names`` in a line read back is a text (a line of the ladder's own)."""
+    return all(isinstance(line.get(name), str) for name in names)

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from conformance.common.bounded_parse import NotParsed, toml_table
 from conformance.common.families import NCCL_FAMILIES, RUNG_FAMILIES
 from conformance.common.inputs import read_user_file
 from conformance.discover.topology import CPU_LINK, Device, Topology
 from conformance.settings import ALL_NODE_PAIRS_UP_TO
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -151,9 +146,9 @@ def load_rungs_file(path: Path, where: str) -> list[Rung]:
     """``[[rung]]`` tables with ``name`` and an ``env`` table of strings."""
     text = read_user_file(path, "rungs file", where, RungError)
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RungError(f"{where}: rungs file {str(path)!r} is not valid TOML: {exc}") from None
+        data = toml_table(text)
+    except NotParsed as exc:
+        raise RungError(f"{where}: rungs file {str(path)!r} is {exc}") from None
     tables = data.get("rung")
     if set(data) != {"rung"} or not isinstance(tables, list):
         raise RungError(f"{where}: rungs file {str(path)!r} must hold only [[rung]] tables")

@@ -16,7 +16,7 @@ folder as well, for the case where torch's watchdog acts despite the deadline or
 
 from __future__ import annotations
 
-import json
+import io
 import pickle
 import signal
 import threading
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common import casefiles
+from conformance.common.bounded_parse import MAX_DEPTH, NotParsed, json_value
+from conformance.common.inputs import read_bounded
 
 DUMP_SIGNAL = signal.SIGUSR2
 BUFFER_ENTRIES = "2000"  # the buffer size torch's flight-recorder tutorial recommends
@@ -58,7 +60,7 @@ def _dump_json(backend: str) -> bytes:
 def dump(backend: str, rank_path: Path) -> None:
     """Write the recorder's JSON to the rank's folder; a failure is written there instead."""
     try:
-        data: Any = json.loads(_dump_json(backend))
+        data: Any = json_value(_dump_json(backend))
     except Exception as exc:  # noqa: BLE001 - a missing dump must not hide the rank's own failure
         data = {"error": f"{type(exc).__name__}: {exc}"}
     casefiles.write_json_atomic(rank_path / casefiles.FLIGHT_RECORDER, data)
@@ -103,31 +105,94 @@ def torch_dumps(rank_path: Path) -> dict[str, dict[str, Any] | None]:
 
     torch writes them to its dump prefix followed by the rank (DebugInfoWriter: TORCH_NCCL_DEBUG_INFO_TEMP_FILE
     in torch/csrc/distributed/c10d/TraceUtils.h; TORCH_FR_DUMP_TEMP_FILE first in later FlightRecorder
-    sources: ``environment`` sets both), pickled: torch 2.13's own reader,
-    torch/distributed/flight_recorder/components/loader.py, unpickles it the same way.  The file is
-    the rank's own, in the rank's own folder.
+    sources: ``environment`` sets both), pickled, with no JSON choice for that dump: torch 2.13's own
+    reader, torch/distributed/flight_recorder/components/loader.py, unpickles it.  Read here through
+    :class:`_DumpUnpickler`, which builds plain values only, so a file put in the rank folder by anyone
+    else can refuse to load but cannot run code; and at most :data:`DUMP_BYTES` of it, nested at most
+    ``bounded_parse.MAX_DEPTH`` deep.
     """
     found: dict[str, dict[str, Any] | None] = {}
     for path in sorted(rank_path.glob(TORCH_DUMP_PREFIX + "*")):
         try:
-            raw = path.read_bytes()
-            data = json.loads(raw) if raw.lstrip()[:1] == b"{" else pickle.loads(raw)  # noqa: S301 - see above
+            found[path.name] = _summary(_read_dump(path))
         except (OSError, ValueError, pickle.UnpicklingError, EOFError) as exc:
             found[path.name] = {"error": f"{type(exc).__name__}: {exc}", "last": [], "groups": {}}
-            continue
-        found[path.name] = _summary(data)
     return found
+
+
+DUMP_BYTES = 256 << 20  # 2000 entries with their stack frames: a few MiB in the dumps seen
+
+
+def _read_dump(path: Path) -> Any:
+    raw = read_bounded(path, DUMP_BYTES)
+    if raw.lstrip()[:1] == b"{":
+        return json_value(raw)
+    try:
+        data = _DumpUnpickler(io.BytesIO(raw)).load()
+    except (RecursionError, MemoryError, TypeError, AttributeError, IndexError, KeyError) as exc:
+        raise pickle.UnpicklingError(f"not a dump: {type(exc).__name__}") from None
+    _refuse_shape(data)
+    return data
+
+
+def _refuse_shape(data: object) -> None:
+    """NotParsed for a value nested too deep, or one whose lists and objects share one another.
+
+    JSON cannot share, a pickle can: a cycle, or a list holding one list twice, 64 times over, which a
+    walk (and ``json.dumps`` of the record it would reach) takes 2**64 steps through.  torch builds every
+    list and object of a dump anew (FlightRecorder's dump_entry), so a shared one is no dump of torch's.
+    Walked without recursion, each value once.
+    """
+    stack, seen = [(data, 1)], set()
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if not children:  # a scalar, or an empty list (Python shares its one empty tuple)
+            continue
+        if level > MAX_DEPTH:
+            raise NotParsed(f"nested deeper than {MAX_DEPTH} levels")
+        if id(item) in seen:
+            raise NotParsed("a list or object in it is shared (or holds itself): not a dump of torch's")
+        seen.add(id(item))
+        stack.extend((child, level + 1) for child in children)
+
+
+def _same(value: object, *_: object) -> object:
+    return value
+
+
+class _DumpUnpickler(pickle.Unpickler):
+    """Plain values only: the one kind of global a dump names is torch's list builders, which return their list.
+
+    torch's pickler (torch/csrc/jit/serialization/pickler.cpp) writes specialised lists as a call of
+    ``torch.jit._pickle.build_intlist`` and its kin, each of which returns its argument
+    (torch/jit/_pickle.py); any other global is refused, so nothing in the file is ever called.
+    """
+
+    SAME = frozenset({"build_intlist", "build_doublelist", "build_boollist", "build_tensorlist", "restore_type_tag"})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.jit._pickle" and name in self.SAME:
+            return _same
+        raise pickle.UnpicklingError(f"names {module}.{name}, which a flight-recorder dump does not")
 
 
 def _summary(data: Any) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         return None
     if "error" in data:
-        return {"error": data["error"], "last": [], "groups": {}}
-    entries = [e for e in data.get("entries", []) if isinstance(e, dict)]
-    entries.sort(key=lambda e: e.get("record_id", 0))
+        return {"error": str(data["error"]), "last": [], "groups": {}}
+    listed = data.get("entries")
+    entries = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+    entries.sort(key=_record_id)
     groups = data.get("pg_status", {})
     return {"last": [_entry(e) for e in entries[-LAST_ENTRIES:]], "groups": groups if isinstance(groups, dict) else {}}
+
+
+def _record_id(entry: Mapping[str, Any]) -> int:
+    """Where torch recorded the entry (a whole number; anything else first)."""
+    found = entry.get("record_id")
+    return found if type(found) is int else -1
 
 
 def describe(collectives: Mapping[str, Any] | None) -> str:

@@ -52,20 +52,15 @@ from __future__ import annotations
 
 import math
 import signal
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.common.inputs import read_user_file
+from conformance.common.bounded_parse import NotParsed, toml_table
+from conformance.common.inputs import NotReadable, absolute, read_user_file
 from conformance.common.jsonl import JsonDict
 from conformance.common.suite import scenario_path, shipped_scenarios
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 PHASES = ("start", "control", "init", "probe", "verify", "teardown")
 EFFECTS = ("hang", "device_hang", "crash", "error", "wrong_data", "oom", "slow", "slow_link")
@@ -294,16 +289,7 @@ def parse_rule(raw: Any, where: str) -> Rule:
 def load_scenario(path: Path, where: str) -> Scenario:
     """Read and validate a scenario file, or a shipped one by name; ``where`` names the setting that pointed at it."""
     path = scenario_path(path)
-    try:
-        text = read_user_file(path, "scenario file", where, ScenarioError)
-    except ScenarioError as exc:
-        if path.exists():
-            raise
-        raise ScenarioError(f"{exc} (nor is it a shipped scenario: {', '.join(shipped_scenarios())})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{where}: scenario file {str(path)!r} is not valid TOML: {exc}") from None
+    data = _scenario_table(path, where)
     unknown = set(data) - {"scenario", "rule"}
     if unknown:
         raise ScenarioError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected [scenario] and [[rule]]")
@@ -326,6 +312,28 @@ def load_scenario(path: Path, where: str) -> Scenario:
         description=str(header.get("description", "")),
         path=str(path),
         rules=rules,
-        topology=(path.parent / topology).resolve() if topology else None,
+        topology=_topology_path(path, topology) if topology else None,
         nccl_conf=header.get("nccl_conf"),
     )
+
+
+def _scenario_table(path: Path, where: str) -> dict[str, Any]:
+    """The scenario file's TOML; ScenarioError naming the setting and the file when it cannot be read."""
+    try:
+        text = read_user_file(path, "scenario file", where, ScenarioError)
+    except ScenarioError as exc:
+        if path.exists():
+            raise
+        raise ScenarioError(f"{exc} (nor is it a shipped scenario: {', '.join(shipped_scenarios())})") from None
+    try:
+        return toml_table(text)
+    except NotParsed as exc:
+        raise ScenarioError(f"{where}: scenario file {str(path)!r} is {exc}") from None
+
+
+def _topology_path(path: Path, topology: str) -> Path:
+    """The topology file a scenario names, beside the scenario file."""
+    try:
+        return absolute(path.parent / topology)
+    except NotReadable as exc:
+        raise ScenarioError(f"{path}: [scenario] topology {topology!r} {exc}") from None

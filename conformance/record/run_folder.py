@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.common import casefiles
-from conformance.common.jsonl import read_lines
 from conformance.discover.watch import CaseSpan, RunWatch, Watch, attribute_xids
 from conformance.record import results
 from conformance.record.records import HOST_SET_KIND, CaseRecord, RunFacts
-from conformance.record.runs import RUN_FACTS
+from conformance.record.runs import RUN_FACTS, read_jsonl
 
 # A run folder's name: ``<run id>`` (results.new_run_id: date-time-hex) or ``<run id>-node<k>`` (RunFolder.path).
 FOLDER_NAME = re.compile(r"(?P<run_id>\d{8}-\d{6}-[0-9a-f]+)(?:-node\d+)?")
@@ -90,8 +89,11 @@ class RunFolder:
         results.append_case(self.results, record)
 
     def all_records(self) -> list[CaseRecord]:
-        """Every record of results.jsonl (node 0's holds the other nodes' too, once gathered)."""
-        return [CaseRecord.from_json(r) for r in read_lines(self.results).objects]
+        """Every record of results.jsonl (node 0's holds the other nodes' too, once gathered).
+
+        A line that is no record of this suite is left out here; the run's answer names it (``load_run``'s warnings).
+        """
+        return read_jsonl(self.results, missing_ok=True)[0]
 
     def own_records(self) -> list[CaseRecord]:
         """The records of this run in its results file (none yet: an empty list)."""

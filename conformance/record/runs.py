@@ -10,13 +10,16 @@ here, so each refuses the same inputs with the same words.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from conformance.common.bounded_parse import NotParsed, json_value, xml_root
 from conformance.common.inputs import (
     NO_JUNITPARSER,
     RUN_FILE_BYTES,
@@ -88,16 +91,17 @@ def resolve_run_path(argument: str | None, reports_dir: Path) -> Path:
     """A run named on the command line, or the newest run (``reports/latest``)."""
     if argument:
         path = Path(argument)
-        if not path.exists() and (reports_dir / argument).exists():
+        unusable = os.path.lexists(reports_dir) and not reports_dir.is_dir()  # a loop, a file: said as its own
+        if not path.exists() and ((reports_dir / argument).exists() or unusable):
             path = reports_dir / argument  # a bare run id
         return path
     return reports_dir / LATEST
 
 
-def read_jsonl(path: Path) -> tuple[list[CaseRecord], list[str]]:
-    """Every whole record of this schema or older; what was skipped, as warnings."""
+def read_jsonl(path: Path, missing_ok: bool = False) -> tuple[list[CaseRecord], list[str]]:
+    """Every whole record of this schema or older; what was skipped, as warnings (each naming its line)."""
     try:
-        read = read_lines(path, missing_ok=False)
+        read = read_lines(path, missing_ok=missing_ok)
     except JsonlError as exc:
         raise RunError(str(exc)) from None
     warnings = [f"{path}: {problem}; skipped" for problem in read.skipped]
@@ -114,6 +118,18 @@ def read_jsonl(path: Path) -> tuple[list[CaseRecord], list[str]]:
     if newer:
         warnings.append(f"{path}: {newer} record(s) of a newer schema than {SCHEMA} skipped; upgrade the suite")
     return records, warnings
+
+
+def record_from_text(text: str) -> CaseRecord | str:
+    """One record sent as a line of JSON (another node's), or why it is no record of this suite's, in words."""
+    try:
+        data = json_value(text)
+    except NotParsed as exc:
+        return str(exc)
+    if not isinstance(data, dict):
+        return f"a JSON {json_type_name(data)}, not a record"
+    record = _record(data)
+    return f"a record of a newer schema than {SCHEMA}" if record is None else record
 
 
 def _record(data: dict[str, object]) -> CaseRecord | str | None:
@@ -144,9 +160,9 @@ def read_run_facts(path: Path) -> RunFacts:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise RunError(f"{path}: cannot be read: {reason}") from None
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise RunError(f"{path}: not JSON: {exc}") from None
+        data = json_value(text)
+    except NotParsed as exc:
+        raise RunError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise RunError(f"{path}: holds a JSON {json_type_name(data)}, not an object of run facts")
     try:
@@ -195,7 +211,9 @@ def read_junit(path: Path) -> Run:
     from junitparser.junitparser import JUnitXmlError
 
     try:
-        xml = JUnitXml.fromfile(io.BytesIO(read_bounded(path, RUN_FILE_BYTES)))
+        data = read_bounded(path, RUN_FILE_BYTES)
+        xml_root(data)  # bounded in depth before junitparser (and whatever walks its tree) reads it
+        xml = JUnitXml.fromfile(io.BytesIO(data))
     except NotReadable as exc:
         raise RunError(f"{path}: {exc}") from None
     except (OSError, JUnitXmlError, SyntaxError, ValueError) as exc:
@@ -255,15 +273,29 @@ def load_run(path: Path) -> Run:
 
 
 def _read_run(path: Path) -> Run:
+    problem = _unreachable(path)
+    if problem:
+        raise RunError(f"{path}: {problem}")
     if path.is_dir():
         results = path / RESULTS_FILE
         if not results.exists():
             raise RunError(f"{path}: not a run folder (no {RESULTS_FILE})")
         records, warnings = read_jsonl(results)
         return Run(str(path), _facts_beside(path), records, warnings, folder=path.resolve())
-    if not path.exists():
-        raise RunError(f"{path}: no such run folder or file")
     if path.suffix == ".xml":
         return read_junit(path)
     records, warnings = read_jsonl(path)
     return Run(str(path), _facts_beside(path), records, warnings, folder=path.parent.resolve())
+
+
+def _unreachable(path: Path) -> str:
+    """Why a run's path cannot be read at all, in words ("" when it can be looked at)."""
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if exc.errno == errno.ENOENT:
+            return "is a broken symbolic link" if path.is_symlink() else "no such run folder or file"
+        return f"cannot be read: {exc.strerror or exc}"
+    return ""

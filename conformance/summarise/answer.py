@@ -359,6 +359,7 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         warnings=(
             *([unsigned_line(run.facts.unsigned)] if run.facts.unsigned else []),
             *([f"WARNING {run.facts.nccl_warning}"] if run.facts.nccl_warning else []),
+            *(f"WARNING {skipped}" for skipped in run.warnings),  # lines of results.jsonl not read, each named
             *_host_warnings(run.usable_records),
             *_transport_warnings(counted),
             *network_warnings(run.usable_records, run.machine.rdma),

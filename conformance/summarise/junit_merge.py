@@ -29,9 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree
 
-from conformance.common.inputs import NO_JUNITPARSER, RUN_FILE_BYTES, NotReadable, junitparser_missing, read_bounded
+from conformance.common.bounded_parse import NotParsed, json_value, xml_root
+from conformance.common.inputs import (
+    NO_JUNITPARSER,
+    RUN_FILE_BYTES,
+    NotReadable,
+    absolute,
+    junitparser_missing,
+    read_bounded,
+)
 from conformance.common.xml_text import junit_text, write_junit
 from conformance.record.records import JunitRun
 from conformance.record.results import RESULTS_FILE
@@ -93,6 +100,7 @@ def read_suites(path: Path) -> list[Any]:
     except OSError as exc:
         raise MergeError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     try:
+        xml_root(data)  # bounded in depth before junitparser reads it (and the merge writes it back by recursion)
         xml = JUnitXml.fromfile(io.BytesIO(data))
     except (JUnitXmlError, SyntaxError, ValueError) as exc:
         raise MergeError(f"{path}: not a readable JUnit XML file: {exc}") from None
@@ -132,8 +140,8 @@ def property_text(value: object) -> str:
     """``value`` as a property's text: plain when it reads as nothing else, JSON otherwise."""
     if isinstance(value, str):
         try:
-            json.loads(value)
-        except ValueError:
+            json_value(value)
+        except NotParsed:
             return value
     return json.dumps(value, sort_keys=True)
 
@@ -162,6 +170,12 @@ def set_run_properties(suite: Any, properties: Mapping[str, object]) -> None:
 
 def _check_output(out: Path, inputs: Sequence[Path]) -> None:
     """OUT may only replace an earlier merge (or an empty file): never an input, nor a file someone else wrote."""
+    try:
+        absolute(out)
+    except NotReadable as exc:
+        raise MergeError(f"--output {out} {exc}") from None
+    if out.exists() and not out.is_dir() and not out.is_file():
+        raise MergeError(f"--output {out} is not a regular file (a named pipe or a device?); name the merged file")
     for path in inputs:
         if _same_file(out, path):
             raise MergeError(f"--output {out} is also an input ({path}); write the merged file elsewhere")
@@ -173,15 +187,15 @@ def _check_output(out: Path, inputs: Sequence[Path]) -> None:
 
 def _same_file(a: Path, b: Path) -> bool:
     try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
-    except OSError:
+        return absolute(a) == absolute(b) or (a.exists() and b.exists() and a.samefile(b))
+    except OSError:  # a loop among them (NotReadable): read, each is refused for what it is
         return False
 
 
 def _written_by_merge(path: Path) -> bool:
     try:
-        root = ElementTree.fromstring(read_bounded(path, RUN_FILE_BYTES))
-    except (OSError, ElementTree.ParseError):
+        root = xml_root(read_bounded(path, RUN_FILE_BYTES))
+    except (OSError, NotParsed):
         return False
     return root.tag == "testsuites" and root.get("name") == MERGED_NAME
 

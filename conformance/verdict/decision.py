@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from conformance.common import casefiles
+from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.casefiles import PhaseLine, RankStatus
 from conformance.common.verdicts import ROOT_CAUSE_PRECEDENCE, Verdict
 from conformance.rank import context, flight_recorder
@@ -311,8 +312,17 @@ class NodeVerdict:
 
     @classmethod
     def from_text(cls, text: str) -> NodeVerdict:
-        data = json.loads(text)
-        return cls(Verdict.of(str(data["verdict"])) or Verdict.ERROR, str(data["summary"]))  # unknown: an error
+        """A node's verdict as it sent it; text that is no verdict is an error of that node's, saying so.
+
+        Never a pass: a node whose verdict cannot be read did not say its part passed.
+        """
+        try:
+            data = json_value(text)
+        except NotParsed as exc:
+            return cls(Verdict.ERROR, f"its verdict cannot be read: {exc}")
+        if not isinstance(data, dict) or not isinstance(data.get("verdict"), str):
+            return cls(Verdict.ERROR, f"its verdict cannot be read: {text[:200]!r} is no verdict")
+        return cls(Verdict.of(data["verdict"]) or Verdict.ERROR, str(data.get("summary", "")))  # unknown: an error
 
 
 def decide_across_nodes(

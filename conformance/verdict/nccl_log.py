@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.common.inputs import read_bounded
 from conformance.verdict.nccl_facts import CommInit, Connection, NcclLog
 from conformance.verdict.nccl_transport import classify
 
@@ -428,6 +429,9 @@ def parse(text: str) -> NcclLog:
     return builder.build([], [])
 
 
+NCCL_LOG_BYTES = 256 << 20  # a rank's NCCL_DEBUG=INFO output of one case: some MiB where it is large
+
+
 def parse_files(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> NcclLog:
     """Parse and merge several log files (one per rank); files that cannot be read are listed, not fatal."""
     if isinstance(paths, (str, os.PathLike)):
@@ -437,8 +441,8 @@ def parse_files(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]
     skipped: list[str] = []
     for path in paths:
         try:
-            data = Path(path).read_bytes()
-        except (OSError, ValueError):  # ValueError: a NUL byte in the path
+            data = read_bounded(Path(path), NCCL_LOG_BYTES)
+        except (OSError, ValueError):  # NotReadable: too big, or a FIFO; ValueError: a NUL byte in the path
             skipped.append(os.fspath(path))
             continue
         builder.feed(data.decode("utf-8", errors="replace"))
