@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,13 +21,12 @@ import torch.distributed as dist  # here, not in a test: pytester would unload i
 from conformance.common.suite import SCENARIOS_DIR
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
-from conformance.nodes.layout import token_tag
 from conformance.plan.matrix import (
     NET_LINK,
 )
 from conftest import Node, copy_suites, free_port, scenario_text, start_node
 
-pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag"), pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag", "signed_runs"), pytest.mark.slow]
 ONE_CPU = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=20")
 
@@ -447,27 +447,32 @@ def test_the_quick_pass_names_the_bad_node_of_four(pytester: pytest.Pytester) ->
 
 
 def test_runs_by_hand_with_a_run_token_turn_away_a_node_of_another(pytester: pytest.Pytester) -> None:
-    """By hand there is no launcher's identity: --run-token is it; a node of a run with another token leaves."""
+    """By hand there is no launcher's identity: the token is it; a node of a run with another token leaves.
+
+    Two runs by hand look alike in the store (no digest of a token is there): node 0's answer to the
+    other run's node does not prove that node's token, so it leaves at once, and node 0 names it.
+    """
     files = copy_suites(pytester, "test_multinode.py")
     port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=30", "-k", "barrier")
-    a0 = start_node(pytester.path, 0, 2, port, *args, "--run-token=run-a")
+    token_a, token_b = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    a0 = start_node(pytester.path, 0, 2, port, *args, f"--run-token={token_a}")
     (pytester.path / "b").mkdir()
     (pytester.path / "b" / "suites").symlink_to(pytester.path / "suites")
-    b1 = start_node(pytester.path / "b", 1, 2, port, *args, "--run-token=run-b")
-    code, _ = b1.wait()
+    b1 = start_node(pytester.path / "b", 1, 2, port, *args, f"--run-token={token_b}")
+    code, seconds = b1.wait()
     assert code == pytest.ExitCode.USAGE_ERROR, b1.output
-    a, b = token_tag("run-a"), token_tag("run-b")
-    assert f"serves another run (run token {a}), not this one (run token {b})" in b1.output
-    a1 = start_node(pytester.path, 1, 2, port, *args, "--run-token=run-a")
+    assert "serves another run: its answer does not prove this node's run token" in b1.output
+    a1 = start_node(pytester.path, 1, 2, port, *args, f"--run-token={token_a}")
     for node in (a0, a1):
         code, _ = node.wait()
         assert code == pytest.ExitCode.OK, node.output
-    assert f"conformance: run identity run token {a}; node pairs all" in a0.output
-    assert f"turned away a node of another run (run token {b}, node 1, host " in a0.output
+    assert "conformance: run identity none (by hand: the run token tells this run from another)" in a0.output
+    assert "turned away a node of another run (a run started by hand, node 1, host " in a0.output
+    assert "hello/1: it does not prove this run's token" in a0.output
     # the token is the run's secret: no output and no file of the run shows it
     written = [p.read_text(errors="replace") for p in pytester.path.rglob("*") if p.is_file() and p.suffix != ".py"]
     for text in (a0.output, a1.output, b1.output, *written):
-        assert "run-a" not in text and "run-b" not in text
+        assert token_a not in text and token_b not in text
 
 
 # -- launchers the suite recognises: no silent one-node run --------------------------------------------------
@@ -640,7 +645,7 @@ def test_a_stranger_flooding_node_0s_store_fails_the_run_on_every_node(pytester:
     someone else filled is not a pass on any node: not node 0's either, whose own tests all passed.
     """
     files = copy_suites(pytester, "test_multinode.py")
-    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "-k", "barrier", "--run-token=t")
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "-k", "barrier")
     node0 = start_node(pytester.path, 0, 2, port, *args, f"--junitxml={pytester.path / 'junit0.xml'}")
     stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     with pytest.raises(RuntimeError):  # refused at the bound, before the run's tests are known
