@@ -468,7 +468,7 @@ def test_runs_by_hand_with_a_run_token_turn_away_a_node_of_another(pytester: pyt
         assert code == pytest.ExitCode.OK, node.output
     assert "conformance: run identity none (by hand: the run token tells this run from another)" in a0.output
     assert "turned away a node of another run (a run started by hand, node 1, host " in a0.output
-    assert "hello/1: it does not prove this run's token" in a0.output
+    assert "hello/1/1: it does not prove this run's token" in a0.output
     # the token is the run's secret: no output and no file of the run shows it
     written = [p.read_text(errors="replace") for p in pytester.path.rglob("*") if p.is_file() and p.suffix != ".py"]
     for text in (a0.output, a1.output, b1.output, *written):

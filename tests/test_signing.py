@@ -200,8 +200,8 @@ def before_node_1_joins(node0: NodeGroup, stranger: Any) -> None:
     """Liveness (the port node 1 reads), rank_holder/1 (which pytest is node 1), hello/1 (node 1's proof)."""
     stranger.set("liveness", "1")  # overwrites node 0's port: node 1 drops it, and heartbeats decide
     stranger.set("rank_holder/1", "host evil (pid 1)")  # a holder no node of the run wrote: named, replaced
-    stranger.set("hello/1", "00 not-a-proof")  # node 0 answers it, names it, trusts nothing of it
-    assert eventually(lambda: named(node0, "hello/1"))
+    stranger.set(f"hello/1/{stranger.add('hellos/1', 1)}", "00 not-a-proof")  # answered, named, trusted in nothing
+    assert eventually(lambda: named(node0, "hello/1/1"))
 
 
 # Every key a node reads, by the walk that forges it first (the joining keys: before_node_1_joins).
@@ -365,9 +365,10 @@ def test_node_0s_store_server_starts_outside_the_rendezvous_deadline_and_its_fai
         ("correct-horse", False),
         ("a" * 64, False),  # long, one character
         ("abcabcabcabcabcabcabcabcabcabcabcabcabcabc", False),
-        (os.urandom(16).hex(), True),  # 128 random bits as hex (openssl rand -hex 16)
-        (new_token(), True),
+        ("7f9c2ba4e88f827d616045507605853e", True),  # 128 random bits as hex (openssl rand -hex 16)
+        ("mK3_pQv8Zr-1xYt0Lw9NaEo4Uj7sHd2GbCf5Vi6ReTk", True),  # python -m conformance token's kind
     ],
+    ids=["gpu7", "a-phrase", "one-character", "a-pattern", "hex-128-bits", "token-urlsafe-32"],
 )
 def test_a_short_or_guessable_token_is_refused_in_one_line_saying_how_to_make_one(
     tmp_path: Path, token: str, strong: bool

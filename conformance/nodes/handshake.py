@@ -4,8 +4,9 @@ Keys (none of them signed: each proves what it needs itself):
 
     identity                 which run the store serves (the launcher's name for it; by hand, none)
     challenge                node 0's fresh random challenge for this run
-    hello/<k>                node k's own fresh challenge and its proof:   HMAC(token, challenge, its own, k, "node")
-    answer/<k>               node 0's answer to that hello:                HMAC(token, challenge, its own, k, "node 0")
+    hellos/<k>               how many pytests said hello as node k (each takes the next number n)
+    hello/<k>/<n>            one's own fresh challenge and its proof:      HMAC(token, challenge, its own, k, "node")
+    answer/<k>/<n>           node 0's answer to that hello:                HMAC(token, challenge, its own, k, "node 0")
     munge/<k>                under SLURM without a token: node 0's MUNGE credential holding the run's key, for node k
     rank_holder/<k>          which pytest is node k (signed)
     stranger, stranger/<n>   how many nodes of other runs were turned away, and what each said it was
@@ -37,8 +38,10 @@ from conformance.nodes.store import BoundedStore, ForgedValue, SignedStore
 
 IDENTITY_KEY = "identity"
 CHALLENGE_KEY = "challenge"
+HELLO_COUNT_KEY = "hellos"
 HELLO_KEY = "hello"
 ANSWER_KEY = "answer"
+HELLOS_ANSWERED = 8  # node 0 answers the latest hellos of each node: a raised counter costs it no more
 MUNGE_KEY = "munge"
 RANK_HOLDER_KEY = "rank_holder"
 STRANGER_COUNT_KEY = "stranger"
@@ -76,7 +79,8 @@ class Handshake:
         self.me = setup.node_rank
         self.token = setup.run_token.encode() if setup.run_token is not None else None
         self.challenge = ""
-        self._answered: dict[int, tuple[str, str]] = {}  # node 0: node -> (the hello answered, the answer)
+        self._hellos: dict[int, int] = {}  # node 0: node -> the hellos counted so far
+        self._unanswered: dict[int, set[int]] = {}  # node 0: node -> the numbers of hellos not answered yet
 
     # -- node 0 -------------------------------------------------------------------------------
     def host(self) -> str:
@@ -109,32 +113,37 @@ class Handshake:
         self.signed.use_key(key)
         return ""
 
-    def answer_hellos(self, store: Any, others: list[int], dropped: Callable[[str], None]) -> None:
-        """Node 0's monitor, each round: answer each node's new hello; name one that proves no token of this run.
+    def answer_hellos(self, store: Any, nodes: list[int], dropped: Callable[[str], None]) -> None:
+        """Node 0's monitor, each round: answer every new hello; name one that proves no token of this run.
 
-        Every hello is answered (a node of another run learns at once that this store is not its run's);
-        an answer of node 0 that someone else overwrote is written again.
+        Every hello is answered (a node of another run learns at once that this store is not its run's,
+        a second pytest given a rank already held learns it from the rank), the latest few of each node.
         """
         if self.token is None:
             return
-        for node in others:
-            key = f"{HELLO_KEY}/{node}"
-            if not store.check([key]):
-                continue
-            hello = store.get(key).decode(errors="replace")
-            answered = self._answered.get(node)
-            if answered is not None and answered[0] == hello:
-                if store.get(f"{ANSWER_KEY}/{node}").decode(errors="replace") != answered[1]:
-                    dropped(f"{ANSWER_KEY}/{node}: node 0's answer was overwritten by a client not of this run")
-                    store.set(f"{ANSWER_KEY}/{node}", answered[1])
-                continue
-            theirs, _, said = hello.partition(" ")
-            expected = proof(self.token, self.challenge, theirs, node, "node")
-            if not hmac.compare_digest(said.encode(), expected.encode()):
-                dropped(f"{key}: it does not prove this run's token (a node of another run, or a client not of it)")
-            answer = f"{theirs} {proof(self.token, self.challenge, theirs, node, 'node 0')}"
-            store.set(f"{ANSWER_KEY}/{node}", answer)
-            self._answered[node] = (hello, answer)
+        for node in nodes:
+            count = int(store.add(f"{HELLO_COUNT_KEY}/{node}", 0))
+            latest = range(max(self._hellos.get(node, 0) + 1, count - HELLOS_ANSWERED + 1), count + 1)
+            waiting = {n for n in self._unanswered.get(node, set()) | set(latest) if n > count - HELLOS_ANSWERED}
+            self._hellos[node], self._unanswered[node] = count, waiting
+            for number in sorted(waiting):
+                if self._answer(store, node, number, dropped):
+                    waiting.discard(number)
+
+    def _answer(self, store: Any, node: int, number: int, dropped: Callable[[str], None]) -> bool:
+        """Answer hello ``number`` of ``node`` (False: not written yet)."""
+        assert self.token is not None
+        key = f"{HELLO_KEY}/{node}/{number}"
+        if not store.check([key]):
+            return False
+        theirs, _, said = store.get(key).decode(errors="replace").partition(" ")
+        expected = proof(self.token, self.challenge, theirs, node, "node")
+        if not hmac.compare_digest(said.encode(), expected.encode()):
+            dropped(f"{key}: it does not prove this run's token (a node of another run, or a client not of it)")
+        store.set(
+            f"{ANSWER_KEY}/{node}/{number}", f"{theirs} {proof(self.token, self.challenge, theirs, node, 'node 0')}"
+        )
+        return True
 
     # -- the other nodes ----------------------------------------------------------------------
     def join(self, where: str) -> str:
@@ -160,10 +169,11 @@ class Handshake:
         own = secrets.token_hex(32)
         hello = f"{own} {proof(self.token, self.challenge, own, self.me, 'node')}"
         plain = self.signed.raw
-        self.store.call(lambda: plain.set(f"{HELLO_KEY}/{self.me}", hello))
+        number = int(self.store.add(f"{HELLO_COUNT_KEY}/{self.me}", 1))
+        self.store.call(lambda: plain.set(f"{HELLO_KEY}/{self.me}/{number}", hello))
         expected = f"{own} {proof(self.token, self.challenge, own, self.me, 'node 0')}".encode()
         deadline, wrong_since = time.monotonic() + self.timeout + ACK_WAIT, None
-        key = f"{ANSWER_KEY}/{self.me}"
+        key = f"{ANSWER_KEY}/{self.me}/{number}"
         while time.monotonic() < deadline:
             answer = self.store.call(lambda: plain.get(key)) if self.store.call(lambda: plain.check([key])) else None
             if answer is not None and hmac.compare_digest(answer, expected):

@@ -234,8 +234,8 @@ class GroupWatch:
                 for node in self.others:
                     self._hear(node, store)
                 self._look_and_post(store)
-                if self.answer_hellos is not None:  # node 0: the nodes still joining
-                    self.answer_hellos(raw, [n for n in self.others if self.heard[n].count <= 0], self.dropped)
+                if self.answer_hellos is not None:  # node 0: whoever says hello as a node of the run
+                    self.answer_hellos(raw, self.others, self.dropped)
                 if self.me == 0:  # a client not of this run writing keys: counted, since keys cannot be listed
                     self.most_keys = max(self.most_keys, int(store.num_keys()))
                 if self.server is not None:  # and its bytes, as the server grows
