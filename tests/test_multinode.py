@@ -552,6 +552,19 @@ def test_mpirun_claiming_several_nodes_without_node_0s_address_stops_in_one_line
            "need the first node's address" in done.stderr  # fmt: skip
 
 
+def ended_when(nodes: dict[str, Node], timeout: float = 150) -> dict[str, tuple[int, float]]:
+    """Each node's (exit code, seconds from its start to its end), the end seen as it happens."""
+    ended: dict[str, tuple[int, float]] = {}
+    deadline = time.monotonic() + timeout
+    while len(ended) < len(nodes):
+        assert time.monotonic() < deadline, {name: node.output[-2000:] for name, node in nodes.items()}
+        for name, node in nodes.items():
+            if name not in ended and node.process.poll() is not None:
+                ended[name] = (node.process.returncode, time.monotonic() - node.started)
+        time.sleep(0.1)
+    return ended
+
+
 def test_two_pytests_given_the_same_node_rank_the_second_is_refused_naming_both(pytester: pytest.Pytester) -> None:
     """Node 1 started twice (a copied command line): one holds the rank and runs; the other stops at once."""
     files = copy_suites(pytester, "test_multinode.py")
@@ -563,7 +576,7 @@ def test_two_pytests_given_the_same_node_rank_the_second_is_refused_naming_both(
     twin_folder.mkdir()
     shutil.copytree(pytester.path / "suites", twin_folder / "suites")
     twin = start_node(twin_folder, 1, 2, port, *args)
-    outcomes = {name: node.wait() for name, node in (("node0", node0), ("first", first), ("twin", twin))}
+    outcomes = ended_when({"node0": node0, "first": first, "twin": twin})
     refused = [n for n in (first, twin) if n.process.returncode == pytest.ExitCode.USAGE_ERROR]
     assert len(refused) == 1, {k: v[0] for k, v in outcomes.items()}
     kept = first if refused[0] is twin else twin

@@ -157,7 +157,7 @@ def test_the_summary_names_bad_nodes_not_only_bad_pairs(
 
 
 def test_a_run_token_is_never_in_the_identity_nor_anything_derived_from_it() -> None:
-    """The identity is public (the store shows it to anyone): it holds the launcher's name for the run, never the token."""
+    """The identity is public (the store shows it to anyone): the launcher's name for the run, never the token."""
     slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
              "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NODELIST": "localhost"}  # fmt: skip
     setup = node_setup({}, slurm, "x")

@@ -89,7 +89,7 @@ def test_nothing_a_run_publishes_or_writes_lets_its_token_be_tested_offline(pyte
         assert code == pytest.ExitCode.OK, node.output
     stop.set()
     dumper.join(10)
-    assert {"challenge", "hello/1", "answer/1", "identity", "check", "results/1"} <= set(seen), sorted(seen)
+    assert {"challenge", "hello/1/1", "answer/1/1", "identity", "check", "results/1"} <= set(seen), sorted(seen)
     assert "WARNING the run token is on the command line" in nodes[0].output  # any local user reads it
     derived = derived_from(token, list(seen.values()))
     written = [p for p in pytester.path.rglob("*") if p.is_file() and p.suffix != ".py"]

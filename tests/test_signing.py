@@ -431,3 +431,30 @@ def test_a_run_across_nodes_without_a_way_to_sign_is_refused_before_it_hosts_any
         NodeGroup.connect(NodeSetup(2, 0, "127.0.0.1", port, "settings"), RENDEZVOUS, LIMITS)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))  # nothing listens there: refused before the store was hosted
+
+
+# Where the run's store is read at all, outside the handshake (which proves what it reads itself):
+# the verified readers, and the public count of strangers turned away.
+STORE_READERS = {"present", "_verified_in", "strangers"}
+STORE_READS = {"get", "check", "compare_set", "multi_get", "wait", "list_keys", "queue_pop"}
+
+
+def test_every_read_of_the_runs_store_outside_the_handshake_is_a_verified_one() -> None:
+    """Found by walking the code, not by memory: any other reader would take a stranger's value as a node's."""
+    import ast
+
+    from conftest import REPO
+
+    found = []
+    for module in ("group.py", "liveness.py", "start_check.py", "store_server.py", "layout.py", "munge.py"):
+        tree = ast.parse((REPO / "conformance" / "nodes" / module).read_text())
+        for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+            for call in [n for n in ast.walk(function) if isinstance(n, ast.Call)]:
+                target = call.func
+                if not isinstance(target, ast.Attribute) or target.attr not in STORE_READS:
+                    continue
+                receiver = ast.unparse(target.value)
+                if any(word in receiver for word in ("store", "plain", "raw")):
+                    found.append((module, function.name, ast.unparse(call)))
+    outside = [place for place in found if place[1] not in STORE_READERS]
+    assert found and not outside, outside
