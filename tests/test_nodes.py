@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -408,11 +409,14 @@ def test_under_slurm_without_a_token_munge_signs_the_run(munged: Path) -> None:
         credential = forger.get("munge/1")
         assert credential.startswith(b"MUNGE:") and b'"key"' not in credential  # encrypted: no key in the store
         record = json.dumps({"verdict": "fail"})
-        assert node1.publish_results([record], 1) == "1 records sent to node 0"
-        forger.set("results/1", json.dumps({"verdict": "pass", "forged": True}))
+        forger.set("results/1", json.dumps({"verdict": "pass", "forged": True}))  # before node 1's own
         forger.set("status/1", "0")
+        sent = threading.Timer(0.8, lambda: node1.publish_results([record], 1))
+        sent.start()
         gathered = node0.gather_results(lambda node: None)
-        assert gathered.records == {} and "did not verify with the run's key: dropped" in gathered.gone[1]
+        sent.join()
+        assert gathered.records == {1: [record]} and gathered.statuses == {1: 1}  # node 1's own, the forged dropped
+        assert any(line.startswith("results/1: its value does not verify") for line in node0.forged), node0.forged
     finally:
         node1.close()
         node0.close()
