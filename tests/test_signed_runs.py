@@ -89,8 +89,6 @@ def test_nothing_a_run_publishes_or_writes_lets_its_token_be_tested_offline(pyte
         assert code == pytest.ExitCode.OK, node.output
     stop.set()
     dumper.join(10)
-    assert {"challenge", "hello/1/1", "answer/1/1", "identity", "check", "results/1"} <= set(seen), sorted(seen)
-    assert "WARNING the run token is on the command line" in nodes[0].output  # any local user reads it
     derived = derived_from(token, list(seen.values()))
     written = [p for p in pytester.path.rglob("*") if p.is_file() and p.suffix != ".py"]
     texts = {**{f"store {k}": v.decode(errors="replace") for k, v in seen.items()},
@@ -99,6 +97,8 @@ def test_nothing_a_run_publishes_or_writes_lets_its_token_be_tested_offline(pyte
         assert token not in text, where
         leaked = [what for digest, what in derived.items() if digest in text]
         assert not leaked, f"{where} holds {leaked}"
+    assert {"challenge", "hello/1/1", "answer/1/1", "identity", "check", "results/1"} <= set(seen), sorted(seen)
+    assert "WARNING the run token is on the command line" in nodes[0].output  # any local user reads it
 
 
 def test_a_run_across_nodes_that_cannot_sign_is_refused_unless_asked_then_unsigned_on_every_node(

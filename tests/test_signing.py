@@ -293,6 +293,15 @@ def test_a_connection_to_the_liveness_port_that_proves_no_key_blames_no_node() -
         time.sleep(ROUNDS)  # the monitor's rounds: a died/1 would be posted and read by now
         assert not node0.liveness.died(1) and node0.problem(1) is None and node0.gone == {}
         assert all("\x1b" not in line for line in node0.forged)
+        from conformance.nodes.liveness import GREETING_AT_ONCE
+
+        flood = [socket.create_connection(("127.0.0.1", node0.liveness.port)) for _ in range(GREETING_AT_ONCE + 8)]
+        try:  # connections that say nothing hold a thread each, up to a bound: the rest are closed and counted
+            assert eventually(lambda: any(f"past {GREETING_AT_ONCE} unproven ones" in line for line in node0.forged))
+        finally:
+            for client in flood:
+                client.close()
+        assert node0.problem(1) is None
         pair.node1.close()  # node 1's own end, through its proven connection: an end, not a death
         time.sleep(ROUNDS)
         assert not node0.liveness.died(1)

@@ -44,6 +44,7 @@ POLL_SECONDS = 0.1
 HELLO_SECONDS = 10.0  # a connection to node 0's liveness port has this long to answer its challenge
 LINE_BYTES = 256  # the most of a line read from a connection to the liveness port
 DROPPED_NAMED = 10  # values and connections not of this run named at the end; the rest are counted
+GREETING_AT_ONCE = 32  # connections to the liveness port greeted at once; more are closed at once, counted
 Prover = Callable[[str, int], str]  # (a challenge, a node) -> that node's answer with the run's key
 
 
@@ -97,6 +98,7 @@ class Liveness:
         self.dropped = dropped
         self._died: set[int] = set()  # nodes whose connection closed without their "bye"
         self._lock = threading.Lock()
+        self._greeting = threading.BoundedSemaphore(GREETING_AT_ONCE)  # a flood of connections holds no more threads
         threading.Thread(target=self._serve, name="conformance-liveness", daemon=True).start()
 
     def _serve(self) -> None:
@@ -105,11 +107,18 @@ class Liveness:
                 connection, peer = self.listener.accept()
             except OSError:
                 return  # closed at the end of the run
+            if not self._greeting.acquire(blocking=False):
+                connection.close()
+                self.dropped(f"a connection to node 0's liveness port past {GREETING_AT_ONCE} unproven ones: closed")
+                continue
             threading.Thread(target=self._follow, args=(connection, peer), daemon=True).start()
 
     def _follow(self, connection: socket.socket, peer: Any) -> None:
         with connection, connection.makefile("rb") as lines:
-            node = self._greet(connection, lines, peer)
+            try:
+                node = self._greet(connection, lines, peer)
+            finally:
+                self._greeting.release()
             if node is None:
                 return
             try:
