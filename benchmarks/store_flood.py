@@ -13,6 +13,7 @@ server's growth against its bound, and what node 0 names.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import os
 import time
@@ -37,8 +38,10 @@ def main() -> None:
     node0 = NodeGroup.connect(setups[0], 60, limits)
     node1 = NodeGroup.connect(setups[1], 60, limits)
     tests = [f"suites/test_x.py::test_{n}" for n in range(args.tests)]
-    node1.same_collection(tests)
-    node0.same_collection(tests)
+    with concurrent.futures.ThreadPoolExecutor(1) as other:  # node 1 waits for node 0's comparison
+        compared = other.submit(node1.same_collection, tests)
+        node0.same_collection(tests)
+        compared.result()
     server = node0.server
     assert server is not None
     me = psutil.Process(os.getpid())

@@ -29,6 +29,7 @@ from conformance.common.inputs import (
     prometheus_client_missing,
     read_bounded,
 )
+from conformance.common.run_token import token_file_refused, weak_token
 from conformance.common.values import BadValue
 
 if TYPE_CHECKING:
@@ -95,6 +96,9 @@ def _token(raw: str, where: str) -> str:
     if not value or not value.isprintable():
         shown = f"{len(raw)} character(s), not shown"  # the token is the run's secret, even when mistyped
         raise SettingError(f"{where}: the run token ({shown}) must be printable text, not empty")
+    weak = weak_token(value)  # the rule: conformance/common/run_token.py
+    if weak:
+        raise SettingError(f"{where}: {weak}")
     return value
 
 
@@ -170,17 +174,23 @@ NODE_PAIRS_HELP = (
     f"pair re-paired with a node known good, naming the bad node), auto (all up to {ALL_NODE_PAIRS_UP_TO} nodes)."
 )
 RUN_TOKEN_HELP = (
-    "Text every node of a run must present (the same on each), so a node of another run on the same port is "
-    "turned away; runs by hand have no other identity (SLURM's job and step, torchrun's run id)."
+    "The secret every node of a run across nodes holds (the same on each): it signs every value the nodes exchange, "
+    "and a node of another run on the same port is turned away. At least 128 bits: `python -m conformance token` "
+    "makes one. On the command line any local user can read it (/proc/PID/cmdline): prefer "
+    "CONFORMANCE_RUN_TOKEN or --run-token-file."
+)
+UNSIGNED_HELP = (
+    "Let a run across nodes go on without signing when it has no way to sign (no run token, and not under SLURM "
+    "with MUNGE); its answer then opens with UNSIGNED on every node. Without it such a run is refused."
 )
 MAX_BYTES_HELP = (
     "The largest collective message, at which bus bandwidth is measured (bytes, or 64M, 8G: powers of 1024); "
     "the default is 64M on GPUs, 1M on CPU ranks. 8G gives the busbw all_reduce_perf -b 8G -e 8G reports."
 )
 RUN_TOKEN_FILE_HELP = (
-    "A file holding the run token (its first line), instead of --run-token: a file on a shared file system, or a "
-    "Kubernetes Secret mounted as a file; a regular file of at most 4 KiB. Under SLURM without either, MUNGE "
-    "signs the run."
+    "A file holding the run token (its first line), instead of --run-token: a regular file of at most 4 KiB, "
+    "owned by this user (or root) and open to nobody else (mode 0600 or 0400, as ssh wants of a key). Under SLURM "
+    "without a token, MUNGE signs the run."
 )
 RENDEZVOUS_TIMEOUT_HELP = "Seconds the nodes wait for each other at the start before a missing node is a hang."
 EXPECT_GPUS_HELP = (
@@ -230,6 +240,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node_pairs", NODE_PAIRS_HELP, "auto", _Choice("node pairs mode", NODE_PAIR_MODES)),
     Setting("run_token", RUN_TOKEN_HELP, None, _token, metavar="TEXT"),
     Setting("run_token_file", RUN_TOKEN_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
+    Setting("unsigned", UNSIGNED_HELP, "no", _flag, is_flag=True),
 )
 NODE_LAYOUT = ("nnodes", "node_rank", "master_addr", "master_port")
 
@@ -289,6 +300,7 @@ class Settings:
     node_pairs: str
     run_token: str | None
     run_token_file: Path | None
+    unsigned: bool
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def source(self, name: str) -> str:
@@ -456,6 +468,9 @@ def with_token_from_file(settings: Settings) -> Settings:
     where = settings.source("run_token_file")
     if settings.run_token is not None:
         raise SettingError(f"{where}: a run token file and a run token ({settings.source('run_token')}): give one")
+    refused = token_file_refused(path)
+    if refused:
+        raise SettingError(f"{where}: run token file {str(path)!r} {refused}")
     try:
         text = read_bounded(path, TOKEN_FILE_BYTES).decode("utf-8")
     except NotReadable as exc:
@@ -465,6 +480,17 @@ def with_token_from_file(settings: Settings) -> Settings:
         raise SettingError(f"{where}: run token file {str(path)!r} cannot be read: {why}") from None
     first = text.splitlines()[0] if text.splitlines() else ""
     return replace(settings, run_token=_token(first, f"{where}: run token file {str(path)!r}"))
+
+
+def token_on_command_line(settings: Settings) -> str | None:
+    """The warning for a run token given on the command line, where any local user reads it; None elsewhere."""
+    where = settings.source("run_token")
+    if settings.run_token is None or not where.startswith("command-line option"):
+        return None
+    return (
+        f"the run token is on the command line ({where}): any user of this machine can read it in /proc/PID/cmdline "
+        "(ps); give it as CONFORMANCE_RUN_TOKEN or --run-token-file instead"
+    )
 
 
 def check_reports_dir(path: Path, where: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -258,12 +259,31 @@ class Node:
         return self.log.read_text(errors="replace")
 
 
+# The run token the tests' runs across nodes share unless a test gives its own (conformance token's kind).
+TEST_RUN_TOKEN = secrets.token_urlsafe(32)
+
+
+@pytest.fixture
+def signed_runs(isolated_env: None, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every pytest this test starts holds the same run token (CONFORMANCE_RUN_TOKEN): its runs across nodes sign."""
+    monkeypatch.setenv("CONFORMANCE_RUN_TOKEN", TEST_RUN_TOKEN)
+    return TEST_RUN_TOKEN
+
+
 def start_node(
-    folder: Path, rank: int, nnodes: int, port: int, *args: str, addr: str = "127.0.0.1", prefix: tuple[str, ...] = ()
+    folder: Path,
+    rank: int,
+    nnodes: int,
+    port: int,
+    *args: str,
+    addr: str = "127.0.0.1",
+    prefix: tuple[str, ...] = (),
+    run_token: str | None = TEST_RUN_TOKEN,
 ) -> Node:
     """Start ``pytest`` as node ``rank`` in ``folder``, whose suites/ is already copied.
 
-    ``prefix`` goes before the command (``ip netns exec NAME``).
+    ``prefix`` goes before the command (``ip netns exec NAME``); ``run_token`` reaches it as
+    CONFORMANCE_RUN_TOKEN unless the arguments give a token or --unsigned (None: no token at all).
     """
     import subprocess
     import sys
@@ -275,8 +295,13 @@ def start_node(
         "-p", "no:warnings", "-rfs", f"--reports-dir={reports}", f"--nnodes={nnodes}", f"--node-rank={rank}",
         f"--master-addr={addr}", f"--master-port={port}", *args,
     ]  # fmt: skip
+    env = dict(os.environ)
+    if run_token is None:
+        env.pop("CONFORMANCE_RUN_TOKEN", None)
+    elif not any(arg.startswith(("--run-token", "--unsigned")) for arg in args):  # a run across nodes is signed
+        env.setdefault("CONFORMANCE_RUN_TOKEN", run_token)
     with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=env)
     return Node(process, log, reports, time.monotonic())
 
 

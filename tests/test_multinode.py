@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,13 +21,12 @@ import torch.distributed as dist  # here, not in a test: pytester would unload i
 from conformance.common.suite import SCENARIOS_DIR
 from conformance.discover.topology import Device, Topology
 from conformance.launch.case import case_dir_name
-from conformance.nodes.layout import token_tag
 from conformance.plan.matrix import (
     NET_LINK,
 )
 from conftest import Node, copy_suites, free_port, scenario_text, start_node
 
-pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag"), pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("isolated_env", "run_tag", "signed_runs"), pytest.mark.slow]
 ONE_CPU = Topology("cpu", (Device("cpu0", 0, "cpu"),), "test")
 FAST = ("--init-timeout=5", "--op-timeout=5", "--step-timeout=10", "--rendezvous-timeout=20")
 
@@ -447,27 +447,32 @@ def test_the_quick_pass_names_the_bad_node_of_four(pytester: pytest.Pytester) ->
 
 
 def test_runs_by_hand_with_a_run_token_turn_away_a_node_of_another(pytester: pytest.Pytester) -> None:
-    """By hand there is no launcher's identity: --run-token is it; a node of a run with another token leaves."""
+    """By hand there is no launcher's identity: the token is it; a node of a run with another token leaves.
+
+    Two runs by hand look alike in the store (no digest of a token is there): node 0's answer to the
+    other run's node does not prove that node's token, so it leaves at once, and node 0 names it.
+    """
     files = copy_suites(pytester, "test_multinode.py")
     port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "--rendezvous-timeout=30", "-k", "barrier")
-    a0 = start_node(pytester.path, 0, 2, port, *args, "--run-token=run-a")
+    token_a, token_b = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    a0 = start_node(pytester.path, 0, 2, port, *args, f"--run-token={token_a}")
     (pytester.path / "b").mkdir()
     (pytester.path / "b" / "suites").symlink_to(pytester.path / "suites")
-    b1 = start_node(pytester.path / "b", 1, 2, port, *args, "--run-token=run-b")
-    code, _ = b1.wait()
+    b1 = start_node(pytester.path / "b", 1, 2, port, *args, f"--run-token={token_b}")
+    code, seconds = b1.wait()
     assert code == pytest.ExitCode.USAGE_ERROR, b1.output
-    a, b = token_tag("run-a"), token_tag("run-b")
-    assert f"serves another run (run token {a}), not this one (run token {b})" in b1.output
-    a1 = start_node(pytester.path, 1, 2, port, *args, "--run-token=run-a")
+    assert "serves another run: its answer does not prove this node's run token" in b1.output
+    a1 = start_node(pytester.path, 1, 2, port, *args, f"--run-token={token_a}")
     for node in (a0, a1):
         code, _ = node.wait()
         assert code == pytest.ExitCode.OK, node.output
-    assert f"conformance: run identity run token {a}; node pairs all" in a0.output
-    assert f"turned away a node of another run (run token {b}, node 1, host " in a0.output
+    assert "conformance: run identity none (by hand: the run token tells this run from another)" in a0.output
+    assert "turned away a node of another run (a run started by hand, node 1, host " in a0.output
+    assert "hello/1/1: it does not prove this run's token" in a0.output
     # the token is the run's secret: no output and no file of the run shows it
     written = [p.read_text(errors="replace") for p in pytester.path.rglob("*") if p.is_file() and p.suffix != ".py"]
     for text in (a0.output, a1.output, b1.output, *written):
-        assert "run-a" not in text and "run-b" not in text
+        assert token_a not in text and token_b not in text
 
 
 # -- launchers the suite recognises: no silent one-node run --------------------------------------------------
@@ -547,6 +552,19 @@ def test_mpirun_claiming_several_nodes_without_node_0s_address_stops_in_one_line
            "need the first node's address" in done.stderr  # fmt: skip
 
 
+def ended_when(nodes: dict[str, Node], timeout: float = 150) -> dict[str, tuple[int, float]]:
+    """Each node's (exit code, seconds from its start to its end), the end seen as it happens."""
+    ended: dict[str, tuple[int, float]] = {}
+    deadline = time.monotonic() + timeout
+    while len(ended) < len(nodes):
+        assert time.monotonic() < deadline, {name: node.output[-2000:] for name, node in nodes.items()}
+        for name, node in nodes.items():
+            if name not in ended and node.process.poll() is not None:
+                ended[name] = (node.process.returncode, time.monotonic() - node.started)
+        time.sleep(0.1)
+    return ended
+
+
 def test_two_pytests_given_the_same_node_rank_the_second_is_refused_naming_both(pytester: pytest.Pytester) -> None:
     """Node 1 started twice (a copied command line): one holds the rank and runs; the other stops at once."""
     files = copy_suites(pytester, "test_multinode.py")
@@ -558,7 +576,7 @@ def test_two_pytests_given_the_same_node_rank_the_second_is_refused_naming_both(
     twin_folder.mkdir()
     shutil.copytree(pytester.path / "suites", twin_folder / "suites")
     twin = start_node(twin_folder, 1, 2, port, *args)
-    outcomes = {name: node.wait() for name, node in (("node0", node0), ("first", first), ("twin", twin))}
+    outcomes = ended_when({"node0": node0, "first": first, "twin": twin})
     refused = [n for n in (first, twin) if n.process.returncode == pytest.ExitCode.USAGE_ERROR]
     assert len(refused) == 1, {k: v[0] for k, v in outcomes.items()}
     kept = first if refused[0] is twin else twin
@@ -640,7 +658,7 @@ def test_a_stranger_flooding_node_0s_store_fails_the_run_on_every_node(pytester:
     someone else filled is not a pass on any node: not node 0's either, whose own tests all passed.
     """
     files = copy_suites(pytester, "test_multinode.py")
-    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "-k", "barrier", "--run-token=t")
+    port, args = free_port(), (*files, *FAST, "--virtual-devices=1", "-k", "barrier")
     node0 = start_node(pytester.path, 0, 2, port, *args, f"--junitxml={pytester.path / 'junit0.xml'}")
     stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     with pytest.raises(RuntimeError):  # refused at the bound, before the run's tests are known

@@ -342,11 +342,10 @@ def test_a_link_cut_mid_run_ends_in_a_verdict_on_both_nodes(
     assert max(ended) < bound, f"seconds from the cut to each node's end: {ended} (bound {bound:g})"
     (results,) = nodes[1].reports.glob("*-node1/results.jsonl")  # node 1's records, written where it runs
     own = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    unreachable = [r for r in own if "node 0 unreachable since " in (r.get("summary") or "")]
+    unreachable = [r for r in own if "node 0's store unreachable since " in (r.get("summary") or "")]
     assert unreachable and all(r["verdict"] == "hang" for r in unreachable), describe(nodes)
-    assert (
-        "RUN FAILED on another node: node 0: no outcome of the run from it (node 0 unreachable since" in nodes[1].output
-    ), describe(nodes)
+    unanswered = "RUN FAILED on another node: node 0: no outcome of the run from it (node 0's store unreachable since"
+    assert unanswered in nodes[1].output, describe(nodes)
     assert "node 1: records missing: node 1 stopped answering" in nodes[0].output, describe(nodes)
 
 

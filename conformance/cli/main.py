@@ -8,6 +8,7 @@
     python -m conformance merge-junit -o OUT IN...
     python -m conformance smoke [--out DIR] [--skip-suite]
     python -m conformance diagnose PATH... [--json]
+    python -m conformance token [--file FILE]
 
 Each command is a module of this package with ``register(commands)``, which adds its argparse
 subcommand with a ``run`` function returning the exit status; bad input prints one line to stderr
@@ -20,12 +21,12 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from conformance.cli import compare, diagnose, merge_junit, recommend, report, smoke, topology
+from conformance.cli import compare, diagnose, merge_junit, recommend, report, smoke, token, topology
 from conformance.cli.common import PROG, USAGE_ERROR, RaisingParser, UsageError, say
 from conformance.common.outside_text import shown
 from conformance.discover.versions import SUITE_DISTRIBUTION, suite_version
 
-COMMANDS = (topology, recommend, compare, report, merge_junit, smoke, diagnose)
+COMMANDS = (topology, recommend, compare, report, merge_junit, smoke, diagnose, token)
 
 
 EXAMPLES = """examples:

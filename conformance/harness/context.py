@@ -21,8 +21,9 @@ from conformance.discover.versions import NcclVersions, loaded_nccl_version, ncc
 from conformance.discover.watch import Watch
 from conformance.harness.failed_tests import FailedTests
 from conformance.harness.workers import Role
-from conformance.nodes.group import NodeGroup, StartCheck
+from conformance.nodes.group import NodeGroup
 from conformance.nodes.layout import NodeSetup
+from conformance.nodes.start_check import StartCheck
 from conformance.plan.ladder import LADDER_FILE, LadderBook
 from conformance.plan.matrix import NodePairing, Rung, build_ladder
 from conformance.plan.parametrize import Plan

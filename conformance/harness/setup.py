@@ -152,7 +152,7 @@ def _node_setup(config: pytest.Config, settings: Settings, role: Role) -> NodeSe
     """A multi-node run's layout, checked here; the nodes are met when the session starts."""
     explicit = {name: getattr(settings, name) for name in NODE_LAYOUT}
     try:
-        setup = node_setup(explicit, os.environ, settings.run_token)
+        setup = node_setup(explicit, os.environ, settings.run_token, settings.unsigned)
     except LauncherError as exc:  # it names the variable; the settings given are not what is wrong
         raise SettingError(str(exc)) from None
     except NodeError as exc:

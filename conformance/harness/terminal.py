@@ -15,6 +15,7 @@ from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext, user_timeout
 from conformance.harness.strategy import config_overrides
 from conformance.plan.transport import pair_paths
+from conformance.settings import token_on_command_line
 from conformance.summarise.answer import Answer, Tone
 from conformance.summarise.bandwidth import floors_text
 from conformance.summarise.collectives import collective_lines
@@ -63,6 +64,9 @@ def header_lines(run: RunContext) -> list[str]:
     ]
     if run.nccl.warning:
         lines.append(f"WARNING {run.nccl.warning}")
+    token_warning = token_on_command_line(run.settings)
+    if token_warning:
+        lines.append(f"WARNING {token_warning}")
     if t.note:
         lines.append(t.note)
     if t.driver or t.cuda_driver:
@@ -139,7 +143,7 @@ def _node_lines(run: RunContext) -> list[str]:
         f"run store on {setup.master_addr}:{setup.master_port}; shared interfaces: "
         f"{', '.join(start.interfaces) or 'none'}"
     ]
-    identity = setup.identity or "none (by hand: --run-token gives one)"
+    identity = setup.identity or "none (by hand: the run token tells this run from another)"
     pairing = run.plan.pairing
     first = "every pair in rounds" if pairing.mode == "all" else "one random round, then re-checks"
     lines.append(f"run identity {identity}; node pairs {pairing.mode} ({first})")

@@ -1,18 +1,24 @@
 """The nodes of a multi-node run, meeting through the one TCPStore that node 0's pytest hosts.
 
-Keys of the run's store:
+Keys of the run's store (how a node joins, the identity and the proofs: :mod:`conformance.nodes.handshake`):
 
-    identity, nonce, rank_holder/<k>                   which run the store serves; its nonce; which pytest is node k
+    liveness                                         the port of node 0's liveness listener
     run_id, fingerprint/<k>, check, check_read/<k>   the start: node 0 judges every node's fingerprint
     collection/<k>, collection_check, collection_read/<k>   the same tests in the same order everywhere
-    heartbeat/<k>, at/<k>                              each node's monitor thread: alive, and in which test
+    heartbeat/<k>, died/<k>                            each node's monitor thread: alive, and in which test
     case/<id>/arrived/<k>, case/<id>/verdict/<k>       one cross-node case; its ranks use case/<id>/ranks
     first_pass/<ladder key>/<k>                        a first-pass node pair's verdict, for the re-checks
     results/<k>, status/<k>, finished/<k>              each node's records and exit status, gathered by node 0
     outcome, outcome_read/<k>                          node 0's list of failed nodes: the run fails on every node
 
+Every one of these is signed where the run signs (a run token, or MUNGE under SLURM); a value that does
+not verify is dropped and named, never read as a node's.  A run that cannot sign is refused unless
+``--unsigned`` says so, and then says UNSIGNED on every node.  What is read is parsed by the bounded
+reader (``common/bounded_parse.py``) and checked for its shape: a value that is not, is dropped and named.
+
 A node that never arrives, stops beating or ends its run early is a :class:`NodeProblem`: the case
-that waited for it becomes a ``hang`` naming it, and later cases know at once.
+that waited for it becomes a ``hang`` naming it, and later cases know at once.  Node 0's store lost
+(its server killed, the link cut) ends every wait at once, naming it, and every node still answers.
 
 The store itself (opened, signed, bounded) is :mod:`conformance.nodes.store`; the heartbeats, node
 0's liveness listener and the waits that end when a node is gone are :mod:`conformance.nodes.liveness`.
@@ -24,41 +30,42 @@ gathered.  The waits of each cross-node case are at DEBUG.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import logging
 import os
-import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from conformance.nodes.layout import Fingerprint, FingerprintCheck, NodeSetup, compare_fingerprints, shared_interfaces
-from conformance.nodes.liveness import HEARTBEAT_SECONDS, GroupLimits, GroupWatch, Liveness, NodeProblem, tampered
-from conformance.nodes.munge import Munge, MungeError
-from conformance.nodes.store import ForgedValue, host_store, open_store
+from conformance.common.outside_text import shown
+from conformance.nodes.handshake import ACK_WAIT, STRANGER_COUNT_KEY, STRANGER_TEXT, Handshake
+from conformance.nodes.layout import Fingerprint, NodeSetup, compare_fingerprints, shared_interfaces
+from conformance.nodes.liveness import (
+    HEARTBEAT_SECONDS,
+    GroupLimits,
+    GroupWatch,
+    Liveness,
+    NodeProblem,
+    hold_liveness,
+    tampered,
+)
+from conformance.nodes.munge import Munge
+from conformance.nodes.start_check import StartCheck, Unreadable, read_check, read_fingerprint, read_text_list
+from conformance.nodes.store import KeyUnknown, host_store, open_store
 
 log = logging.getLogger("conformance.nodes")
-IDENTITY_KEY = "identity"  # node 0's run, as its launcher names it
-NONCE_KEY = "nonce"  # node 0's random number for this run: the run token's signing key is derived with it
 LIVENESS_KEY = "liveness"  # the port of node 0's liveness listener (class Liveness)
-RANK_HOLDER_KEY = "rank_holder"  # rank_holder/<k>: the host and pid of the pytest that is node k
-MUNGE_KEY = "munge"  # munge/<k>: node 0's MUNGE credential holding the run's key, for node k
-STRANGER_COUNT_KEY = "stranger"  # how many nodes of other runs were turned away; each under stranger/<n>
-BY_HAND = "a run started by hand without --run-token"
 STRANGERS_NAMED = 5  # turned-away nodes named at the end; the rest are counted
 # The most keys a run writes: the start's and the end's per node, and per test and node a case's meeting keys
 # (arrived, verdict, failed, first pass) and those of torch's own process group for its ranks (gloo: a few a rank).
 KEYS_BASE = 1000
 KEYS_PER_TEST = 32
-ACK_WAIT = 5.0  # node 0 keeps its store up this long for the others to read a fatal check
 OUTCOME_KEY = "outcome"  # node 0's list of the nodes that failed, once every node's status is in
 
 
 class NodeGroupError(RuntimeError):
-    """The run cannot go on across nodes (node 0 cannot host the store, the nodes disagree)."""
+    """The run cannot go on across nodes (node 0 cannot host the store, the nodes disagree, it cannot sign)."""
 
 
 @dataclass(frozen=True)
@@ -70,31 +77,6 @@ class Gathered:
     gone: dict[int, str]  # node -> why nothing came from it
 
 
-@dataclass(frozen=True)
-class StartCheck:
-    run_id: str
-    check: FingerprintCheck | None  # None: no other node arrived to compare with
-    missing: Mapping[int, str]
-    interfaces: tuple[str, ...]
-
-    @property
-    def fatal_text(self) -> str:
-        if self.check is None or self.check.ok:
-            return ""
-        fields = ", ".join(self.check.fatal)
-        table = "\n".join(self.check.table)
-        return f"the nodes differ in what must match ({fields}); stopping before any collective:\n{table}"
-
-
-def _loopback(name: str) -> bool:
-    """Whether ``name`` resolves to loopback addresses only (127.0.0.0/8, ::1): no other host reaches it."""
-    try:
-        found = {info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
-    except (socket.gaierror, UnicodeError):
-        return False
-    return bool(found) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found)
-
-
 def _unresolved(name: str) -> str:
     """Why ``name`` does not resolve to an address ("" when it does)."""
     try:
@@ -104,15 +86,21 @@ def _unresolved(name: str) -> str:
     return ""
 
 
-def _hold_liveness(address: str, port: int, me: int) -> socket.socket | None:
-    """A connection to node 0's liveness listener (None where it cannot be made: heartbeats decide)."""
-    try:
-        connection = socket.create_connection((address, port), timeout=10)
-        connection.sendall(f"node {me}\n".encode())
-    except OSError as exc:
-        log.info("node %d: no liveness connection to node 0 (%s): its heartbeat alone tells", me, exc)
+def cannot_sign(setup: NodeSetup, munge: Munge | None) -> str | None:
+    """Why a run across nodes cannot sign its values (no token, no MUNGE); None where it can, or is one node."""
+    if not setup.multi_node or setup.run_token is not None or munge is not None:
         return None
-    return connection
+    munge_text = "no MUNGE answering here (munge, munged)" if setup.slurm_job else "not under SLURM (no MUNGE)"
+    return f"no run token (CONFORMANCE_RUN_TOKEN, --run-token-file or --run-token), {munge_text}"
+
+
+def unsigned_refusal(setup: NodeSetup, why: str) -> str:
+    return (
+        f"a run across {setup.nnodes} nodes cannot sign what its nodes exchange: {why}; make a token with "
+        "`python -m conformance token --file FILE` and give every node --run-token-file FILE (or its text in "
+        "CONFORMANCE_RUN_TOKEN), or say --unsigned to run unsigned (any client of node 0's port could then change "
+        "the run's results)"
+    )
 
 
 class NodeGroup(GroupWatch):
@@ -129,11 +117,14 @@ class NodeGroup(GroupWatch):
             raise NodeGroupError(f"{address} does not resolve: {unresolved}")
         me = setup.node_rank
         munge = Munge.find(os.environ) if setup.run_token is None and setup.slurm_job else None
+        unsigned = cannot_sign(setup, munge)
+        if unsigned and not setup.unsigned:
+            raise NodeGroupError(unsigned_refusal(setup, unsigned))
         hosts = host and not setup.launcher_hosts_store
         log.info("node %d: %s the run's store at %s (%s)", me, "hosting" if hosts else "joining", where, setup.source)
         server = None
-        try:
-            server = host_store(setup, timeout) if hosts else None
+        try:  # the server's start has its own allowance: the rendezvous deadline counts once it serves
+            server = host_store(setup) if hosts else None
             store = open_store(setup, timeout)
         except RuntimeError as exc:
             if server is not None:
@@ -147,8 +138,8 @@ class NodeGroup(GroupWatch):
         group = cls(setup, timeout, limits, store, munge=munge)
         group.server = server
         try:
-            refusal = group._present_identity(where)
-        except RuntimeError as exc:  # the store's own error: node 0 never said which run its store serves
+            refusal = group._join(where)
+        except (RuntimeError, KeyUnknown) as exc:  # the store's own error: node 0 never said which run it serves
             group.lose(exc)
             return group
         if refusal:
@@ -158,81 +149,34 @@ class NodeGroup(GroupWatch):
         group._start_monitor()
         return group
 
-    def _present_identity(self, where: str) -> str:
-        """Node 0 says which run its store serves; another node joins only the same run ("": it does).
+    def _join(self, where: str) -> str:
+        """Node 0 hosts the run (its challenge, key and liveness port); another node joins only the same run.
 
-        A node of another job that reaches the same address and port (shared nodes) leaves its name
+        A node of another run that reaches the same address and port (shared nodes) leaves its name
         under ``stranger/<n>`` for node 0 to report, and joins nothing: no key, no record of it enters.
-        The store's errors (RuntimeError) are the caller's.
+        Returns why this node cannot take part ("": it does).  The store's errors are the caller's.
         """
-        mine = self.setup.identity or BY_HAND
-        plain = self.signed.raw  # which run this is, and who was turned away: public, not signed
+        handshake = Handshake(self.setup, self.store, self.signed, self.munge, self.timeout)
         if self.me == 0:
-            nonce = secrets.token_hex(16)
-            self.store.call(lambda: plain.set(NONCE_KEY, nonce))
-            self.signed.use_nonce(nonce)
-            failed = self._hand_out_key(nonce)
-            if failed:
-                return failed
-            self.liveness = Liveness(self.setup.master_addr or "")
+            refusal = handshake.host()
+            if refusal:
+                return refusal
+            self.liveness = Liveness(self.setup.master_addr or "", self.others, self._prover(), self.dropped)
             self.store.set(LIVENESS_KEY, str(self.liveness.port))
-            self.store.call(lambda: plain.set(IDENTITY_KEY, mine))
-            return self._claim_rank()
-        # node 0 may come later than this node where the launcher hosts the store: the rendezvous deadline
-        theirs = self.store.call(lambda: plain.get(IDENTITY_KEY), self.timeout + ACK_WAIT).decode()
-        if theirs == mine:
-            nonce = self.store.call(lambda: plain.get(NONCE_KEY)).decode()
-            self.signed.use_nonce(nonce)
-            refusal = self._take_key(nonce) or self._claim_rank()
-            port = self._verified(LIVENESS_KEY)
-            if not refusal and port is not None and port.isdigit():  # only the pytest that holds the rank
-                self._held = _hold_liveness(self.setup.master_addr or "", int(port), self.me)
-            return refusal
-        number = self.store.add(STRANGER_COUNT_KEY, 1)
-        stranger = f"{mine}, node {self.me}, host {socket.gethostname()}"
-        self.store.call(lambda: plain.set(f"{STRANGER_COUNT_KEY}/{number}", stranger))
-        return (
-            f"node 0's store at {where} serves another run ({theirs}), not this one ({mine}): this node does not "
-            "join it; give each job its own --master-port"
-        )
+            self.answer_hellos = handshake.answer_hellos
+            handshake.open_to_nodes()
+            return handshake.claim_rank(self.dropped)
+        refusal = handshake.join(where) or handshake.claim_rank(self.dropped)
+        port = self.present(LIVENESS_KEY) if not refusal else None
+        if port is not None and port.isdigit():  # only the pytest that holds the rank
+            self._held = hold_liveness(self.setup.master_addr or "", int(port), self.me, self._prover())
+        return refusal
 
-    def _hand_out_key(self, nonce: str) -> str:
-        """Node 0 under MUNGE: a random key for the run, in a credential for each other node ("": done)."""
-        if self.munge is None:
-            return ""
-        key = secrets.token_bytes(32)
-        ttl = int(self.timeout + 2 * ACK_WAIT)  # the others read theirs within the rendezvous deadline
-        for node in self.others:
-            payload = {"job": self.setup.slurm_job, "run": nonce, "node": node, "key": key.hex()}
-            try:
-                credential = self.munge.credential(payload, os.getuid(), ttl)
-            except MungeError as exc:
-                return f"node 0 cannot sign the run with MUNGE ({exc}): start munged, or give every node a run token"
-            self.store.call(lambda n=node, c=credential: self.signed.raw.set(f"{MUNGE_KEY}/{n}", c))
-        self.signed.use_key(key)
-        return ""
-
-    def _take_key(self, nonce: str) -> str:
-        """A node under MUNGE: the run's key from its own credential, made by its user for its job ("": taken)."""
-        if self.munge is None:
-            return ""
-        raw = self.signed.raw
-        try:
-            credential = self.store.call(lambda: raw.get(f"{MUNGE_KEY}/{self.me}"), self.timeout + ACK_WAIT).decode()
-            uid, payload = self.munge.decoded(credential)
-        except (MungeError, RuntimeError, UnicodeDecodeError) as exc:
-            return f"node 0's MUNGE credential for node {self.me} cannot be used: {exc}"
-        expected = {"job": self.setup.slurm_job, "run": nonce, "node": self.me}
-        if uid != os.getuid() or any(payload.get(name) != value for name, value in expected.items()):
-            return (
-                f"node 0's MUNGE credential for node {self.me} is not of this job's user, job, run and node "
-                f"(uid {uid}, {', '.join(f'{k} {payload.get(k)!r}' for k in expected)}): not taken"
-            )
-        try:
-            self.signed.use_key(bytes.fromhex(str(payload.get("key", ""))))
-        except ValueError:
-            return f"node 0's MUNGE credential for node {self.me} holds no key: not taken"
-        return ""
+    def _prover(self) -> Callable[[str, int], str] | None:
+        """A node's answer to a liveness challenge, with the run's key; None where the run signs nothing."""
+        if not self.signed.signs:
+            return None
+        return lambda challenge, node: self.signed.tag("conformance liveness", challenge, str(node))
 
     @property
     def store_problems(self) -> tuple[str, ...]:
@@ -248,80 +192,91 @@ class NodeGroup(GroupWatch):
 
     @property
     def unsigned(self) -> str | None:
-        """Why a run across nodes beyond loopback cannot sign its values; None where it signs or stays local."""
-        if self.signed.signs or not self.setup.multi_node or _loopback(self.setup.master_addr or ""):
+        """Why a run across nodes signs nothing (it was let go on with --unsigned); None where it signs."""
+        if self.signed.signs or not self.setup.multi_node:
             return None
-        munge = "no MUNGE answering here (munge, munged)" if self.setup.slurm_job else "not under SLURM (no MUNGE)"
-        return f"no run token (--run-token, CONFORMANCE_RUN_TOKEN or --run-token-file), {munge}"
+        return f"--unsigned: {cannot_sign(self.setup, self.munge)}"
 
-    def _claim_rank(self) -> str:
-        """Take this node's rank in the run, or say who has it ("": taken).
-
-        ``compare_set`` with an expected "" sets the key only where nobody has (torch's TCPStore), so
-        of two pytests given one node rank exactly one holds it.
-        """
-        mine = f"host {socket.gethostname()} (pid {os.getpid()})"
-        try:
-            holder = self.store.compare_set(f"{RANK_HOLDER_KEY}/{self.me}", "", mine).decode()
-        except ForgedValue as exc:
-            return f"node rank {self.me} cannot be taken: {exc}"
-        if holder == mine:
-            return ""
-        return (
-            f"node rank {self.me} is already taken by {holder}; this pytest ({mine}) was given the same node rank "
-            f"({self.setup.source}): give each node its own"
-        )
+    def lose(self, exc: BaseException, silent: float = 0.0) -> None:
+        """As :meth:`GroupWatch.lose`; on node 0 a store server that ended says so itself."""
+        served = self.server.problem() if self.server is not None and not self.lost else None
+        if served is None:
+            super().lose(exc, silent)
+            return
+        self.lost = served
+        log.info("node %d: %s", self.me, self.lost)
 
     def strangers(self) -> tuple[list[str], int]:
-        """Nodes of other runs turned away (node 0): the first few by name, and how many in all.
+        """Nodes of other runs turned away (node 0): the first few by name (their own words, bounded), and how many.
 
         The count is a public counter anyone may raise: only ``STRANGERS_NAMED`` names are read, each
         one checked before it is read, so a raised counter costs no wait.
         """
         if self.store is None or self.lost:
             return [], 0
-        count = self.store.add(STRANGER_COUNT_KEY, 0)
-        plain = self.signed.raw
-        keys = [f"{STRANGER_COUNT_KEY}/{n}" for n in range(1, min(count, STRANGERS_NAMED) + 1)]
-        found = [self.store.call(lambda k=k: plain.get(k)).decode(errors="replace") for k in keys
-                 if self.store.check([k])]  # fmt: skip
+        plain, found = self.signed.raw, []
+        try:
+            count = int(self.store.add(STRANGER_COUNT_KEY, 0))
+            for key in [f"{STRANGER_COUNT_KEY}/{n}" for n in range(1, min(count, STRANGERS_NAMED) + 1)]:
+                if self.store.check([key]):
+                    said = self.store.call(lambda k=key: plain.get(k)).decode(errors="replace")
+                    found.append(shown(said[:STRANGER_TEXT]))
+        except RuntimeError as exc:
+            self.lose(exc)
+            return found, len(found)
         return found, count
 
     def _verified(self, key: str) -> str | None:
-        """The value under ``key``, or None where it does not verify with the run's key (dropped, and named)."""
-        try:
-            text: str = self.store.get(key).decode()
-        except ForgedValue as exc:
-            if str(exc) not in self.forged:
-                self.forged.append(str(exc))
-                log.warning("node %d: dropped %s", self.me, exc)
+        """The value under ``key``; None: not there, not verifying (dropped and named), or the store lost."""
+        if self.store is None or self.lost:
             return None
-        return text
+        try:
+            return self.present(key)
+        except RuntimeError as exc:
+            self.lose(exc)
+            return None
+
+    def _set(self, key: str, value: str) -> bool:
+        """Set ``key`` (signed); False where node 0's store is lost (named)."""
+        if self.store is None or self.lost:
+            return False
+        try:
+            self.store.set(key, value)
+        except RuntimeError as exc:
+            self.lose(exc)
+            return False
+        return True
 
     # -- the start ----------------------------------------------------------------------------
     def start(self, mine: Fingerprint, run_id: str) -> StartCheck:
         """Exchange fingerprints; node 0 compares them and every node acts on its one check."""
-        if self.store is None:
+        if not self._set(f"fingerprint/{self.me}", mine.to_json()):
             return StartCheck(run_id, None, {0: self.lost}, ())
-        self.store.set(f"fingerprint/{self.me}", mine.to_json())
         if self.me == 0:
             return self._judge(mine, run_id)
         log.info("node %d: fingerprint sent; waiting up to %gs for node 0's start check", self.me, self.timeout)
+        text = self._from_node_0("check", self.timeout + 2 * ACK_WAIT)
         try:
-            self.store.set_timeout(datetime.timedelta(seconds=self.timeout + ACK_WAIT))
-            check = json.loads(self.store.call(lambda: self.signed.get("check"), self.timeout + 2 * ACK_WAIT))
-            self.store.set(f"check_read/{self.me}", "1")
-        except (RuntimeError, ForgedValue) as exc:
-            self.lose(exc)
+            check = read_check(text) if text is not None else None
+        except ValueError as exc:
+            self.lose(Unreadable(f"node 0's start check cannot be used: {exc}"))
+            check = None
+        if check is None or not self._set(f"check_read/{self.me}", "1"):
             return StartCheck(run_id, None, {0: self.lost}, ())
-        missing = {int(n): reason for n, reason in check["missing"].items()}
-        if self.me in missing:
-            self.lost = f"this node arrived after node 0 had closed the rendezvous ({missing[self.me]})"
-        self.gone.update({n: r for n, r in missing.items() if n != self.me})
-        prints = [Fingerprint.from_json(text) for text in check["prints"]]
-        result = StartCheck(check["run_id"], compare_fingerprints(prints), missing, tuple(check["interfaces"]))
-        _log_start(self.me, prints, result)
+        if self.me in check.missing:
+            self.lost = f"this node arrived after node 0 had closed the rendezvous ({check.missing[self.me]})"
+        self.gone.update({n: r for n, r in check.missing.items() if n != self.me})
+        result = StartCheck(check.run_id, compare_fingerprints(check.prints), check.missing, check.interfaces)
+        _log_start(self.me, check.prints, result)
         return result
+
+    def _from_node_0(self, key: str, limit: float) -> str | None:
+        """Node 0's value under ``key``, waited for up to ``limit`` (a value not of the run waited past); None: lost."""
+        problem = self.wait_for({0: key}, limit, fixed=True)
+        text = self._verified(key) if problem is None else None
+        if text is None:
+            self.lose(RuntimeError(problem.reason if problem else f"node 0's {key} is gone from its store"))
+        return text
 
     def _judge(self, mine: Fingerprint, run_id: str) -> StartCheck:
         deadline = time.monotonic() + self.timeout
@@ -331,12 +286,15 @@ class NodeGroup(GroupWatch):
             if problem is not None and problem.beats:  # alive: its key went missing
                 self.gone[node] = tampered(node, f"fingerprint/{node}", self.timeout)
             elif problem is not None:  # one deadline for all: name it, not what was left of it
-                self.gone[node] = f"node {node} never arrived within {self.timeout:g}s (rendezvous deadline)"
+                self.gone[node] = problem.reason if self.lost else f"node {node} never arrived within " \
+                                  f"{self.timeout:g}s (rendezvous deadline)"  # fmt: skip
                 log.info("node 0: %s", self.gone[node])
-        texts = {n: self._verified(f"fingerprint/{n}") for n in self.others if n not in self.gone}
-        self.gone.update({n: f"node {n}: dropped: {self.forged[-1]}" for n, text in texts.items() if text is None})
-        arrived = [n for n, text in texts.items() if text is not None]
-        prints = [mine, *(Fingerprint.from_json(texts[n] or "") for n in arrived)]
+        prints = [mine]
+        for node in [n for n in self.others if n not in self.gone]:
+            try:
+                prints.append(read_fingerprint(self._verified(f"fingerprint/{node}")))
+            except ValueError as exc:
+                self.gone[node] = f"node {node}: its fingerprint cannot be read: {exc}"
         interfaces = tuple(shared_interfaces(prints))
         check = {
             "run_id": run_id,
@@ -344,11 +302,11 @@ class NodeGroup(GroupWatch):
             "missing": {str(n): reason for n, reason in self.gone.items()},
             "interfaces": list(interfaces),
         }
-        self.store.set("check", json.dumps(check))
+        self._set("check", json.dumps(check))
         result = StartCheck(run_id, compare_fingerprints(prints), dict(self.gone), interfaces)
         _log_start(0, prints, result)
         if result.fatal_text:  # the others must read the check before this store goes away
-            self.wait_for({n: f"check_read/{n}" for n in arrived}, ACK_WAIT, fixed=True)
+            self.wait_for({p.node_rank: f"check_read/{p.node_rank}" for p in prints[1:]}, ACK_WAIT, fixed=True)
         return result
 
     def same_collection(self, nodeids: Sequence[str]) -> list[str]:
@@ -356,18 +314,17 @@ class NodeGroup(GroupWatch):
         self.key_bound = KEYS_BASE + KEYS_PER_TEST * len(nodeids) * self.setup.nnodes
         if self.server is not None:
             self.server.expect(len(nodeids), self.setup.nnodes)
-        if self.store is None or self.lost:
+        if not self._set(f"collection/{self.me}", json.dumps(list(nodeids))):
             return []
-        self.store.set(f"collection/{self.me}", json.dumps(list(nodeids)))
         if self.me != 0:
+            text = self._from_node_0("collection_check", self.timeout + 2 * ACK_WAIT)
             try:
-                waiting = self.store.call(lambda: self.signed.get("collection_check"), self.timeout + 2 * ACK_WAIT)
-                found = list(json.loads(waiting))
-                self.store.set(f"collection_read/{self.me}", "1")
-                return found
-            except (RuntimeError, ForgedValue) as exc:
-                self.lose(exc)
+                found = read_text_list(text) if text is not None else []
+            except ValueError as exc:
+                self.lose(Unreadable(f"node 0's comparison of the collections cannot be used: {exc}"))
                 return []
+            self._set(f"collection_read/{self.me}", "1")
+            return found
         arrived = [n for n in self.others if n not in self.gone]
         for node in arrived:
             problem = self.wait_for({node: f"collection/{node}"}, self.timeout, fixed=True)
@@ -375,16 +332,17 @@ class NodeGroup(GroupWatch):
                 self.gone[node] = problem.reason
         differences: list[str] = []
         for node in (n for n in arrived if n not in self.gone):
-            text = self._verified(f"collection/{node}")
-            if text is None:
-                self.gone[node] = f"node {node}: dropped: {self.forged[-1]}"
+            try:
+                theirs = read_text_list(self._verified(f"collection/{node}"))
+            except ValueError as exc:
+                self.gone[node] = f"node {node}: its collection cannot be read: {exc}"
                 continue
-            differences.extend(collection_difference(list(nodeids), json.loads(text), node))
-        self.store.set("collection_check", json.dumps(differences))
+            differences.extend(collection_difference(nodeids, theirs, node))
+        self._set("collection_check", json.dumps(differences))
         compared = [n for n in arrived if n not in self.gone]
         log.info("node 0: collections of nodes %s compared: %d line(s) of differences", compared, len(differences))
         if differences:  # the others must read it before this store goes away
-            self.wait_for({n: f"collection_read/{n}" for n in arrived if n not in self.gone}, ACK_WAIT, fixed=True)
+            self.wait_for({n: f"collection_read/{n}" for n in compared}, ACK_WAIT, fixed=True)
         return differences
 
     # -- cases --------------------------------------------------------------------------------
@@ -399,10 +357,7 @@ class NodeGroup(GroupWatch):
 
     def meet(self, prefix: str, stage: str, nodes: Sequence[int], value: str, limit: float) -> NodeProblem | None:
         """Set this node's ``stage`` key of a case and wait for the other nodes' keys."""
-        try:
-            self.store.set(f"{prefix}/{stage}/{self.me}", value)
-        except RuntimeError as exc:
-            self.lose(exc)
+        self._set(f"{prefix}/{stage}/{self.me}", value)
         others = [n for n in nodes if n != self.me]
         problem = self.absent(others) or self.wait_for({n: f"{prefix}/{stage}/{n}" for n in others}, limit)
         if problem is not None:
@@ -413,23 +368,14 @@ class NodeGroup(GroupWatch):
         return CasePeers(self, prefix, [n for n in nodes if n != self.me])
 
     def read(self, prefix: str, stage: str, nodes: Sequence[int]) -> dict[int, str]:
-        found = {}
-        for node in nodes:
-            key = f"{prefix}/{stage}/{node}"
-            try:
-                if self.store.check([key]) and (text := self._verified(key)) is not None:
-                    found[node] = text
-            except RuntimeError as exc:
-                self.lose(exc)
-        return found
+        """The nodes' values of a case's ``stage`` that are there and verify."""
+        found = {node: self._verified(f"{prefix}/{stage}/{node}") for node in nodes}
+        return {node: text for node, text in found.items() if text is not None}
 
     # -- node pairs: the first pass, read by the re-checks ------------------------------------
     def publish_first_pass(self, case: str, verdict: str) -> None:
         """Post the verdict this node saw of a first-pass node pair (``case``: its ladder key), for the re-checks."""
-        try:
-            self.store.set(f"first_pass/{case}/{self.me}", verdict)
-        except RuntimeError as exc:
-            self.lose(exc)
+        self._set(f"first_pass/{case}/{self.me}", verdict)
 
     def first_pass_passed(self, case: str, pair: Sequence[int], limit: float) -> bool:
         """Whether a first-pass pair passed, waiting for its nodes' verdicts; a node gone fails it."""
@@ -442,15 +388,9 @@ class NodeGroup(GroupWatch):
     # -- the end ------------------------------------------------------------------------------
     def publish_results(self, lines: Sequence[str], exit_status: int) -> str:
         """A node other than 0 hands its records and its exit status to node 0; returns what happened."""
-        if self.store is None or self.lost:
-            return f"records not sent to node 0: {self.lost}"
-        try:
-            self.store.set(f"results/{self.me}", "\n".join(lines))
-            self.store.set(f"status/{self.me}", str(exit_status))
-            self.store.set(f"finished/{self.me}", "1")
-        except RuntimeError as exc:
-            self.lose(exc)
-            return f"records not sent to node 0: {self.lost}"
+        for key, value in (("results", "\n".join(lines)), ("status", str(exit_status)), ("finished", "1")):
+            if not self._set(f"{key}/{self.me}", value):
+                return f"records not sent to node 0: {self.lost}"
         log.info("node %d: sent %d record(s) to node 0", self.me, len(lines))
         return f"{len(lines)} records sent to node 0"
 
@@ -460,18 +400,20 @@ class NodeGroup(GroupWatch):
         statuses: dict[int, int] = {}
         for node in self.others:
             problem = self.absent([node])
-            if problem is None and not self.store.check([f"results/{node}"]):
+            if problem is None and self._verified(f"results/{node}") is None:
                 waiting(node)
                 log.info("node 0: waiting for node %d's records (it is at %s)", node, self.where(node))
-                problem = self.wait_for({node: f"results/{node}"}, self.progress_limit)
+                problem = self.wait_for({node: f"results/{node}"}, self.progress_limit) or self.absent([node])
             if problem is not None:
-                self.gone.setdefault(node, problem.reason)
+                lost = problem.node == 0  # node 0's own store lost: the node's records never reached it
+                reason = f"its records never reached node 0: {problem.reason}" if lost else problem.reason
+                self.gone.setdefault(node, reason)
                 log.info("node 0: no records from node %d: %s", node, self.gone[node])
                 continue
             text, status = self._verified(f"results/{node}"), self._verified(f"status/{node}")
-            if text is None or status is None:
-                dropped = [key for key, value in (("results", text), ("status", status)) if value is None]
-                self.gone[node] = f"its {' and '.join(dropped)} did not verify with the run's key: dropped"
+            if text is None or status is None or not status.isdigit():
+                missing = [key for key, value in (("results", text), ("status", status)) if value is None]
+                self.gone[node] = f"its {' and '.join(missing) or 'status'} did not come as it must: dropped"
                 continue
             gathered[node] = [line for line in text.splitlines() if line.strip()]
             statuses[node] = int(status)
@@ -480,23 +422,21 @@ class NodeGroup(GroupWatch):
 
     def publish_outcome(self, failed: Sequence[str], readers: Iterable[int]) -> None:
         """Node 0 tells every node which nodes failed ("node 2: exit 1"), and keeps its store up for ``readers``."""
-        self.store.set(OUTCOME_KEY, json.dumps(list(failed)))
-        self.wait_for({n: f"{OUTCOME_KEY}_read/{n}" for n in readers}, ACK_WAIT, fixed=True)
+        if self._set(OUTCOME_KEY, json.dumps(list(failed))):
+            self.wait_for({n: f"{OUTCOME_KEY}_read/{n}" for n in readers}, ACK_WAIT, fixed=True)
 
     def run_outcome(self) -> list[str]:
         """The nodes that failed, as node 0 found them; node 0 gone before it said is itself a failure."""
         problem = self._known_problem(0) or self.wait_for({0: OUTCOME_KEY}, self.progress_limit)
-        if problem is not None:
-            return [f"node 0: no outcome of the run from it ({problem.reason})"]
+        text = self._verified(OUTCOME_KEY) if problem is None else None
+        if text is None:
+            return [f"node 0: no outcome of the run from it ({problem.reason if problem else self.lost})"]
         try:
-            failed = json.loads(self.store.get(OUTCOME_KEY))
-            self.store.set(f"{OUTCOME_KEY}_read/{self.me}", "1")
-        except ForgedValue as exc:
-            return [f"node 0: its outcome of the run was dropped ({exc})"]
-        except RuntimeError as exc:
-            self.lose(exc)
-            return [f"node 0: no outcome of the run from it ({self.lost})"]
-        return [str(line) for line in failed]
+            failed = read_text_list(text)
+        except ValueError as exc:
+            return [f"node 0: its outcome of the run cannot be read ({exc})"]
+        self._set(f"{OUTCOME_KEY}_read/{self.me}", "1")
+        return failed
 
     def close(self) -> None:
         log.debug("node %d: leaving the run's store", self.me)

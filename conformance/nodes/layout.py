@@ -22,20 +22,21 @@ with ``psutil.net_if_addrs()`` (``getifaddrs``): IPv4 and IPv6, names of any len
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import psutil
 
 from conformance.common import values
+from conformance.common.bounded_parse import json_value
 from conformance.common.families import inherited_variables
+from conformance.common.inputs import dataclass_from_json
 from conformance.common.tables import align_columns
 from conformance.discover.topology import Topology
 from conformance.discover.versions import package_version, suite_version
@@ -71,6 +72,7 @@ class NodeSetup:
     launcher_hosts_store: bool = False  # the launcher serves the store at master_port: node 0 is a client too
     run_token: str | None = field(default=None, repr=False)  # --run-token: signs the run's values; never shown
     slurm_job: str | None = None  # SLURM's job id: without a token, MUNGE signs the run (nodes/munge.py)
+    unsigned: bool = False  # --unsigned: a run that cannot sign may go on, saying UNSIGNED
 
     @property
     def multi_node(self) -> bool:
@@ -300,10 +302,13 @@ def _from_node_variables(environ: Mapping[str, str]) -> NodeSetup | None:
     )
 
 
-def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_token: str | None = None) -> NodeSetup:
+def node_setup(
+    explicit: Mapping[str, Any], environ: Mapping[str, str], run_token: str | None = None, unsigned: bool = False
+) -> NodeSetup:
     """The layout: explicit settings (only those given) over SLURM over torchrun over NNODES/NODE_RANK.
 
-    ``run_token`` (``--run-token``) joins the launcher's identity of the run, or is the whole of it by hand.
+    ``run_token`` (``--run-token``) signs the run and tells it from another on the same port (it is never
+    shown, nor anything derived from it); ``unsigned`` (``--unsigned``) lets a run that cannot sign go on.
     """
     outside = not_a_step(environ) if explicit.get("nnodes") is None else None
     if outside:
@@ -320,8 +325,8 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
     if any(v is not None for v in explicit.values()):
         values["source"] = "settings" if found.source == "default" else f"settings over {found.source}"
     if run_token:
-        values["identity"] = ", ".join(filter(None, [found.identity, f"run token {token_tag(run_token)}"]))
         values["run_token"] = run_token
+    values["unsigned"] = unsigned
     setup = NodeSetup(**values)
     if setup.node_rank >= setup.nnodes:
         raise NodeError(f"node rank {setup.node_rank} is not below the node count {setup.nnodes} ({setup.source})")
@@ -345,11 +350,6 @@ def node_setup(explicit: Mapping[str, Any], environ: Mapping[str, str], run_toke
     return setup
 
 
-def token_tag(token: str) -> str:
-    """How a run token is shown and compared: a digest, never the token itself (it is the run's secret)."""
-    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class Fingerprint:
     node_rank: int
@@ -371,12 +371,17 @@ class Fingerprint:
 
     @classmethod
     def from_json(cls, text: str) -> Fingerprint:
-        data = json.loads(text)
-        data["gpu_uuids"] = tuple(data.get("gpu_uuids") or ())
-        # JSON has lists, not tuples; a node of an older suite sends one IPv4 address as a string
-        interfaces = data.get("interfaces") or {}
-        data["interfaces"] = {n: (a,) if isinstance(a, str) else tuple(a) for n, a in interfaces.items()}
-        return cls(**data)
+        """A node's fingerprint from the run's store; ValueError naming what is wrong with it."""
+        data = json_value(text)
+        if isinstance(data, dict) and isinstance(data.get("interfaces"), dict):
+            # JSON has lists, not tuples; a node of an older suite sends one IPv4 address as a string
+            data["interfaces"] = {n: [a] if isinstance(a, str) else a for n, a in data["interfaces"].items()}
+        try:
+            found = dataclass_from_json(cls, data, "the fingerprint", ValueError)
+        except TypeError as exc:  # a field missing
+            raise ValueError(f"the fingerprint: {exc}") from None
+        interfaces = {n: tuple(a) for n, a in found.interfaces.items()}
+        return replace(found, gpu_uuids=tuple(found.gpu_uuids or ()), interfaces=interfaces)
 
     def value(self, name: str) -> str:
         value = getattr(self, name)

@@ -1,32 +1,52 @@
 """Whether the other nodes of a multi-node run are still there: the heartbeats, node 0's listener, the waits.
 
-Each node's monitor thread beats under ``heartbeat/<k>`` and says which test it is in under ``at/<k>``;
-node 0's :class:`Liveness` listener tells a node that died (its connection closed without ``bye``) from a
-link that is down, and posts ``died/<k>``.  A node that never arrives, stops beating or ends its run
-early is a :class:`NodeProblem`, and every wait for it (:meth:`GroupWatch.wait_for`) ends naming it.
-The meetings built on these waits are :class:`conformance.nodes.group.NodeGroup`'s.
+Each node's monitor thread beats under ``heartbeat/<k>``: a count that only grows and the test the node
+is in, signed, so a stranger's beat, or one of this run's beats replayed, moves nothing.  Node 0's
+:class:`Liveness` listener tells a node that died (its connection closed without ``bye``) from a link
+that is down, and posts ``died/<k>`` (signed); a connection counts only once it has answered a fresh
+challenge with the run's key.  A node that never arrives, stops beating or ends its run early is a
+:class:`NodeProblem`, and every wait for it (:meth:`GroupWatch.wait_for`) ends naming it; a value that
+does not verify is dropped and named (:meth:`GroupWatch.dropped`), and waited past as if it were not
+there.  The meetings built on these waits are :class:`conformance.nodes.group.NodeGroup`'s.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.common.clock import wall_ago
+from conformance.common.outside_text import shown
 from conformance.nodes.layout import NodeSetup
 from conformance.nodes.munge import Munge
-from conformance.nodes.store import BoundedStore, SignedStore, StoreUnanswered, listening_socket, open_store
+from conformance.nodes.store import (
+    BoundedStore,
+    ForgedValue,
+    KeyUnknown,
+    SignedStore,
+    StoreUnanswered,
+    listening_socket,
+    open_store,
+)
 from conformance.nodes.store_server import StoreServer
 
 log = logging.getLogger("conformance.nodes")
 HEARTBEAT_SECONDS = 0.5
+HEARTBEAT_KEY = "heartbeat"  # heartbeat/<k>: "<count> <the test node k is in>", signed; the count only grows
 DIED_KEY = "died"  # died/<k>: node 0 saw node k's connection close without its end
 POLL_SECONDS = 0.1
+HELLO_SECONDS = 10.0  # a connection to node 0's liveness port has this long to answer its challenge
+LINE_BYTES = 256  # the most of a line read from a connection to the liveness port
+DROPPED_NAMED = 10  # values and connections not of this run named at the end; the rest are counted
+GREETING_AT_ONCE = 32  # connections to the liveness port greeted at once; more are closed at once, counted
+Prover = Callable[[str, int], str]  # (a challenge, a node) -> that node's answer with the run's key
 
 
 @dataclass(frozen=True)
@@ -66,34 +86,71 @@ class Liveness:
     end.  A node whose pytest died (killed, crashed) has its connection closed by its kernel: node 0
     reads the end of the stream at once.  A cut link closes nothing: the node goes quiet, and only its
     heartbeat's silence past the store's bound makes it gone, so a link that comes back in time
-    loses nothing.
+    loses nothing.  A connection counts only once it has answered a fresh challenge with the run's
+    key (``prove``; unsigned, any answer): a client not of this run that says "node 1" is dropped and
+    named, and never makes node 1 dead.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, nodes: Sequence[int], prove: Prover | None, dropped: Callable[[str], None]):
         self.listener = listening_socket(address, 0)
         self.port: int = self.listener.getsockname()[1]
+        self.nodes = frozenset(nodes)
+        self.prove = prove
+        self.dropped = dropped
         self._died: set[int] = set()  # nodes whose connection closed without their "bye"
         self._lock = threading.Lock()
+        self._greeting = threading.BoundedSemaphore(GREETING_AT_ONCE)  # a flood of connections holds no more threads
         threading.Thread(target=self._serve, name="conformance-liveness", daemon=True).start()
 
     def _serve(self) -> None:
         while True:
             try:
-                connection, _ = self.listener.accept()
+                connection, peer = self.listener.accept()
             except OSError:
                 return  # closed at the end of the run
-            threading.Thread(target=self._follow, args=(connection,), daemon=True).start()
+            if not self._greeting.acquire(blocking=False):
+                connection.close()
+                self.dropped(f"a connection to node 0's liveness port past {GREETING_AT_ONCE} unproven ones: closed")
+                continue
+            threading.Thread(target=self._follow, args=(connection, peer), daemon=True).start()
 
-    def _follow(self, connection: socket.socket) -> None:
-        with connection, connection.makefile("r") as lines:
-            hello = lines.readline().split()
-            if len(hello) != 2 or hello[0] != "node" or not hello[1].isdigit():
+    def _follow(self, connection: socket.socket, peer: Any) -> None:
+        with connection, connection.makefile("rb") as lines:
+            try:
+                node = self._greet(connection, lines, peer)
+            finally:
+                self._greeting.release()
+            if node is None:
                 return
-            node = int(hello[1])
-            said = lines.readline().strip()  # blocks until the node's end, or its death
-        if said != "bye":
+            try:
+                said = lines.readline(LINE_BYTES).strip()  # blocks until the node's end, or its death
+            except OSError:
+                said = b""
+        if said != b"bye":
             with self._lock:
                 self._died.add(node)
+
+    def _greet(self, connection: socket.socket, lines: Any, peer: Any) -> int | None:
+        """The node a new connection proves it is (None: dropped, and named, within HELLO_SECONDS)."""
+        challenge = secrets.token_hex(16)
+        connection.settimeout(HELLO_SECONDS)
+        try:
+            connection.sendall(f"challenge {challenge}\n".encode())
+            hello = lines.readline(LINE_BYTES).decode(errors="replace").split()
+        except OSError:
+            hello = []
+        node = int(hello[1]) if len(hello) == 3 and hello[0] == "node" and hello[1].isdigit() else None
+        proven = node is not None and (
+            self.prove is None or hmac.compare_digest(hello[2].encode(), self.prove(challenge, node).encode())
+        )
+        if node in self.nodes and proven:
+            connection.settimeout(None)
+            return node
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+        claim = shown(" ".join(hello)[:60]) or "nothing"
+        self.dropped(f"a connection from {where} to node 0's liveness port did not prove the run's key (it said "
+                     f"{claim!r}): dropped")  # fmt: skip
+        return None
 
     def died(self, node: int) -> bool:
         with self._lock:
@@ -101,6 +158,28 @@ class Liveness:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def hold_liveness(address: str, port: int, me: int, prove: Prover | None) -> socket.socket | None:
+    """A connection to node 0's liveness listener, its challenge answered (None where it cannot be made)."""
+    try:
+        connection = socket.create_connection((address, port), timeout=HELLO_SECONDS)
+    except OSError as exc:
+        log.info("node %d: no liveness connection to node 0 (%s): its heartbeat alone tells", me, exc)
+        return None
+    try:
+        with connection.makefile("rb") as lines:
+            said = lines.readline(LINE_BYTES).decode(errors="replace").split()
+        if len(said) != 2 or said[0] != "challenge":
+            raise OSError(f"it said {shown(' '.join(said)[:60])!r}, not a challenge")
+        answer = prove(said[1], me) if prove is not None else "-"
+        connection.sendall(f"node {me} {answer}\n".encode())
+        connection.settimeout(None)
+    except OSError as exc:
+        connection.close()
+        log.info("node %d: no liveness connection to node 0 (%s): its heartbeat alone tells", me, exc)
+        return None
+    return connection
 
 
 class GroupWatch:
@@ -126,9 +205,11 @@ class GroupWatch:
         self.timeout = timeout
         self.progress_limit = limits.progress  # how long a node may stay in one test before it counts as stuck
         self.store_limit = limits.store  # how long node 0's store may leave a call unanswered
-        self.signed = SignedStore(store, setup.run_token, signs=setup.run_token is not None or munge is not None)
+        self.signed = SignedStore(store, signs=setup.run_token is not None or munge is not None)
         self.store: Any = BoundedStore(self.signed, limits.store) if store is not None else None
-        self.forged: list[str] = []  # values dropped because they do not verify with the run token
+        self._dropped: list[str] = []  # values and connections not of this run, dropped: the first few named
+        self._dropped_count = 0
+        self.answer_hellos: Callable[[Any, list[int], Callable[[str], None]], None] | None = None  # node 0's
         self.liveness: Liveness | None = None  # node 0: who ended, who died
         self._held: socket.socket | None = None  # the others: their connection to node 0's liveness
         self.lost = lost  # why node 0's store cannot be reached, once it cannot
@@ -155,13 +236,16 @@ class GroupWatch:
 
     def _beat(self) -> None:
         try:
-            store = open_store(self.setup, self.timeout)  # its own connection: the main thread's is busy
+            raw = open_store(self.setup, self.timeout)  # its own connection: the main thread's is busy
+            store, count = self.signed.over(raw), 0
             while True:
-                store.add(f"heartbeat/{self.me}", 1)
-                store.set(f"at/{self.me}", self._at)
+                count += 1
+                store.set(f"{HEARTBEAT_KEY}/{self.me}", f"{count} {self._at}")
                 for node in self.others:
-                    self._hear(node, store.add(f"heartbeat/{node}", 0), store)
+                    self._hear(node, store)
                 self._look_and_post(store)
+                if self.answer_hellos is not None:  # node 0: whoever says hello as a node of the run
+                    self.answer_hellos(raw, self.others, self.dropped)
                 if self.me == 0:  # a client not of this run writing keys: counted, since keys cannot be listed
                     self.most_keys = max(self.most_keys, int(store.num_keys()))
                 if self.server is not None:  # and its bytes, as the server grows
@@ -169,9 +253,35 @@ class GroupWatch:
                 self._answered = time.monotonic()
                 if self._stop.wait(HEARTBEAT_SECONDS):
                     return
-        except RuntimeError as exc:
+        except (RuntimeError, KeyUnknown) as exc:
             if not self._stop.is_set():
                 self.lose(exc)
+
+    def dropped(self, what: str) -> None:
+        """A value or a connection not of this run, dropped: named (the first ``DROPPED_NAMED``), else counted."""
+        with self._lock:
+            self._dropped_count += 1
+            if what in self._dropped or len(self._dropped) >= DROPPED_NAMED:
+                return
+            self._dropped.append(what)
+        log.warning("node %d: dropped %s", self.me, what)
+
+    @property
+    def forged(self) -> list[str]:
+        """What was dropped as not of this run, one line each, the count of the rest last."""
+        with self._lock:
+            named, more = list(self._dropped), self._dropped_count - len(self._dropped)
+        return [*named, *([f"{more} more values or connections not of this run"] if more > 0 else [])]
+
+    def _verified_in(self, store: Any, key: str) -> str | None:
+        """The value under ``key`` if it is there and verifies; a value that does not is dropped and named."""
+        if not store.check([key]):
+            return None
+        try:
+            return str(store.get(key).decode(errors="replace"))
+        except ForgedValue as exc:
+            self.dropped(str(exc))
+            return None
 
     def _look_and_post(self, store: Any) -> None:
         """The running case's keys, for the watchdog, which must never wait on the store itself; who died."""
@@ -181,8 +291,8 @@ class GroupWatch:
             posts += [f"{DIED_KEY}/{n}" for n in self.others if self.liveness.died(n)]
         for key in posts:
             store.set(key, "1")
-        found = {key for key in watched if store.check([key])}
-        died = {n for n in self.others if store.check([f"{DIED_KEY}/{n}"])}
+        found = {key for key in watched if self._verified_in(store, key) is not None}
+        died = {n for n in self.others if self._verified_in(store, f"{DIED_KEY}/{n}") is not None}
         with self._lock:
             self._seen |= found
             self._died |= died
@@ -198,14 +308,18 @@ class GroupWatch:
         with self._lock:
             self._to_post.append(key)
 
-    def _hear(self, node: int, count: int, store: Any) -> None:
-        at = store.get(f"at/{node}").decode() if store.check([f"at/{node}"]) else ""
+    def _hear(self, node: int, store: Any) -> None:
+        """Node ``node``'s heartbeat: it moved only where its count grew (a beat replayed is no beat)."""
+        beat = self._verified_in(store, f"{HEARTBEAT_KEY}/{node}")
+        number, _, at = (beat or "").partition(" ")
+        count = int(number) if number.isdigit() else -1
         now = time.monotonic()
         with self._lock:
             heard = self.heard[node]
-            first = count > 0 >= heard.count
-            if count != heard.count:
-                heard.count, heard.beat = count, now
+            if count <= heard.count:
+                return
+            first = heard.count <= 0
+            heard.count, heard.beat = count, now
             if at != heard.at:
                 heard.at, heard.moved = at, now
                 log.debug("node %d: node %d is at %s", self.me, node, at or "its start")
@@ -217,7 +331,7 @@ class GroupWatch:
         if not self.lost:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             when = time.strftime("%H:%M:%S", time.localtime(wall_ago(silent)))
-            self.lost = f"node 0 unreachable since {when}: {first_line}"
+            self.lost = f"node 0's store unreachable since {when}: {first_line}"
             log.info("node %d: %s", self.me, self.lost)
 
     def _store_silent(self) -> None:
@@ -236,6 +350,22 @@ class GroupWatch:
         with self._lock:
             at = self.heard[node].at if node in self.heard else ""
         return at or "its start"
+
+    def present(self, key: str) -> str | None:
+        """The main thread's read of ``key``: its value where it is there and verifies, else None.
+
+        A value that does not verify is dropped and named, and is as good as absent: a wait for the
+        key goes on to its own deadline.  The store's own errors (RuntimeError) are the caller's.
+        """
+        if self.store is None:
+            raise StoreUnanswered(self.lost or "no store")
+        if not self.store.check([key]):
+            return None
+        try:
+            return str(self.store.get(key).decode(errors="replace"))
+        except ForgedValue as exc:
+            self.dropped(str(exc))
+            return None
 
     # -- problems ---------------------------------------------------------------------------
     def _known_problem(self, node: int) -> NodeProblem | None:
@@ -293,7 +423,7 @@ class GroupWatch:
             log.debug("node %d: waiting up to %gs for node %d (%s)", self.me, limit, node, key)
         while pending:
             try:
-                pending = {n: k for n, k in pending.items() if not self.store.check([k])}
+                pending = {n: k for n, k in pending.items() if self.present(k) is None}
             except RuntimeError as exc:
                 self.lose(exc)
             for node in sorted(pending):

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from conformance.common.bounded_parse import json_value
+
 MUNGE_SECONDS = 10.0  # a call of munge or unmunge
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 SLURM_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/usr/local/sbin")
@@ -82,7 +84,7 @@ class Munge:
         try:
             if uid is None:
                 raise ValueError("no UID")
-            data = json.loads(payload)
+            data = json_value(payload)  # the bounded reader: a credential's payload is outside data
         except ValueError as exc:
             raise MungeError(f"unmunge: not a credential of this suite ({exc})") from None
         if not isinstance(data, dict):

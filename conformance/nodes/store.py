@@ -35,12 +35,12 @@ def open_store(setup: NodeSetup, timeout: float) -> Any:
     return dist.PrefixStore(setup.store_prefix, store) if setup.store_prefix else store  # type: ignore[attr-defined]
 
 
-def host_store(setup: NodeSetup, timeout: float) -> StoreServer:
+def host_store(setup: NodeSetup) -> StoreServer:
     """Node 0 serves the run's store on the run's address alone, in a process whose memory is bounded."""
     # torch's TCPStore server given only a port listens on every interface (``*:port``), whatever the
     # address the run uses; a socket bound here to that address alone is handed over to it instead.
     listening = listening_socket(setup.master_addr or "", setup.master_port or 0)
-    return StoreServer.start(listening, setup.master_addr or "", listening.getsockname()[1], timeout)
+    return StoreServer.start(listening, setup.master_addr or "", listening.getsockname()[1])
 
 
 def listening_socket(address: str, port: int) -> socket.socket:
@@ -78,28 +78,36 @@ class SignedStore:
     """The run's store with every value signed, where the run can sign: a run token, or MUNGE under SLURM.
 
     A value is stored as itself, then ``SIGNATURE`` and the hex HMAC-SHA256 of its key and itself
-    under the run's key: derived from the run token and node 0's nonce for the run (a fresh random
-    one per run, so a value of one run never verifies in another), or drawn by node 0 and handed to
-    each node in a MUNGE credential (``nodes/munge.py``).  Neither the token nor the key is stored.
-    Unsigned (no way to sign), values are stored as they are.  Counters (``add``), key checks and
-    the public keys (which run the store serves, the strangers turned away) are not signed.
+    under the run's key (:mod:`conformance.nodes.handshake`: derived from the run token and node 0's
+    fresh challenge, or drawn by node 0 and handed out in MUNGE credentials), so a value of one run
+    never verifies in another.  Neither the token nor the key is stored.  Unsigned (``--unsigned``),
+    values are stored as they are.  Counters (``add``), key checks and the handshake's own values
+    (which run the store serves, the challenge and the proofs, the strangers turned away) are not
+    signed: the handshake proves what it needs itself.
     """
 
-    def __init__(self, store: Any, token: str | None, signs: bool | None = None) -> None:
+    def __init__(self, store: Any, signs: bool) -> None:
         self.raw = store
-        self.token = token
-        self.signs = token is not None if signs is None else signs  # False: the run is UNSIGNED
+        self.signs = signs  # False: the run is UNSIGNED
         self._key: bytes | None = None
-
-    def use_nonce(self, nonce: str) -> None:
-        if self.token is not None:
-            self._key = hmac.new(self.token.encode(), f"conformance run {nonce}".encode(), hashlib.sha256).digest()
 
     def use_key(self, key: bytes) -> None:
         self._key = key
 
-    def _signature(self, key: str, value: bytes) -> bytes:
+    def over(self, store: Any) -> SignedStore:
+        """Another connection to the same store (a thread's own), signing with the same key."""
+        other = SignedStore(store, self.signs)
+        other._key = self._key
+        return other
+
+    def tag(self, *parts: str) -> str:
+        """The hex HMAC-SHA256 of ``parts`` under the run's key (KeyUnknown before it is known)."""
         if self._key is None:  # a node turned away, or one whose key never came: it writes and believes nothing
+            raise KeyUnknown("the run's key is not known to this node")
+        return hmac.new(self._key, "\0".join(parts).encode(), hashlib.sha256).hexdigest()
+
+    def _signature(self, key: str, value: bytes) -> bytes:
+        if self._key is None:
             raise KeyUnknown(f"{key}: the run's key is not known to this node")
         return hmac.new(self._key, key.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
 
@@ -123,7 +131,7 @@ class SignedStore:
     def get(self, key: str) -> bytes:
         return self._verified(key, self.raw.get(key))
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str) -> bytes:
         return self._verified(key, self.raw.compare_set(key, expected, self._signed(key, desired)))
 
     def __getattr__(self, name: str) -> Any:

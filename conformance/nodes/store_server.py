@@ -32,6 +32,9 @@ RUN_BYTES_PER_TEST = 16 * 2**10  # one test on one node: its record (about 2 KB)
 HEADROOM = 2  # the server may grow by twice what the run writes: growth past the run's own is a flood
 LOG_BYTES = 2**20  # the server's stderr kept (a stranger can make it warn without end)
 STOP_SECONDS = 5.0  # the server's own exit once node 0 closes its stdin, before it is killed
+# The server's start (a fresh interpreter importing torch: seconds, more on a loaded machine) has an allowance of
+# its own, spent before the rendezvous deadline starts to count: the nodes' deadline is for the nodes, not for this.
+START_SECONDS = 120.0
 SERVING = b"serving "
 
 
@@ -56,8 +59,8 @@ class StoreServer:
         self.stopped = False
 
     @classmethod
-    def start(cls, listening: socket.socket, address: str, port: int, timeout: float) -> StoreServer:
-        """Serve the run's store on ``listening`` (handed over), or RuntimeError naming why not within ``timeout``."""
+    def start(cls, listening: socket.socket, address: str, port: int, allowance: float = START_SECONDS) -> StoreServer:
+        """Serve the run's store on ``listening`` (handed over), or RuntimeError in one line saying why not."""
         log = tempfile.TemporaryFile(prefix="conformance-store-")
         command = [sys.executable, "-m", __name__, address, str(port), str(listening.fileno())]
         process = subprocess.Popen(
@@ -70,18 +73,22 @@ class StoreServer:
         )
         listening.close()
         server = cls(process, log, 0)
-        line = server._first_line(timeout)
-        if not line.startswith(SERVING):
+        line = server._first_line(allowance)
+        if line is None or not line.startswith(SERVING):
+            said = server.last_words()  # before close(), which closes the file it reads
+            server.process.kill()  # not serving: nothing to end gracefully
             server.close()
-            raise RuntimeError(f"its store server did not start within {timeout:g}s: {server.last_words()}")
+            what = f"did not start within {allowance:g}s" if line is None else "ended as it started"
+            raise RuntimeError(f"its store server {what}: {said}")
         server.start_data = int(line[len(SERVING) :])
         return server
 
-    def _first_line(self, timeout: float) -> bytes:
+    def _first_line(self, timeout: float) -> bytes | None:
+        """The server's first line (b"": it ended first), or None: nothing within ``timeout``."""
         out = self.process.stdout
         assert out is not None
         ready, _, _ = select.select([out], [], [], timeout)
-        return out.readline().strip() if ready else b""
+        return out.readline().strip() if ready else None
 
     def expect(self, tests: int, nodes: int) -> None:
         """The run has ``tests`` tests on each of ``nodes`` nodes: the server may grow by twice what they write."""
@@ -111,12 +118,15 @@ class StoreServer:
             return f"a client not of this run wrote to node 0's store: it grew by {grown}, {self.bound_text}"
         code = self.process.poll()
         if code is not None and not self.stopped:
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-            return f"node 0's store server ended during the run ({how}): {self.last_words()}"
+            if code < 0:  # killed: what it last wrote is no word of its end
+                return f"node 0's store server ended during the run (signal {signal.Signals(-code).name})"
+            return f"node 0's store server ended during the run (exit {code}): {self.last_words()}"
         return None
 
     def last_words(self) -> str:
-        """The last line of the server's stderr, shown as data."""
+        """The last line of the server's stderr, shown as data (once closed: that it said nothing more)."""
+        if self.log.closed:
+            return "its log is closed"
         said = os.pread(self.log.fileno(), LOG_BYTES, 0)  # the server writes at the file's offset: left as it is
         lines = [line for line in said.decode(errors="replace").splitlines() if line.strip()]
         return shown(lines[-1].strip()) if lines else "it said nothing"

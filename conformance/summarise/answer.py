@@ -102,6 +102,7 @@ class Answer:
     failed_nodes: tuple[str, ...] = ()  # other nodes of the run that failed: the run failed here too
     store_problems: tuple[str, ...] = ()  # node 0: its store flooded by a client not of the run, or ended
     unwritten: tuple[str, ...] = ()  # what the run's end could not write ("run.json NOT written: <why>"): it fails
+    unsigned: str | None = None  # why a run across nodes signed nothing (--unsigned): the answer opens with it
 
     @property
     def machine_watched(self) -> tuple[WatchFinding, ...]:
@@ -142,12 +143,14 @@ class Answer:
         if self.incomplete is not None:
             return "warn"
         if self.all_passed:
-            return "warn" if self.cpu_only is not None or self.not_tested is not None else "good"
+            unsure = self.cpu_only is not None or self.not_tested is not None or self.unsigned is not None
+            return "warn" if unsure else "good"
         return "bad"
 
     def rows(self) -> list[tuple[str, Tone]]:
         """The answer's lines with how each reads: bad (red), good (green), warn (yellow), plain."""
-        first: list[tuple[str, Tone]] = [(line, "bad") for line in self.unwritten]
+        first: list[tuple[str, Tone]] = [(unsigned_line(self.unsigned), "warn")] if self.unsigned else []
+        first += [(line, "bad") for line in self.unwritten]
         if self.harness_errors:
             first.append((harness_error_line(self.harness_errors), "bad"))
         if self.failed_nodes:
@@ -226,7 +229,7 @@ def unsigned_line(why: str) -> str:
     """The warning of a run across nodes that signed nothing: what any client of node 0's port could do."""
     return (
         f"{UNSIGNED}: the nodes' values were not signed ({why}): any client that reached node 0's port could have "
-        "changed a node's results or exit status; give every node the same run token"
+        "changed a node's results or exit status; give every node the same run token (python -m conformance token)"
     )
 
 
@@ -357,7 +360,6 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         slow=tuple(slow_pairs(counted, run.facts.slow_ratio or DEFAULT_SLOW_RATIO, run.facts.bandwidth_floors)),
         slow_causes=slow_causes(run.machine),
         warnings=(
-            *([unsigned_line(run.facts.unsigned)] if run.facts.unsigned else []),
             *([f"WARNING {run.facts.nccl_warning}"] if run.facts.nccl_warning else []),
             *(f"WARNING {skipped}" for skipped in run.warnings),  # lines of results.jsonl not read, each named
             *_host_warnings(run.usable_records),
@@ -367,4 +369,5 @@ def answer(run: Run, recommendation: Recommendation) -> Answer:
         watched=tuple(run_watch_findings(run)),
         failed_nodes=run.facts.failed_nodes,
         store_problems=run.facts.store_problems,
+        unsigned=run.facts.unsigned,
     )
