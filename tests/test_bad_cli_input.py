@@ -295,7 +295,7 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "smoke-out-is-a-file": Refusal(
         ("smoke", "--skip-suite", "--out", "{d}/afile"),
-        "--out {d}/afile: cannot make the folder: File exists",
+        "--out {d}/afile: is there already, and not a folder",
         {"afile": "x"},
     ),
     "topology-missing-file": Refusal(

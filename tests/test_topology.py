@@ -1010,7 +1010,7 @@ def test_cli_refuses_what_a_run_refuses(monkeypatch: pytest.MonkeyPatch, capsys:
          "python -m conformance: error: argument --virtual-devices: '0' must be a positive whole number"),
         ([], "python -m conformance: error: the following arguments are required: COMMAND"),
         (["topolgy"], "python -m conformance: error: argument COMMAND: invalid choice: 'topolgy' (choose from "
-                      "'topology', 'recommend', 'compare', 'report', 'merge-junit', 'smoke', 'diagnose')"),
+                      "'topology', 'recommend', 'compare', 'report', 'merge-junit', 'smoke', 'diagnose', 'token')"),
     ],
 )  # fmt: skip
 def test_cli_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str) -> None:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.cli.common import PROG, USAGE_ERROR
+from conformance.cli.common import fail, say
 from conformance.common.run_token import MIN_TOKEN_BITS, new_token
 
 
@@ -38,14 +37,13 @@ def register(commands: Any) -> None:
 def token_command(args: argparse.Namespace) -> int:
     token = new_token()
     if args.file is None:
-        print(token)
+        say(token)
         return 0
     try:  # made with mode 0600 from the start: never readable by others, not even for a moment
         fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        print(f"{PROG} token: cannot make {str(args.file)!r}: {exc.strerror or exc}", file=sys.stderr)
-        return USAGE_ERROR
+        return fail("token", f"cannot make {str(args.file)!r}: {exc.strerror or exc}")
     with os.fdopen(fd, "w", encoding="ascii") as out:
         out.write(token + "\n")
-    print(f"a run token written to {args.file} (mode 0600): give every node --run-token-file {args.file}")
+    say(f"a run token written to {args.file} (mode 0600): give every node --run-token-file {args.file}")
     return 0

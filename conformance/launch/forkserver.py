@@ -37,6 +37,7 @@ from typing import IO
 from conformance.common.bounded_parse import NotParsed, json_value
 from conformance.common.deadlines import FORKSERVER_READY_WAIT, SPAWN_WAIT
 from conformance.common.jsonl import JsonDict
+from conformance.common.outside_text import shown
 from conformance.launch.signals import signal_group
 
 log = logging.getLogger("conformance.launch")
@@ -128,7 +129,7 @@ class Server:
             return False
         requests, skipped, self.pending = take_messages(self.pending + chunk)
         for line in skipped:  # the server's log (its stderr) says what it could not take for a request
-            print(f"forkserver: not a request, skipped: {line}", file=sys.stderr, flush=True)
+            print(f"forkserver: not a request, skipped: {shown(line)}", file=sys.stderr, flush=True)
         for request in requests:
             if request.get("op") == "spawn":
                 self.spawn(request)
