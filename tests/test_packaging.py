@@ -215,3 +215,15 @@ def test_installed_the_whole_suite_gives_the_checkouts_verdicts(
         installed / "python", tmp_path, tmp_path / "reports", "--pyargs", "conformance.suites", *xdist
     )
     assert (verdicts, counts) == checkout_run
+
+
+MODULE_LINES = 550  # pytest-timeout's one module, the size STYLE.md holds a module to: split by responsibility past it
+
+
+def test_no_module_of_the_package_is_over_550_lines() -> None:
+    over = {
+        str(path.relative_to(REPO)): lines
+        for path in sorted((REPO / "conformance").rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MODULE_LINES
+    }
+    assert not over, f"split these by responsibility (at most {MODULE_LINES} lines a module): {over}"
