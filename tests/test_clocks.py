@@ -11,6 +11,7 @@ and -3600 s in turn, every half second, which must judge every case as a run wit
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 from pathlib import Path
@@ -162,3 +163,41 @@ def test_a_wall_clock_stepping_by_plus_40s_and_minus_an_hour_changes_no_verdict(
             steady.outlines.index([line for line in steady.outlines if "conformance: the answer" in line][0]) :
         ]
     )
+
+
+def _node_log(rank: int, host: str, pid: int, second: float, error: str) -> str:
+    stamp = f"[E1128 12:00:{second:09.6f} {pid} train.py:10]"
+    return "".join(
+        f"[rank{rank}]:{line}\n"
+        for line in (
+            f"{host}:{pid}:{pid} [{rank}] NCCL INFO comm 0x1 rank {rank} nranks 2 cudaDev {rank} busId 1000 - "
+            "Init COMPLETE",
+            "Traceback (most recent call last):",
+            '  File "train.py", line 10, in <module>',
+            f"{stamp} failure",
+            error,
+        )
+    )
+
+
+def _diagnosed(folder: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    from conformance.cli.main import main
+
+    capsys.readouterr()
+    assert main(["diagnose", "--json", str(folder)]) == 1  # a failure found
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("skew", [-10.0, 10.0])
+def test_diagnose_never_orders_failures_on_two_hosts_by_their_clocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], skew: float
+) -> None:
+    """Two hosts' logs: whichever host's clock runs behind, no rank is named first; on one host, times order."""
+    (tmp_path / "node-a.log").write_text(_node_log(0, "gpu-a", 4242, 20.0, "ValueError: bad batch shape"))
+    (tmp_path / "node-b.log").write_text(_node_log(1, "gpu-b", 5151, 20.0 + skew, "KeyError: 'missing_layer'"))
+    apart = _diagnosed(tmp_path, capsys)
+    assert (apart["class"], apart["root_ranks"]) == ("rank_error", [])
+    assert any("failed on different hosts (gpu-a, gpu-b)" in note for note in apart["notes"])
+    (tmp_path / "node-b.log").write_text(_node_log(1, "gpu-a", 5151, 20.0 + skew, "KeyError: 'missing_layer'"))
+    one_host = _diagnosed(tmp_path, capsys)  # one host, one clock: the earlier failure is the root
+    assert one_host["root_ranks"] == ([1] if skew < 0 else [0])

@@ -161,12 +161,16 @@ def _quoted(line: LogLine) -> dict[str, object]:
 # --------------------------------------------------------------------------------------------
 
 
-def _report(number: int, story: ProcessStory, found: Finding) -> RankReport:
-    """A rank as the verdict stage judges it: a victim is a rank stopped while it waited."""
+def _report(number: int, story: ProcessStory, found: Finding, timed: bool = True) -> RankReport:
+    """A rank as the verdict stage judges it: a victim is a rank stopped while it waited.
+
+    ``timed``: its first failure's time may be compared with the others' (their logs share one clock).
+    """
     status = RankStatus.STOPPED if story.stopped else found.status
     return RankReport(
         rank=number, device="", pid=0, phase="", step="", phase_time=None, progress=0, exit=None, seconds=0.0,
-        status=status, message=found.title, time=story.first_time, stopped_by="stalled" if story.stopped else None,
+        status=status, message=found.title, time=story.first_time if timed else None,
+        stopped_by="stalled" if story.stopped else None,
     )  # fmt: skip
 
 
@@ -231,12 +235,23 @@ def _fill(answer: Diagnosis, found: Finding, victims: list[ProcessStory]) -> Dia
     return answer
 
 
+def _hosts_apart(findings: dict[int | str, Finding], stories: Stories) -> list[str]:
+    """The hosts the failed processes ran on, where their logs name more than one: their clocks are not one clock.
+
+    Two hosts' clocks differ by whatever NTP left between them (seconds, after a step or a VM's pause), so
+    which of their failures came first is not read from the logs' times (``common/clock.py``'s rule).
+    """
+    hosts = sorted({host for k, f in findings.items() if f.failure is not None and (host := stories[k].who.host)})
+    return hosts if len(hosts) > 1 else []
+
+
 def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> None:
     """The class the ranks' findings and the job's lines name, if any (``answer.failure`` stays None if none)."""
     gpu = evidence.facts.gpu[1] if evidence.facts.gpu else None
     findings = {key: found for key, story in stories.items() if (found := finding(story, gpu)) is not None}
     numbers = {key: index for index, key in enumerate(stories)}
-    decision = decide([_report(numbers[key], stories[key], found) for key, found in findings.items()])
+    apart = _hosts_apart(findings, stories)
+    decision = decide([_report(numbers[key], stories[key], found, timed=not apart) for key, found in findings.items()])
     by_number = {numbers[key]: key for key in findings}
     root_key = _key(decision, by_number)
     victims = [key for key, found in findings.items() if found.failure is None and key != root_key]
@@ -251,7 +266,13 @@ def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Sto
         key = _most_specific(root_key, findings)
         found = findings[key]
         alike = _alike(key, findings, stories)
-        named = len(alike) == 1 and _names_one_rank(found)
+        failed = [k for k, f in findings.items() if f.failure is not None]
+        named = len(alike) == 1 and _names_one_rank(found) and not (apart and len(failed) > 1)
+        if apart and len(failed) > 1:
+            answer.notes.append(
+                f"{_who_all(failed, stories)} failed on different hosts ({', '.join(apart[:8])}): their logs' clocks "
+                "are not one clock, so which failed first is not said"
+            )
         answer.root = label(key, stories[key]) if named else ""
         answer.root_ranks = [key] if isinstance(key, int) and named else []
         _fill(answer, found, first_victim)
@@ -263,7 +284,8 @@ def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Sto
             if findings[by_number[r.rank]].failure is not None and by_number[r.rank] not in alike
         ]
         if others:
-            answer.notes.append(f"also failed, after it: {', '.join(label(k, stories[k]) for k in others[:8])}")
+            order = "" if apart else ", after it"
+            answer.notes.append(f"also failed{order}: {', '.join(label(k, stories[k]) for k in others[:8])}")
     elif root_key is not None and (job is None or (job.failure in (job_causes.HANG, job_causes.TRANSPORT))):
         key = root_key  # a hang: the verdict stage names the one rank the suite stopped
         answer.root, answer.root_ranks = label(key, stories[key]), [key] if isinstance(key, int) else []

@@ -96,6 +96,7 @@ class JobEvidence:
         self._dumps: set[ProcessKey] = set()  # which of them are stack dumps of a live process
         self._frame_indent: int | None = None  # the indentation of the last line if it was a ``File "..."`` frame
         self._after_last_error = False  # the last line was torch's "Last error:", NCCL's text follows
+        self._rank_hosts: dict[int, str] = {}  # a rank's host, from NCCL's "host:pid:tid" prefix on its lines
 
     # ---------------------------------------------------------------------------------------- reading
 
@@ -148,6 +149,8 @@ class JobEvidence:
             if len(self.facts.hosts) < SET_LIMIT:
                 self.facts.hosts.add(process[0])
             line = LogLine(line.path, line.number, text, line.who.merged(Who(host=process[0], pid=process[1])))
+            if line.who.rank is not None and len(self._rank_hosts) < SET_LIMIT:
+                self._rank_hosts.setdefault(line.who.rank, process[0])
         self._started_by(line)
         self._where(line)
         if "maxSharedMem" in text:
@@ -213,6 +216,8 @@ class JobEvidence:
         return Who(rank=summary.rank, local_rank=summary.local, host=summary.host)
 
     def _story(self, who: Who, path: str) -> ProcessStory:
+        if who.host is None and who.rank in self._rank_hosts:
+            who = who.merged(Who(host=self._rank_hosts[who.rank]))
         key = process_key(who, path)
         story = self.stories.get(key)
         if story is None:
