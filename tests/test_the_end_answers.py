@@ -2,9 +2,10 @@
 
 Each way the end was seen to fail, in a real run of the suite's plugin: pytest's own JUnit writer
 failing (``--junitxml /dev/full``), another plugin's end raising, the metrics file's folder gone,
-the disk full at the end, and SIGTERM (SLURM's scancel, docker stop).  In every one the answer
-comes last and says what was not written, the exit status is not 0, the metrics file never says
-``running``, and run.json's end is written, or the answer says it was not.
+the disk full at the end, SIGTERM (SLURM's scancel, docker stop) and SIGHUP (an ssh session
+dropped).  In every one the answer comes last and says what was not written, the exit status is
+not 0, the metrics file never says ``running``, and run.json's end is written, or the answer says
+it was not.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import pytest
 
@@ -130,7 +132,7 @@ def the_disk_fills(pytester: pytest.Pytester) -> Ended:
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
-def sigterm_while_a_case_hangs(pytester: pytest.Pytester) -> Ended:
+def stopped_while_a_case_hangs(pytester: pytest.Pytester, sig: signal.Signals) -> Ended:
     pytester.makepyfile(test_x=COLLECTIVE_TEST.format(probe="all_reduce"))
     scenario = pytester.makefile(".toml", hang=scenario_text('effect = "hang"\nphase = "probe"'))
     (pytester.path / "metrics").mkdir()
@@ -147,7 +149,7 @@ def sigterm_while_a_case_hangs(pytester: pytest.Pytester) -> Ended:
         wait_while_running(
             proc, output, lambda: all(p.exists() and '"probe"' in p.read_text() for p in phases), "no case hung"
         )
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         status = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
@@ -177,7 +179,10 @@ FAILURES = {
     ),
     "the disk is full at the end": EndFailure(the_disk_fills, 1, "run.json NOT written: No space left on device", None),
     "SIGTERM while a case hangs": EndFailure(
-        sigterm_while_a_case_hangs, 2, "INCOMPLETE RUN (interrupted", "incomplete"
+        partial(stopped_while_a_case_hangs, sig=signal.SIGTERM), 2, "INCOMPLETE RUN (interrupted", "incomplete"
+    ),
+    "SIGHUP (the ssh session dropped) while a case hangs": EndFailure(
+        partial(stopped_while_a_case_hangs, sig=signal.SIGHUP), 2, "INCOMPLETE RUN (interrupted", "incomplete"
     ),
 }  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import traceback
@@ -32,23 +33,23 @@ class RunEnding:
 
     def __init__(self, run: RunContext) -> None:
         self.run = run
-        self._sigterm: Any = None  # the handler SIGTERM had before the run took it
+        self._before: dict[signal.Signals, Any] = {}  # the handlers the stopping signals had before the run
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """SIGTERM (SLURM's scancel and time limit, systemd, docker stop) ends the run as Ctrl-C does, with its end.
+        """A signal that asks the run to stop ends it as Ctrl-C does, with its end (``STOPPING_SIGNALS``).
 
-        Python's default for SIGTERM is to die at once: no answer, run.json left "started", the metrics
+        Python's default for them is to die at once: no answer, run.json left "started", the metrics
         file left "running".  Raised as KeyboardInterrupt, pytest ends the session (exit status 2) and
-        the run's end answers ``INCOMPLETE RUN (interrupted)``; a second SIGTERM is ignored while it does.
+        the run's end answers ``INCOMPLETE RUN (interrupted)``; a second one is ignored while it does.
         """
         if self.run.role.ends_run and threading.current_thread() is threading.main_thread():
-            self._sigterm = signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
+            self._before = {sig: signal.signal(sig, _interrupted) for sig in STOPPING_SIGNALS}
 
     def pytest_unconfigure(self) -> None:
-        if self._sigterm is not None:
-            signal.signal(signal.SIGTERM, self._sigterm)
-            self._sigterm = None
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+        self._before = {}
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
@@ -64,7 +65,8 @@ class RunEnding:
             if self.run.outcome.unwritten:
                 fail_session(session)
             if reporter is not None and not self.run.role.worker:
-                write_answer(self.run, reporter, final_answer(self.run))
+                with contextlib.suppress(OSError):  # a terminal gone (its ssh session dropped): files hold the end
+                    write_answer(self.run, reporter, final_answer(self.run))
 
     def _metrics(self, session: pytest.Session) -> None:
         """The metrics file says how the run ended (never left saying 'running'), with the final exit status."""
@@ -78,12 +80,19 @@ class RunEnding:
     def _failed(self, session: pytest.Session, exc: Exception, reporter: TerminalReporter | None) -> None:
         """The traceback above the answer, a line of it in the answer, and exit status 3 (pytest's internal error)."""
         if reporter is not None:
-            for line in traceback.format_exception(exc):
-                reporter.write(shown_lines(line))
+            with contextlib.suppress(OSError):
+                for line in traceback.format_exception(exc):
+                    reporter.write(shown_lines(line))
         self.run.outcome.unwritten.append(f"the run's end NOT completed: {type(exc).__name__}: {exc}")
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
-def _interrupted_by_sigterm(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the end that follows must finish; SIGKILL still stops it
+# SIGTERM: SLURM's scancel and time limit, systemd, docker stop, Kubernetes; SIGHUP: the terminal's session
+# ended (an ssh connection dropped).  SIGINT is Ctrl-C, pytest's own.
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    for sig in STOPPING_SIGNALS:  # the end that follows must finish; SIGKILL still stops it
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt(f"{signal.Signals(signum).name}: the run was told to stop")
