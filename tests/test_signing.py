@@ -374,10 +374,27 @@ def test_node_0s_store_server_starts_outside_the_rendezvous_deadline_and_its_fai
         ("correct-horse", False),
         ("a" * 64, False),  # long, one character
         ("abcabcabcabcabcabcabcabcabcabcabcabcabcabc", False),
-        ("7f9c2ba4e88f827d616045507605853e", True),  # 128 random bits as hex (openssl rand -hex 16)
+        ("conformanceconformanceconformance", False),  # a word repeated: long, yet a few bits
+        ("0123456789012345678901234567890123456789", False),  # a sequence repeated
+        ("Password123!Password123!", False),
+        ("correct-horse-battery-staple-tr0ub4dor", False),  # dictionary words: zxcvbn counts them as words
+        ("7f9c2ba4e88f827d616045507605853e", False),  # 128 random bits in 32 hex digits: zxcvbn counts 106
+        ("7f9c2ba4e88f827d616045507605853e2a1c9b0d4e7f6a8b3c5d1e9f0a2b4c6d", True),  # openssl rand -hex 32
         ("mK3_pQv8Zr-1xYt0Lw9NaEo4Uj7sHd2GbCf5Vi6ReTk", True),  # python -m conformance token's kind
     ],
-    ids=["gpu7", "a-phrase", "one-character", "a-pattern", "hex-128-bits", "token-urlsafe-32"],
+    ids=[
+        "gpu7",
+        "a-phrase",
+        "one-character",
+        "a-pattern",
+        "a-word-repeated",
+        "a-sequence-repeated",
+        "a-password-repeated",
+        "dictionary-words",
+        "hex-128-bits",
+        "hex-256-bits",
+        "token-urlsafe-32",
+    ],
 )
 def test_a_short_or_guessable_token_is_refused_in_one_line_saying_how_to_make_one(
     tmp_path: Path, token: str, strong: bool

@@ -5,15 +5,22 @@ fresh challenge and each node's HMAC answer to it: with those, a token can be te
 millions of guesses a second, so nothing but the token's own entropy stands between an eavesdropper
 and a forged pass.  Hence the one rule, stated here and nowhere else:
 
-    a run token must carry at least 128 bits, estimated as its length times log2 of the size of the
-    character classes it uses (a-z: 26, A-Z: 26, 0-9: 10, anything else: 33, the other printable
-    ASCII characters), and hold at least 8 different characters.
+    a run token must carry at least 128 bits, as zxcvbn counts them.
+
+zxcvbn (Wheeler, "zxcvbn: Low-Budget Password Strength Estimation", USENIX Security 2016; the
+``zxcvbn`` package) estimates how many guesses a guessing program needs: it splits the token into
+what such a program tries first (dictionary words, repeats, sequences, keyboard runs, dates), each at
+its own count, and brute-forces the rest at 10 guesses a character.  So
+``conformanceconformanceconformance`` or ``0123456789`` repeated counts a few bits however long, and
+a random token needs some 39 characters: ``python -m conformance token``'s 43 pass, as do
+``openssl rand -base64 32`` and ``-hex 32``; 128 random bits in 32 hex digits do not (zxcvbn counts
+106), which only means making a longer one.  zxcvbn reads at most 72 characters: those of a longer
+token must carry the bits alone.
 
 128 bits: NIST SP 800-57 Part 1 Rev. 5, Table 2, gives 128-bit security strength as acceptable
-beyond 2031: a brute force of 2^128 HMACs is out of reach.  The estimate is an upper bound for a
-token a person chose (a word repeated is still refused by the second clause, a phrase may slip
-through): the command ``python -m conformance token`` makes one from ``secrets.token_urlsafe(32)``
-(256 bits; Python's ``secrets`` documentation: "32 bytes (256 bits) of randomness is sufficient").
+beyond 2031: a brute force of 2^128 HMACs is out of reach.  ``python -m conformance token`` makes one
+from ``secrets.token_urlsafe(32)`` (256 bits; Python's ``secrets`` documentation: "32 bytes (256
+bits) of randomness is sufficient").
 """
 
 from __future__ import annotations
@@ -22,18 +29,11 @@ import math
 import os
 import secrets
 import stat
-import string
 from pathlib import Path
 
 MIN_TOKEN_BITS = 128
-MIN_DISTINCT_CHARACTERS = 8
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters, 256 bits
-CHARACTER_CLASSES = (
-    (frozenset(string.ascii_lowercase), 26),
-    (frozenset(string.ascii_uppercase), 26),
-    (frozenset(string.digits), 10),
-)
-OTHER_CLASS_SIZE = 33  # string.punctuation and the space; a non-ASCII character is counted here too
+ZXCVBN_MAX_LENGTH = 72  # zxcvbn 4.5 refuses a longer password (ValueError)
 HOW_TO_MAKE = (
     "make one with `python -m conformance token --file FILE` and give every node that file (--run-token-file) "
     "or its text in CONFORMANCE_RUN_TOKEN; under SLURM, MUNGE signs the run without one"
@@ -46,22 +46,20 @@ def new_token() -> str:
 
 
 def estimated_bits(token: str) -> float:
-    """The rule's estimate: length x log2(the size of the character classes the token uses)."""
-    alphabet = sum(size for members, size in CHARACTER_CLASSES if any(c in members for c in token))
-    if any(all(c not in members for members, _ in CHARACTER_CLASSES) for c in token):
-        alphabet += OTHER_CLASS_SIZE
-    return len(token) * math.log2(alphabet) if alphabet > 1 else 0.0
+    """The rule's count of a token's bits: log2 of the guesses zxcvbn says its first 72 characters need."""
+    from zxcvbn import zxcvbn  # the run's dependency; imported where a token is judged only
+
+    return float(zxcvbn(token[:ZXCVBN_MAX_LENGTH])["guesses_log10"]) * math.log2(10)
 
 
 def weak_token(token: str) -> str | None:
     """Why ``token`` is too weak to sign a run (the token itself never shown), or None when it is strong."""
-    bits, distinct = estimated_bits(token), len(set(token))
-    if bits >= MIN_TOKEN_BITS and distinct >= MIN_DISTINCT_CHARACTERS:
+    bits = estimated_bits(token)
+    if bits >= MIN_TOKEN_BITS:
         return None
-    why = f"about {bits:.0f} bits" if bits < MIN_TOKEN_BITS else f"only {distinct} different characters"
     return (
-        f"the run token ({len(token)} characters, not shown) is guessable ({why}; a token needs {MIN_TOKEN_BITS} bits "
-        f"and {MIN_DISTINCT_CHARACTERS} different characters): {HOW_TO_MAKE}"
+        f"the run token ({len(token)} characters, not shown) is guessable (about {bits:.0f} bits by zxcvbn's count; "
+        f"a token needs {MIN_TOKEN_BITS}): {HOW_TO_MAKE}"
     )
 
 
