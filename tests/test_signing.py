@@ -364,6 +364,50 @@ def test_node_0s_store_server_starts_outside_the_rendezvous_deadline_and_its_fai
     assert str(failed.value).startswith("its store server did not start within 0.001s: ")
 
 
+STRANGERS_CONNECTIONS = 300  # held open to node 0's port before its server serves (a port scanner, idle clients)
+
+
+@pytest.mark.parametrize(("limit", "serves"), [((100, 100), False), ((100, 1 << 14), True)], ids=["hard", "soft"])
+def test_a_stranger_holding_connections_to_node_0s_port_is_named_not_waited_out(
+    monkeypatch: pytest.MonkeyPatch, limit: tuple[int, int], serves: bool
+) -> None:
+    """Seen: 1,100 idle connections used up node 0's 1024 descriptors; its start waited 120 s and blamed nobody.
+
+    The server takes every descriptor the system allows (its soft limit raised to the hard one); where that
+    is not enough it says so at once, naming the connections, instead of retrying its own check-in.
+    """
+    import resource
+    import subprocess
+
+    from conformance.nodes import store_server
+    from conformance.nodes.store import listening_socket
+
+    popen = subprocess.Popen
+
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        return popen(*args, **kwargs, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
+
+    monkeypatch.setattr(store_server.subprocess, "Popen", limited)
+    listening = listening_socket("127.0.0.1", 0)
+    port = listening.getsockname()[1]
+    strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(STRANGERS_CONNECTIONS)]
+    try:
+        if serves:
+            StoreServer.start(listening, "127.0.0.1", port, 60.0).close()
+            return
+        begun = time.monotonic()
+        with pytest.raises(RuntimeError) as failed:
+            StoreServer.start(listening, "127.0.0.1", port, 60.0)
+        assert time.monotonic() - begun < 60.0  # said once seen, not at the end of the allowance
+        assert str(failed.value) == (
+            "its store server cannot serve: it holds 100 of the 100 connections and files its limit allows "
+            "(RLIMIT_NOFILE): clients not of this run keep connections to the run's port open"
+        )
+    finally:
+        for stranger in strangers:
+            stranger.close()
+
+
 # -- the token itself -----------------------------------------------------------------------------------
 
 

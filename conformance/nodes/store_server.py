@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from typing import IO
 
 from conformance.common.outside_text import shown
@@ -36,6 +37,9 @@ STOP_SECONDS = 5.0  # the server's own exit once node 0 closes its stdin, before
 # its own, spent before the rendezvous deadline starts to count: the nodes' deadline is for the nodes, not for this.
 START_SECONDS = 120.0
 SERVING = b"serving "
+CPP_STACK_LINES = ("frame #", "Exception raised from", "<omitting python frames>")  # torch's C++ stack under an error
+FULL_LOOK = 1.0  # seconds between looks at the starting server's descriptors
+DESCRIPTORS_FULL = 0.9  # the share of its descriptors that the server holding means they are used up
 
 
 def run_bytes(tests: int, nodes: int) -> int:
@@ -75,20 +79,32 @@ class StoreServer:
         server = cls(process, log, 0)
         line = server._first_line(allowance)
         if line is None or not line.startswith(SERVING):
-            said = server.last_words()  # before close(), which closes the file it reads
+            full = server.descriptors_full()
+            said = full or server.last_words()  # before close(), which closes its log
             server.process.kill()  # not serving: nothing to end gracefully
             server.close()
-            what = f"did not start within {allowance:g}s" if line is None else "ended as it started"
+            late = f"did not start within {allowance:g}s" if line is None else "ended as it started"
+            what = "cannot serve" if full else late
             raise RuntimeError(f"its store server {what}: {said}")
         server.start_data = int(line[len(SERVING) :])
         return server
 
     def _first_line(self, timeout: float) -> bytes | None:
-        """The server's first line (b"": it ended first), or None: nothing within ``timeout``."""
+        """The server's first line (b"": it ended first), or None: nothing within ``timeout``, or it cannot serve.
+
+        Looked for each second: a server whose descriptors are used up before it served cannot check in
+        with itself, and would only retry until the allowance is spent.
+        """
         out = self.process.stdout
         assert out is not None
-        ready, _, _ = select.select([out], [], [], timeout)
-        return out.readline().strip() if ready else None
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([out], [], [], min(left, FULL_LOOK))
+            if ready:
+                return out.readline().strip()
+            if self.descriptors_full() is not None:
+                return None
+        return None
 
     def expect(self, tests: int, nodes: int) -> None:
         """The run has ``tests`` tests on each of ``nodes`` nodes: the server may grow by twice what they write."""
@@ -124,12 +140,36 @@ class StoreServer:
         return None
 
     def last_words(self) -> str:
-        """The last line of the server's stderr, shown as data (once closed: that it said nothing more)."""
+        """The server's last words on stderr, shown as data (once closed: that it said nothing more).
+
+        The last line that says something: torch follows an error with its C++ stack (``Exception raised
+        from ...``, ``frame #N: ...``), which names no cause.
+        """
         if self.log.closed:
             return "its log is closed"
         said = os.pread(self.log.fileno(), LOG_BYTES, 0)  # the server writes at the file's offset: left as it is
-        lines = [line for line in said.decode(errors="replace").splitlines() if line.strip()]
-        return shown(lines[-1].strip()) if lines else "it said nothing"
+        lines = [line.strip() for line in said.decode(errors="replace").splitlines() if line.strip()]
+        words = [line for line in lines if not line.startswith(CPP_STACK_LINES)]
+        return shown(words[-1]) if words else "it said nothing"
+
+    def descriptors_full(self) -> str | None:
+        """Why the server cannot take another connection, if its file descriptors are all but used up.
+
+        Each client of the store holds one of the server's descriptors; a client not of this run that
+        opens connections and keeps them (idle, or a port scanner's) fills them, and the server's own
+        check-in then fails (``EMFILE``) and retries without end.
+        """
+        try:
+            held = len(os.listdir(f"/proc/{self.process.pid}/fd"))
+            limit = resource.prlimit(self.process.pid, resource.RLIMIT_NOFILE)[0]
+        except (OSError, ValueError):
+            return None
+        if limit == resource.RLIM_INFINITY or held < limit * DESCRIPTORS_FULL:
+            return None
+        return (
+            f"it holds {held} of the {limit} connections and files its limit allows (RLIMIT_NOFILE): clients not of "
+            "this run keep connections to the run's port open"
+        )
 
     def close(self) -> None:
         """Stop serving: the server ends when its stdin closes, or is killed."""
@@ -162,6 +202,8 @@ def serve(address: str, port: int, fd: int) -> None:
     """The child: serve the store on ``fd`` until stdin closes (node 0's pytest ended it, or died)."""
     import torch.distributed as dist
 
+    _, most = resource.getrlimit(resource.RLIMIT_NOFILE)  # a client a descriptor: take all the system allows
+    resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # its stderr past LOG_BYTES: writes fail, it goes on
     resource.setrlimit(resource.RLIMIT_FSIZE, (LOG_BYTES, LOG_BYTES))
     store = dist.TCPStore(address, port, is_master=True, wait_for_workers=False, master_listen_fd=fd)  # type: ignore[attr-defined]
