@@ -371,6 +371,11 @@ DEEP_INPUTS: dict[str, dict[str, bytes]] = {
         "elements": junit_document(b"<system-out>" + b"<a>" * DEEP + b"</a>" * DEEP + b"</system-out>"),
         "entities": b'<?xml version="1.0"?><!DOCTYPE t [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;">]>'
         + junit_document(b"<system-out>&b;</system-out>")[len(b'<?xml version="1.0"?>') :],
+        "entities in UTF-16": (  # no "<!ENTITY" among its bytes: expat reads the declaration all the same
+            '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE t [<!ENTITY a "aaaaaaaaaa">'
+            '<!ENTITY b "&a;&a;&a;&a;&a;&a;">]>'
+            + junit_document(b"<system-out>&b;</system-out>")[len(b'<?xml version="1.0"?>') :].decode()
+        ).encode("utf-16"),
     },
 }
 DEEP_INPUTS["jsonl"] = {
