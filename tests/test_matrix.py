@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -594,6 +595,20 @@ def test_ladder_book_waits_only_for_selected_rungs(tmp_path: Path) -> None:
     assert book.decide(step(key, "nvls_off"), {}, selected) == RungDecision(True)
     record(book, key, {"nvls_off": "pass"})
     assert book.decide(step(key, "cumem_off"), {}, selected) == RungDecision(False, ALREADY_PASSED.format("nvls_off"))
+
+
+def test_ladder_book_waits_no_more_once_the_runs_folder_is_gone(tmp_path: Path) -> None:
+    """Seen: a run folder removed mid-run left a later rung waiting 13 minutes for outcomes nobody could write."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    book = LadderBook(folder / "ladder.jsonl", BUILTIN_LADDER, "adaptive", decision_wait=lambda k: 600.0)
+    key = "test_x[all2]"
+    record(book, key, {"inherited": "hang"})
+    shutil.rmtree(folder)
+    begun = time.monotonic()
+    decision = book.decide(step(key, "nvls_off"), {})
+    assert time.monotonic() - begun < 60.0  # not the 600 s decision wait: at once, with room for a loaded machine
+    assert decision.run and decision.reason.endswith(f"of {key} {NEVER_DECIDED}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,6 +145,9 @@ class LadderBook:
             missing = [w for w in wanted if w not in known]
             if not missing:
                 return known
+            if not self.path.parent.is_dir():  # the run's folder removed under it: no outcome can come any more
+                LOG.warning("%s: its folder is gone; %d rung(s) not decided", self.path, len(missing))
+                return {**known, **{w: UNDECIDED for w in missing}}
             self._read_claims()
             orphans = {w: f"its worker (pid {self._claims[w]}) died running it" for w in missing if self._orphaned(w)}
             if self._lost_a_worker(known):
