@@ -198,6 +198,11 @@ EXPECT_GPUS_HELP = (
     "(host check gpu_inventory)."
 )
 REPORTS_DIR_HELP = "Folder where each run writes reports/<run-id>/ and the 'latest' link."
+LEASE_DIR_HELP = (
+    "Folder of the GPU leases every run on this machine shares (made 01777, like /tmp), so runs never share a "
+    "GPU (in /tmp, not TMPDIR, which users set differently). Give a run its own only where it must share GPUs "
+    "with another: two nodes of a test run on one machine."
+)
 METRICS_FILE_HELP = (
     "Write the run's results in Prometheus' text format to this file (replaced atomically, at the run's start "
     "and end), e.g. for node_exporter's textfile collector; its folder must exist."
@@ -224,6 +229,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("topology_file", TOPOLOGY_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
     Setting("scenario", SCENARIO_HELP, None, _text, is_path=True, metavar="FILE|NAME"),
     Setting("reports_dir", REPORTS_DIR_HELP, "reports", _text, is_path=True, metavar="DIR"),
+    Setting("lease_dir", LEASE_DIR_HELP, "/tmp/conformance-leases", _text, is_path=True, metavar="DIR"),
     Setting("metrics_file", METRICS_FILE_HELP, None, _text, is_path=True, metavar="FILE"),
     Setting("metrics_per_case", METRICS_PER_CASE_HELP, "no", _flag, is_flag=True),
     Setting("baseline", BASELINE_HELP, None, _text, is_path=True, metavar="RUN"),
@@ -284,6 +290,7 @@ class Settings:
     topology_file: Path | None
     scenario: Path | None
     reports_dir: Path
+    lease_dir: Path
     metrics_file: Path | None
     metrics_per_case: bool
     baseline: Path | None

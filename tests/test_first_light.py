@@ -26,6 +26,8 @@ sys.path.insert(0, str(REPO / "tools"))
 import gpu_case_times  # noqa: E402
 import gpu_nvml_raw  # noqa: E402
 
+from conformance.rank.main import EXIT_STEP  # noqa: E402
+
 
 def test_the_fake_nvml_answers_as_the_h200_did(monkeypatch: pytest.MonkeyPatch) -> None:
     recorded = json.loads((RUN / "nvml-raw.json").read_text())["queries"]
@@ -69,13 +71,25 @@ def test_a_case_time_splits_into_its_parts(tmp_path: Path) -> None:
              PhaseLine("init", "CUDA device (set_device)", clock=101.0),
              PhaseLine("init", "init_process_group(nccl)", clock=101.4),
              PhaseLine("probe", "all_reduce 4B", clock=102.0), PhaseLine("verify", "all_reduce 4B", clock=102.5),
-             PhaseLine("teardown", "destroy_process_group", clock=103.0)]  # fmt: skip
+             PhaseLine("teardown", "destroy_process_group", clock=103.0),
+             PhaseLine("teardown", EXIT_STEP, clock=103.2)]  # fmt: skip
     rank = rank_dir(tmp_path, 0)
     rank.mkdir()
     (rank / "phase.jsonl").write_text("".join(json.dumps(vars(line)) + "\n" for line in lines))
-    parts = gpu_case_times.split({"clock": 103.5, "time": 9e9, "seconds": 3.5, "case_dir": str(tmp_path)})
-    assert parts == {"fork": 0.5, "store": 0.5, "cuda init": 0.4, "nccl init": 0.6, "probe": 1.0, "teardown": 0.5}
+    # rank 0 reaped 3.4 s after the case's start (100.0): 0.2 s after its last stamp, 0.1 s before the record
+    record = {
+        "clock": 103.5,
+        "time": 9e9,
+        "seconds": 3.5,
+        "case_dir": str(tmp_path),
+        "ranks": [{"rank": 0, "seconds": 3.4}],
+    }
+    parts = gpu_case_times.split(record)
+    assert parts == {"fork": 0.5, "store": 0.5, "cuda init": 0.4, "nccl init": 0.6, "probe": 1.0, "destroy": 0.2,
+                     "exit": 0.2, "collect": 0.1}  # fmt: skip
     assert sum(parts.values()) == pytest.approx(3.5)
+    del record["ranks"]  # a record without its ranks' times: the exit runs to the record
+    assert gpu_case_times.split(record)["exit"] == pytest.approx(0.3)
 
 
 def test_an_images_nccl_version_label_is_not_an_inherited_setting() -> None:

@@ -147,10 +147,21 @@ def test_other_users_processes_are_named_with_their_memory(monkeypatch: pytest.M
     machine = with_gpu(nv.nvswitch_box(), 3, processes=[(4242, 30000), (777, 512)])
     health = read(monkeypatch, machine).health
     assert health["gpu3"].processes == ((4242, 30000), (777, 512))
-    owners = {4242: "alice", 777: "me"}
-    assert rules.foreign_processes(health, owners.get, "me") == {"gpu3": "pid 4242 (alice) 30000 MiB"}
-    assert rules.foreign_processes(health, lambda pid: None, "me") == {
+    owners = {4242: rules.ProcessOwner("alice", "python train.py"), 777: rules.ProcessOwner("me", "pytest", True)}
+    assert rules.foreign_processes(health, owners.__getitem__, "me") == {"gpu3": "pid 4242 (alice) 30000 MiB"}
+    assert rules.foreign_processes(health, lambda pid: rules.ProcessOwner(None), "me") == {
         "gpu3": "pid 4242 (another container or user) 30000 MiB, pid 777 (another container or user) 512 MiB"
+    }
+
+
+def test_this_users_leftover_process_is_named_by_its_command_the_run_s_own_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine = with_gpu(nv.nvswitch_box(), 0, processes=[(4711, 143000), (815, 1024)])
+    health = read(monkeypatch, machine).health
+    owners = {4711: rules.ProcessOwner("me", "python3 hold.py"), 815: rules.ProcessOwner("me", "python3 -c rank", True)}
+    assert rules.foreign_processes(health, owners.__getitem__, "me") == {
+        "gpu0": "pid 4711 (python3 hold.py: this user's, not of this run) 143000 MiB"
     }
 
 

@@ -1,11 +1,14 @@
-"""Each case's wall time split into fork, store check-in, CUDA init, NCCL init, probe and teardown.
+"""Each case's wall time split into its parts, from the fork to the parent's record.
 
     python tools/gpu_case_times.py RUN_DIR [OUT.json]
 
 RUN_DIR is a run's folder (reports/<run id>, holding results.jsonl). Read from rank 0's phase lines
 (conformance/rank/main.py writes one as each part begins; on NCCL "CUDA device (set_device)" comes
 before "init_process_group(nccl)"). The case's start is its record's time less its seconds, so
-"fork" also holds the few milliseconds the record took to write.
+"fork" also holds the few milliseconds the record took to write. The teardown is three parts:
+"destroy" (destroy_process_group and the result's write, up to the rank's last stamp), "exit" (from
+that stamp until the forkserver reaped the rank: the process's end, its CUDA context's with it) and
+"collect" (from the reaping to the parent's record).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance.common.casefiles import PhaseLine, rank_dir, read_phases
+from conformance.rank.main import EXIT_STEP
 
-PARTS = ("fork", "store", "cuda init", "nccl init", "probe", "teardown")
+PARTS = ("fork", "store", "cuda init", "nccl init", "probe", "destroy", "exit", "collect")
 
 
 def part_of(line: PhaseLine) -> str | None:
@@ -27,8 +31,10 @@ def part_of(line: PhaseLine) -> str | None:
         return "cuda init" if line.step.startswith("CUDA device") else "nccl init"
     if line.phase in ("probe", "verify"):
         return "probe"
+    if line.step == EXIT_STEP:
+        return "exit"
     if line.phase == "teardown":
-        return "teardown"
+        return "destroy"
     return None  # control: still the store check-in
 
 
@@ -46,7 +52,10 @@ def split(record: dict[str, Any]) -> dict[str, float]:
         part = part_of(line) or current
         times[current] += float(line.clock or since) - since
         current, since = part, float(line.clock or since)
-    times[current] += max(0.0, end - since)
+    rank0 = next((r for r in record.get("ranks") or () if r.get("rank") == 0), None)
+    reaped = start + float(rank0["seconds"]) if rank0 and rank0.get("seconds") else end
+    times[current] += max(0.0, min(reaped, end) - since)
+    times["collect"] += max(0.0, end - max(reaped, since))
     return {k: round(v, 3) for k, v in times.items()}
 
 

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# First light: the suite on a real GPU in one script, everything it prints kept.
+# First and next light: the suite on a real GPU in one script, everything it prints kept.
 #   tools/gpu_first_light.sh [OUT]        (OUT: $OUT, else reports/first-light)
 #
 # Installs this checkout into the machine's own Python (its torch, its NCCL), then runs, each step
 # under a time limit and its output saved: the versions; nvidia-smi -q and topo -m beside
 # `python -m conformance topology`; NVML's raw answers (tools/gpu_nvml_raw.py); `pytest suites/` whole
-# with --junitxml and --metrics-file; the pair and all-reduce tests under -n 2; each case's time split
-# (tools/gpu_case_times.py); last the smoke checks (tools/gpu_smoke.sh --skip-suite), the longest step.
+# with --junitxml and --metrics-file, and each case's time split (tools/gpu_case_times.py). Then the
+# next light (docs/gpu-runs/2026-11-28-h200): the whole suite under -n 2 with --expect-gpus and a
+# user's NCCL_DEBUG_SUBSYS; a ladder climb from NCCL_NET=Bogus in the environment and from a
+# configuration file; two ranks on the one GPU as two nodes of a multi-node run (NCCL_HOSTID tells
+# them apart, each node leases from its own folder): one run that passes, one where node 1's rank hangs
+# in the pair case; a leftover process of this user holding all but ~600 MiB of the GPU; the teardown
+# benchmark (tools/gpu_teardown.py). The smoke checks of the first light (tools/gpu_smoke.sh,
+# 280 s) run only with SMOKE=1.
 # After every step OUT/first-light.tar.gz is made anew, so a run cut short keeps what it did.
-# Wheels in .whl/ (setuptools new enough for pyproject's licence field, junitparser) are installed
-# first to /tmp/site where the machine has none. Without a GPU it says so and exits 0, running nothing.
+# Wheels in .whl/ (setuptools new enough for pyproject's licence field, junitparser, zxcvbn) are
+# installed first to /tmp/site where the machine has none. Without a GPU it says so and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="$(mkdir -p "${1:-${OUT:-reports/first-light}}" && cd "${1:-${OUT:-reports/first-light}}" && pwd)"
@@ -85,14 +91,76 @@ step topology 120 bash -c "$py -m conformance topology; echo; echo 'nvidia-smi t
 step nvml-raw 120 "$py" tools/gpu_nvml_raw.py "$work/nvml-raw.json"
 step suite 180 "$py" -m pytest suites/ -p no:cacheprovider --junitxml="$work/junit.xml" \
     --metrics-file="$work/metrics.prom" --reports-dir="$work/reports"
-step suite-n2 120 "$py" -m pytest suites/ -p no:cacheprovider -k 'pair_exchange or all_reduce' -n 2 \
-    --junitxml="$work/junit-n2.xml" --reports-dir="$work/reports-n2"
 TAIL=60 step case-times 60 "$py" tools/gpu_case_times.py "$work/reports/latest" "$work/case-times.json"
-TAIL=40 step smoke 300 env PYTHON="$py" tools/gpu_smoke.sh --skip-suite --out "$work/smoke"
+
+# 1. the whole suite under xdist, the GPU count expected, a user's own NCCL_DEBUG_SUBSYS
+step suite-n2 180 env NCCL_DEBUG_SUBSYS=COLL "$py" -m pytest suites/ -p no:cacheprovider -n 2 --expect-gpus 1 \
+    --junitxml="$work/junit-n2.xml" --reports-dir="$work/reports-n2"
+
+# 2. a real ladder climb: NCCL_NET names no network, from the environment, then from a configuration file
+step ladder-env 150 env NCCL_NET=Bogus "$py" -m pytest suites/ -p no:cacheprovider --reports-dir="$work/reports-ladder-env"
+printf 'NCCL_NET=Bogus\n' >"$work/bogus.conf"
+step ladder-conf 150 env NCCL_CONF_FILE="$work/bogus.conf" "$py" -m pytest suites/ -p no:cacheprovider \
+    --reports-dir="$work/reports-ladder-conf"
+
+# 3. two nodes on the one GPU: NCCL_HOSTID gives each its own host hash (NCCL's init.cc refuses two ranks
+#    on one GPU only when host hash and bus id both match), each node leases from its own folder
+"$py" -m conformance token --file "$work/run.token" >/dev/null
+cat >"$work/node1-hangs.toml" <<'TOML'
+[scenario]
+name = "node 1's rank hangs in the node pair's exchange"
+[[rule]]
+effect = "hang"
+phase = "probe"
+probes = ["pair_exchange"]
+sets = ["node_pair"]
+ranks = [1]
+TOML
+two_nodes() {  # two_nodes NAME PORT PYTEST-ARGS...: node 1 in the background, node 0 here; both exit codes
+    local name=$1 port=$2 rank pids=()
+    shift 2
+    for rank in 1 0; do
+        NCCL_HOSTID="next-light-node$rank" "$py" -m pytest suites/test_multinode.py -p no:cacheprovider \
+            --nnodes 2 --node-rank "$rank" --master-addr 127.0.0.1 --master-port "$port" \
+            --run-token-file "$work/run.token" --lease-dir "$work/leases-$name-$rank" \
+            --reports-dir "$work/reports-$name-$rank" --junitxml "$work/junit-$name-$rank.xml" "$@" \
+            >"$work/$name-node$rank.log" 2>&1 &
+        pids+=($!)
+    done
+    wait "${pids[0]}"; echo "node 1 exit $?"
+    wait "${pids[1]}"; echo "node 0 exit $?"
+    tail -n 30 "$work/$name-node0.log"
+}
+export -f two_nodes
+export py work
+step two-nodes 150 bash -c 'two_nodes two-nodes 29611'
+step two-nodes-hang 180 bash -c "two_nodes two-nodes-hang 29612 --scenario '$work/node1-hangs.toml' --matrix inherited \
+    --step-timeout 12 --op-timeout 10 --init-timeout 10"
+
+# 4. a leftover process of this user (another session, as a job left behind) holding all but ~600 MiB
+setsid "$py" -c '
+import sys, time, torch
+free, total = torch.cuda.mem_get_info()
+held = torch.empty(free - (600 << 20), dtype=torch.uint8, device="cuda")
+open(sys.argv[1], "w").write(str(held.numel() >> 20))
+time.sleep(300)
+' "$work/held" >"$work/leftover.log" 2>&1 &
+leftover=$!
+for _ in $(seq 120); do [ -s "$work/held" ] && break; sleep 0.5; done
+echo "leftover pid $leftover holds $(cat "$work/held" 2>/dev/null || echo '?') MiB" | tee -a "$work/steps.txt"
+step leftover 150 "$py" -m pytest suites/ -p no:cacheprovider --matrix inherited --reports-dir="$work/reports-leftover"
+kill "$leftover" 2>/dev/null; wait "$leftover" 2>/dev/null
+
+# 5. the GPU case's fixed cost: where a rank's end goes
+TAIL=10 step teardown 150 "$py" tools/gpu_teardown.py 5 "$work/teardown.json"
+
+if [ "${SMOKE:-0}" = 1 ]; then
+    TAIL=40 step smoke 300 env PYTHON="$py" tools/gpu_smoke.sh --skip-suite --out "$work/smoke"
+fi
 
 run_dir="$(readlink -f "$work/reports/latest" || true)"
-for f in "$run_dir/run.json" "$run_dir/results.jsonl" "$work/junit.xml" "$work/smoke/smoke.json" \
-    "$work/versions.json" "$work/nvml-raw.json" "$work/steps.txt"; do
+for f in "$run_dir/run.json" "$work/case-times.json" "$work/teardown.json" "$work/versions.json" \
+    "$work/nvml-raw.json" "$work/steps.txt"; do
     [ -f "$f" ] && cp "$f" "$out/"
 done
 keep

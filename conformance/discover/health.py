@@ -283,20 +283,37 @@ def clock_problems(health: Mapping[str, GpuHealth]) -> Problems:
     }
 
 
-def foreign_processes(health: Mapping[str, GpuHealth], owner: Callable[[int], str | None], me: str) -> Problems:
-    """Processes of other users (or of an owner this host cannot see) holding a GPU's memory when the run starts.
+@dataclass(frozen=True)
+class ProcessOwner:
+    """Who holds a GPU process: its user (None: another container's, or a uid without a name) and its command."""
 
-    Not a fault of the machine: a warning, since they take memory the cases may need and time on the
-    links the bandwidth figures measure (DCGM's diagnostic refuses to run beside them).
+    user: str | None
+    command: str = ""
+    ours: bool = False  # a process of this run: pytest and what it started
+
+
+def foreign_processes(health: Mapping[str, GpuHealth], owner: Callable[[int], ProcessOwner], me: str) -> Problems:
+    """Processes not of this run holding a GPU's memory when the run starts: another user's, or this user's own.
+
+    Not a fault of the machine: a warning.  Another user's (or one this host cannot see: another
+    container's) takes memory the cases may need and time on the links the bandwidth figures measure
+    (DCGM's diagnostic refuses to run beside them).  This user's own is left from an earlier job (a
+    launcher that died before its workers, a notebook's kernel): named by its command, since a case
+    that then runs out of memory on that GPU is its doing, not the machine's.
     """
     found = {}
     for name, h in health.items():
-        owned = [(pid, mib, owner(pid)) for pid, mib in h.processes or ()]
-        others = [(pid, mib, user) for pid, mib, user in owned if user != me]
-        if others:
-            found[name] = ", ".join(
-                f"pid {pid} ({user or 'another container or user'}) {mib} MiB" for pid, mib, user in others
-            )
+        held = []
+        for pid, mib in h.processes or ():
+            who = owner(pid)
+            if who.ours:
+                continue
+            if who.user is not None and who.user == me:
+                held.append(f"pid {pid} ({who.command or 'unknown command'}: this user's, not of this run) {mib} MiB")
+            else:
+                held.append(f"pid {pid} ({who.user or 'another container or user'}) {mib} MiB")
+        if held:
+            found[name] = ", ".join(held)
     return found
 
 

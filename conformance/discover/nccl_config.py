@@ -12,12 +12,15 @@ read wins over a later one.  A line starting with ``#`` is skipped (later versio
 set a variable named ``#...``, which nothing reads: the same result.
 
 A variable in a file cannot be removed by unsetting it in the environment: NCCL sets it again.
-What removes it is the environment giving it an empty value, which NCCL reads as unset: its
-integer parameters take their default when the value is empty (``ncclLoadParam``: ``strlen(str) >
-0``), ``NCCL_P2P_LEVEL`` matches no level name (``ncclGetLevel``, src/graph/paths.cc),
-``NCCL_SOCKET_IFNAME`` needs more than one character (src/misc/socket.cc); ``NCCL_TOPO_FILE``
-logs a WARN that it cannot open ``''`` and detects the topology.  ``NCCL_CONF_FILE=/dev/null``
-keeps ``~/.nccl.conf`` out, never ``/etc/nccl.conf``.
+``NCCL_CONF_FILE=/dev/null`` keeps the user's file out (``NCCL_CONF_FILE``'s or ``~/.nccl.conf``),
+never ``/etc/nccl.conf``.  What removes a variable of a file still read is the environment giving
+it an empty value, where NCCL reads an empty value as unset: its integer parameters take their
+default when the value is empty (``ncclLoadParam``: ``strlen(str) > 0``), ``NCCL_P2P_LEVEL``
+matches no level name (``ncclGetLevel``, src/graph/paths.cc), ``NCCL_SOCKET_IFNAME`` needs more
+than one character (src/misc/socket.cc); ``NCCL_TOPO_FILE`` logs a WARN that it cannot open ``''``
+and detects the topology.  Not so ``NCCL_NET`` (``EMPTY_IS_A_VALUE``): an empty one names a
+network no plugin has, and every communicator fails; such a variable of ``/etc/nccl.conf`` cannot
+be removed from the environment at all.
 """
 
 from __future__ import annotations
@@ -150,7 +153,37 @@ def simulated_config(etc_text: str | None) -> NcclConfig:
     return NcclConfig(parse_config(etc_text, str(ETC_FILE)), (str(ETC_FILE),))
 
 
-def neutralised(names: list[str], config: NcclConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """What removes ``names`` for a process of NCCL: an empty value for each a file sets (module doc)."""
-    from_files = config.from_files(environ)
-    return {name: "" for name in names if name in from_files}
+# Variables whose empty value NCCL takes as a value, not as unset.  NCCL_NET: src/init.cc (v2.28.9-1,
+# parseCommConfig) copies ncclGetEnv("NCCL_NET") as the net's name whenever it is set, empty too;
+# src/plugin/net.cc ncclNetInit then finds no plugin named "" and fails every communicator with
+# "Failed to initialize any NET plugin" (ncclInvalidUsage).
+EMPTY_IS_A_VALUE = frozenset({"NCCL_NET"})
+
+
+def still_read(name: str, config: NcclConfig, environ: Mapping[str, str], kept_out: frozenset[str]) -> bool:
+    """Whether a file NCCL still reads sets ``name`` (``kept_out``: those ``NCCL_CONF_FILE=/dev/null`` keeps out)."""
+    value = config.from_files(environ).get(name)
+    return value is not None and value.file not in kept_out
+
+
+def neutralised(
+    names: list[str], config: NcclConfig, environ: Mapping[str, str], kept_out: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """What removes ``names`` for a process of NCCL: an empty value for each a file still read sets (module doc)."""
+    return {name: "" for name in names if name not in EMPTY_IS_A_VALUE and still_read(name, config, environ, kept_out)}
+
+
+def not_removable(
+    names: list[str], config: NcclConfig, environ: Mapping[str, str], kept_out: frozenset[str] = frozenset()
+) -> list[str]:
+    """Those of ``names`` a file still read sets and no environment can remove: ``NAME=VALUE (file)``."""
+    return [
+        f"{name}={config.values[name].value} ({config.values[name].file})"
+        for name in names
+        if name in EMPTY_IS_A_VALUE and still_read(name, config, environ, kept_out)
+    ]
+
+
+def user_files(config: NcclConfig) -> frozenset[str]:
+    """The files ``NCCL_CONF_FILE=/dev/null`` keeps out: every one read but ``/etc/nccl.conf``."""
+    return frozenset(f for f in config.files if f != str(ETC_FILE))

@@ -36,8 +36,6 @@ from conformance.record.runs import Run
 from conformance.settings import Settings, deadlines
 from conformance.summarise.conclude import Conclusion
 
-# One folder for every user of the machine: /tmp, not TMPDIR, which users may set differently.
-MACHINE_LEASE_DIR = Path("/tmp") / "conformance-leases"
 # Message sizes per case; on GPU they straddle NCCL's protocol switch points (LL, LL128, Simple).
 COLLECTIVE_SIZES = {"cpu": [4, 64 << 10, 1 << 20], "gpu": [4, 256 << 10, 1 << 20, 64 << 20]}
 
@@ -198,7 +196,7 @@ class RunContext:
         """GPUs are leased machine-wide; a simulated GPU machine within its run; CPU ranks not at all."""
         if self.topology.kind != "gpu":
             return None
-        return MACHINE_LEASE_DIR if self.backend == "nccl" else self.run_dir / "leases"
+        return self.settings.lease_dir if self.backend == "nccl" else self.run_dir / "leases"
 
     def run_facts(self) -> RunFacts:
         return RunFacts(

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import pytest
 
 from conformance.common.suite import record_nodeid
-from conformance.discover.nccl_config import CONF_FILE_VARIABLE, NO_FILE, neutralised
+from conformance.discover.nccl_config import CONF_FILE_VARIABLE, NO_FILE, neutralised, not_removable, user_files
 from conformance.harness.context import RunContext
 from conformance.harness.planned import PlannedCase
 from conformance.harness.side_by_side import CaseCall, case_call
@@ -98,10 +98,29 @@ def case_spec(
 def config_overrides(run: RunContext, rung: Rung) -> dict[str, str]:
     """What a rung that removes variables must set for NCCL's configuration files not to give them back.
 
-    An empty value for each a file sets; ``NCCL_CONF_FILE=/dev/null`` where the rung removes every NCCL
-    variable (the user's file stays out; /etc/nccl.conf is read whatever it says: ``discover/nccl_config.py``).
+    ``NCCL_CONF_FILE=/dev/null`` where the rung removes every NCCL variable (the user's file stays out;
+    /etc/nccl.conf is read whatever it says), and an empty value for each a file still read sets where
+    NCCL reads an empty value as unset (``discover/nccl_config.py``).
     """
-    overrides = neutralised(list(rung.unset(run.nccl_environ)), run.nccl_config, os.environ)
-    if run.nccl_config.files and rung.unset_families and CONF_FILE_VARIABLE.startswith(rung.unset_families):
+    overrides = neutralised(
+        list(rung.unset(run.nccl_environ)), run.nccl_config, os.environ, conf_files_kept_out(run, rung)
+    )
+    if rung_drops_conf_file(run, rung):
         overrides.setdefault(CONF_FILE_VARIABLE, NO_FILE)
     return overrides
+
+
+def rung_drops_conf_file(run: RunContext, rung: Rung) -> bool:
+    """Whether the rung removes every NCCL variable (NCCL_CONF_FILE too) of a run that reads configuration files."""
+    return bool(run.nccl_config.files and rung.unset_families and CONF_FILE_VARIABLE.startswith(rung.unset_families))
+
+
+def conf_files_kept_out(run: RunContext, rung: Rung) -> frozenset[str]:
+    """The files the rung's ``NCCL_CONF_FILE=/dev/null`` keeps out (none where it does not set it)."""
+    return user_files(run.nccl_config) if rung_drops_conf_file(run, rung) else frozenset()
+
+
+def config_left(run: RunContext, rung: Rung) -> list[str]:
+    """What the rung removes but a file NCCL still reads gives back whatever the environment says (nccl_config.py)."""
+    names = list(rung.unset(run.nccl_environ))
+    return not_removable(names, run.nccl_config, os.environ, conf_files_kept_out(run, rung))

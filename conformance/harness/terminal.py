@@ -13,7 +13,7 @@ from conformance.discover.nccl_config import CONF_FILE_VARIABLE
 from conformance.discover.topology import link_matrix_lines, link_note_lines
 from conformance.discover.versions import package_version
 from conformance.harness.context import RunContext, user_timeout
-from conformance.harness.strategy import config_overrides
+from conformance.harness.strategy import config_left, config_overrides
 from conformance.plan.transport import pair_paths
 from conformance.settings import token_on_command_line
 from conformance.summarise.answer import Answer, Tone
@@ -115,11 +115,19 @@ def _nccl_config_lines(run: RunContext) -> list[str]:
     for rung in run.plan.rungs:
         overrides = config_overrides(run, rung)  # what its cases set: the header says exactly that
         emptied = sorted(k for k in overrides if k != CONF_FILE_VARIABLE)
+        given = [f"{CONF_FILE_VARIABLE}={overrides[CONF_FILE_VARIABLE]}"] if CONF_FILE_VARIABLE in overrides else []
         if emptied:
-            given = [f"{CONF_FILE_VARIABLE}={overrides[CONF_FILE_VARIABLE]}"] if CONF_FILE_VARIABLE in overrides else []
             lines.append(
                 f"rung {rung.name}: {' and '.join([*given, ', '.join(f'{k}=' for k in emptied)])} (empty: NCCL reads "
                 "an empty value as unset, and reads /etc/nccl.conf whatever NCCL_CONF_FILE says)"
+            )
+        elif given:
+            lines.append(f"rung {rung.name}: {given[0]} (NCCL then reads no file of the user's, only /etc/nccl.conf)")
+        left = config_left(run, rung)
+        if left:
+            lines.append(
+                f"rung {rung.name} cannot remove {', '.join(left)}: NCCL takes an empty value of it as a value, "
+                "and reads the file whatever the environment says; edit the file to test without it"
             )
     return lines
 

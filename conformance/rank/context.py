@@ -150,6 +150,10 @@ class RankContext:
         self._write(PhaseLine.now(name, step, facts, nbytes=nbytes))
         self._apply_faults(name)
 
+    def stamp(self, step: str) -> None:
+        """A line within the current phase, for timing alone: no fault applies, the phase stays."""
+        self._write(PhaseLine.now(self.phase_name, step))
+
     def _write(self, line: PhaseLine) -> None:
         self._phase_log.write(json.dumps(line.to_json()) + "\n")
 

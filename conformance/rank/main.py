@@ -23,6 +23,8 @@ from conformance.common.clock import wall
 from conformance.rank import flight_recorder
 from conformance.rank.context import RankContext, RankSkip, WrongData
 
+EXIT_STEP = "result written; exit"
+
 
 def die_with_parent(expected_parent: int) -> None:
     """SIGKILL this process when its parent (the forkserver, or the pytest process) dies."""
@@ -190,6 +192,8 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     code, result = outcome(ctx, error)
     try:
         casefiles.write_result(rank_path, result)
+        if ctx is not None and error is None:
+            ctx.stamp(EXIT_STEP)  # what follows is the process's end: its CUDA context, its memory
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

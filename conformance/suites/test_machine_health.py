@@ -133,7 +133,7 @@ def test_no_gpu_held_down_by_its_hardware(conformance: RunContext, host_metric: 
 
 @pytest.mark.host_check("gpu_processes")
 def test_other_users_processes_on_the_gpus(conformance: RunContext, host_metric: HostMetric) -> None:
-    """Processes of other users holding GPU memory at the start: a warning in the answer, not a failure."""
+    """Processes not of this run holding GPU memory at the start (another user's, this user's leftover): a warning."""
     health = _facts(conformance, PROCESSES, host_metric)
     others = rules.foreign_processes(health, _process_owner, getpass.getuser())
     if others:
@@ -156,11 +156,20 @@ def test_no_gpu_fault_in_the_kernel_log(conformance: RunContext, host_metric: Ho
     _fail_on(machine)
 
 
-def _process_owner(pid: int) -> str | None:
+def _process_owner(pid: int) -> rules.ProcessOwner:
     try:
-        return str(psutil.Process(pid).username())
+        process = psutil.Process(pid)
+        with process.oneshot():
+            ours = _run_root() in (pid, *(p.pid for p in process.parents()))
+            command = " ".join(process.cmdline())[:120] or process.name()
+            return rules.ProcessOwner(str(process.username()), command, ours)
     except (psutil.Error, KeyError):  # gone, another container's, or a uid without a name
-        return None
+        return rules.ProcessOwner(None)
+
+
+def _run_root() -> int:
+    """The process every process of this run descends from: pytest, or xdist's controller in a worker."""
+    return os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
 
 
 @pytest.mark.host_check("nvlink_p2p")

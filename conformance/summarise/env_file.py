@@ -49,7 +49,7 @@ def env_file_lines(rec: Recommendation) -> list[str]:
                      "a .env file cannot unset")  # fmt: skip
     if not rec.env and not rec.unset_families:
         notes.append("nothing needs setting: the environment as it is")
-    assignments = [assignment(k, "") for k in rec.from_config]
+    assignments = [assignment(k, v) for k, v in rec.config_exports().items()]
     assignments += [assignment(k, v) for k, v in sorted(rec.env.items())]
     return [comment(note) for note in notes] + assignments
 

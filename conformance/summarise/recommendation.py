@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from conformance.common.shell_text import export_line
-from conformance.discover.nccl_config import ConfigValue, NcclConfig
+from conformance.discover.nccl_config import (
+    CONF_FILE_VARIABLE,
+    EMPTY_IS_A_VALUE,
+    NO_FILE,
+    ConfigValue,
+    NcclConfig,
+    neutralised,
+    user_files,
+)
 from conformance.plan.matrix import Rung
 from conformance.record.records import HarnessError, JsonObject
 from conformance.summarise.summary import rung_env_text
@@ -182,6 +190,18 @@ class Recommendation:
         return {k: v for k, v in sorted(self.config.values.items()) if unset and k.startswith(unset)}
 
     @property
+    def config_kept_out(self) -> frozenset[str]:
+        """The user's files ``NCCL_CONF_FILE=/dev/null`` keeps out, where the unset removes NCCL_CONF_FILE too."""
+        unset = self.unset_families
+        return user_files(self.config) if unset and CONF_FILE_VARIABLE.startswith(unset) else frozenset()
+
+    def config_exports(self) -> dict[str, str]:
+        """What keeps the files' values out as the passing rung's cases kept them out (harness/strategy.py)."""
+        kept_out = self.config_kept_out
+        given = {CONF_FILE_VARIABLE: NO_FILE} if kept_out else {}
+        return {**given, **neutralised(list(self.from_config), self.config, {}, kept_out)}
+
+    @property
     def fixed(self) -> list[ClassAdvice]:
         return [c for c in self.classes if c.rung is not None]
 
@@ -205,7 +225,7 @@ class Recommendation:
         if self.withheld:
             return []
         lines = [rung_env_text(Rung("overall", unset_families=self.unset_families))] if self.unset_families else []
-        lines += [export_line(k, "") for k in self.from_config]  # empty: NCCL reads it as unset (nccl_config.py)
+        lines += [export_line(k, v) for k, v in self.config_exports().items()]
         return lines + [export_line(k, v) for k, v in sorted(self.env.items())]
 
     # -- text --------------------------------------------------------------------------------
@@ -278,11 +298,21 @@ class Recommendation:
         return lines + self.config_note() + self.inherited_note()
 
     def config_note(self) -> list[str]:
-        return [
-            f"note: {k}={v.value} is set in {v.file}: unset cannot remove it (NCCL reads the file again); remove it "
-            f"there, or give it an empty value, which NCCL reads as unset"
-            for k, v in self.from_config.items()
-        ]
+        return [self._config_line(k, v) for k, v in self.from_config.items()]
+
+    def _config_line(self, name: str, value: ConfigValue) -> str:
+        said = f"note: {name}={value.value} is set in {value.file}"
+        if value.file in self.config_kept_out:
+            return f"{said}: {CONF_FILE_VARIABLE}={NO_FILE} keeps that file out"
+        if name in EMPTY_IS_A_VALUE:
+            return (
+                f"{said}, which NCCL reads whatever the environment says, and it takes an empty {name} as a value: "
+                f"no environment removes it; remove it there"
+            )
+        return (
+            f"{said}: unset cannot remove it (NCCL reads the file again); remove it there, or give it an empty "
+            "value, which NCCL reads as unset"
+        )
 
     def inherited_note(self) -> list[str]:
         unset = self.unset_families
