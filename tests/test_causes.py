@@ -6,7 +6,7 @@ from typing import Any
 
 from conformance.record.records import CaseRecord
 from conformance.summarise.causes import BARRIER_FIX, OOM, OOM_FIX, WRONG_BARRIER_GPU, cause_lines
-from conformance.verdict.stderr_causes import DESCRIPTORS_EXHAUSTED, recognise
+from conformance.verdict.stderr_causes import DESCRIPTORS_EXHAUSTED, GPU_OUT_OF_MEMORY, recognise
 
 
 def failing(probe: str = "all_reduce", verdict: str = "error", **fields: Any) -> CaseRecord:
@@ -28,6 +28,14 @@ def test_out_of_memory_names_its_rank_its_victims_and_the_fix() -> None:
         f"  {OOM}: rank 1 (gpu1) in step of all_reduce, barrier: CUDA out of memory; "
         f"rank 0, 2 only waited for it (victims) -> fix: {OOM_FIX}"
     ]
+
+
+def test_nccl_out_of_gpu_memory_is_out_of_memory_though_torch_says_unhandled_cuda_error() -> None:
+    """The second real-GPU run: NCCL's WARN said 'Cuda failure 2 'out of memory'', torch only its error."""
+    message = "NCCL error in: NCCLUtils.cpp:93, unhandled cuda error; Last error: Failed to CUDA calloc async 608 bytes"
+    root = {"rank": 0, "kind": "DistBackendError", "message": message, "phase": "init", "step": "init_process_group"}
+    record = failing(root_cause=root, ranks=[rank(0, cause=GPU_OUT_OF_MEMORY.text)])
+    assert cause_lines([record]) == [f"  {OOM}: rank 0 (gpu0) in init of all_reduce: {message} -> fix: {OOM_FIX}"]
 
 
 def test_a_first_barrier_on_another_ranks_gpu_names_the_ranks_and_the_code_change() -> None:

@@ -167,7 +167,12 @@ def test_recorder_dump_read_back(tmp_path: Path) -> None:
         flight_recorder.describe(read) == "last collective gloo:all_reduce #2 [[4]] still in flight (state scheduled)"
     )
     assert read["groups"]["0"]["last_enqueued_collective"] == "2"
+    assert flight_recorder.issued(read) == 2  # torch's record ids count the operations handed to the backend
+    assert flight_recorder.issued({**read, "issued": -1}) is None and flight_recorder.issued(None) is None
+    (tmp_path / casefiles.FLIGHT_RECORDER).write_text(json.dumps({"entries": []}))
+    assert flight_recorder.issued(flight_recorder.last_collectives(tmp_path)) == 0
     (tmp_path / casefiles.FLIGHT_RECORDER).write_text(json.dumps({"error": "RuntimeError: no recorder"}))
+    assert flight_recorder.issued(flight_recorder.last_collectives(tmp_path)) is None
     assert flight_recorder.describe(flight_recorder.last_collectives(tmp_path)).startswith(
         "flight-recorder dump failed"
     )

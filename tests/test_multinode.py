@@ -183,6 +183,32 @@ def test_an_error_on_one_node_is_the_root_cause_on_every_node_and_ends_the_wait(
     assert records[0]["stop_reason"] == "grace" and records[0]["seconds"] < 5  # not the 9 s init timeout
 
 
+def test_both_nodes_stuck_name_the_node_whose_rank_never_issued_the_collective(pytester: pytest.Pytester) -> None:
+    """Node 1's rank hangs before the all-reduce node 0's rank waits in: the flight recorders name node 1.
+
+    Both nodes' verdicts are hangs, and their ranks' last phase lines alike; only node 0's rank handed
+    the all-reduce to the backend (torch's flight recorder), so node 1 is the root, not "the link".
+    """
+    files = copy_suites(pytester, "test_multinode.py")
+    hang = scenario_text(
+        'effect = "hang"\nphase = "probe"\nprobes = ["all_reduce"]\nsets = ["across_nodes"]\nranks = [1]'
+    )
+    pytester.makefile(".toml", hang=hang)
+    port = free_port()
+    args = (*files, "--init-timeout=5", "--op-timeout=5", "--step-timeout=8", "--rendezvous-timeout=20",
+            "--virtual-devices=1", "--scenario=hang.toml", "--matrix=inherited", "-k", "all_reduce")  # fmt: skip
+    nodes = [start_node(pytester.path, rank, 2, port, *args) for rank in (0, 1)]
+    for node in nodes:
+        code, _ = node.wait()
+        assert code == 1, node.output
+    (record,) = [r for r in across(gathered(nodes[0].reports)) if r["node_rank"] == 0]
+    assert (record["verdict"], record["root_node"]) == ("hang", 1)
+    assert record["summary"].startswith(
+        "node 1: rank 0 (cpu0) in probe (all_reduce 4B): made no progress and was stopped (stalled); its ranks got "
+        "least far (5 phase(s), 0 operation(s) issued; node 0: 5 phase(s), 1 operation(s) issued; flight recorder)"
+    ), record["summary"]
+
+
 def test_a_node_that_never_starts_is_a_hang_after_the_rendezvous_deadline(pytester: pytest.Pytester) -> None:
     files = copy_suites(pytester, "test_multinode.py", "test_pairs.py")
     node0 = start_node(pytester.path, 0, 2, free_port(), *files, *FAST, "--virtual-devices=2", "--rendezvous-timeout=3")

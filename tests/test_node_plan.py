@@ -55,6 +55,32 @@ def test_cross_node_verdict_names_the_node_with_the_real_failure() -> None:
     )
 
 
+def test_the_node_whose_stuck_ranks_got_least_far_is_named_from_their_flight_recorders() -> None:
+    """The second real-GPU run: node 1's rank never issued the send node 0's rank waits in."""
+    local = Decision(Verdict.HANG, None, [], "rank 0 (gpu0) in probe (send/recv 4B): made no progress")
+    verdicts = {
+        0: NodeVerdict(Verdict.HANG, "rank 0 (gpu0) in probe (send/recv 4B): made no progress", (5, 3)),
+        1: NodeVerdict(Verdict.HANG, "rank 0 (gpu0) in probe (send/recv 4B): made no progress", (5, 0)),
+    }
+    for me in (0, 1):
+        decision, node = decide_across_nodes(me, local, verdicts, None)
+        assert (decision.verdict, node) == ("hang", 1)
+        assert decision.summary == (
+            "node 1: rank 0 (gpu0) in probe (send/recv 4B): made no progress; its ranks got least far (5 phase(s), 0 "
+            "operation(s) issued; node 0: 5 phase(s), 3 operation(s) issued; flight recorder): the other nodes only "
+            "waited for it"
+        )
+    # alike, or a node that cannot say: the link, as before
+    for other in ((5, 0), None):
+        _, node = decide_across_nodes(0, local, {**verdicts, 0: replace(verdicts[0], reached=other)}, None)
+        assert node is None
+    # what a node says of itself travels whole; a count that is no count is no evidence
+    assert NodeVerdict.from_text(verdicts[1].to_text()) == verdicts[1]
+    for bad in ("[5, -1]", "[5]", '["5", 0]', '{"a": 1}', "[true, 0]"):
+        text = f'{{"verdict": "hang", "summary": "s", "reached": {bad}}}'
+        assert NodeVerdict.from_text(text).reached is None
+
+
 def test_collection_difference_lines() -> None:
     assert collection_difference(["a", "b"], ["a", "b"], 1) == []
     assert collection_difference(["a", "b", "c"], ["a", "d"], 2) == [

@@ -92,7 +92,10 @@ def test_one_rank_errors_while_the_others_wait(pytester: pytest.Pytester, run_su
 
 def test_hang_on_one_rank_names_it(pytester: pytest.Pytester, run_suite, reports_dir: Path) -> None:
     result = run_scenario(pytester, run_suite, 'effect = "hang"\nranks = [1]')
-    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled)"
+    summary = (  # rank 0's flight recorder holds the all-reduce it waits in; rank 1's does not
+        "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled); it issued 0 operation(s) "
+        "where rank 0,2,3 issued 1: they wait in one it never joined (flight recorder)"
+    )
     assert failure_line(result) == f"[simulated] hang: {summary}"
     result.stdout.fnmatch_lines(
         [

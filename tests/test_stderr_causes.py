@@ -18,6 +18,7 @@ from conformance.verdict.stderr_causes import (
     CUMEM_HOST_FAILED,
     DESCRIPTORS_EXHAUSTED,
     FILE_TABLE_FULL,
+    GPU_OUT_OF_MEMORY,
     LOCKED_MEMORY_TOO_LOW,
     NCCL_ERROR,
     NVLS_BROKEN,
@@ -114,6 +115,14 @@ TAILS: dict[str, tuple[str, Cause | None]] = {
         f"{W}transport/shm.cc:590 NCCL WARN Cuda failure 217 'peer access is not supported between these two "
         "devices'\ntorch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error",
         CUMEM_HOST_FAILED,
+    ),
+    "nccl-alloc-out-of-memory": (  # the second real-GPU run (docs/gpu-runs/2026-11-28-h200), a leftover holding the GPU
+        "[2026-11-28 15:44:22] vm:2086:2086 [0] include/alloc.h:228 NCCL WARN Cuda failure 2 'out of memory'\n"
+        "[2026-11-28 15:44:22] vm:2086:2086 [0] include/alloc.h:346 NCCL WARN Failed to CUDA calloc async 608 bytes\n"
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.9\nncclUnhandledCudaError: "
+        "Call to CUDA function failed.\nLast error:\nFailed to CUDA calloc async 608 bytes",
+        GPU_OUT_OF_MEMORY,
     ),
     "nccl-error-alone": (NCCL_SYSTEM_ERROR, NCCL_ERROR),
     "control-victim-and-shm-transport": (

@@ -483,6 +483,28 @@ def test_all_ranks_stuck_alike_has_no_root() -> None:
     assert d.summary == "ranks 0,1,2 all stuck in probe (all_reduce)"
 
 
+def test_a_stuck_rank_that_issued_fewer_nccl_operations_is_the_root() -> None:
+    """The second real-GPU run: both ranks' last phase line was 'send/recv 4B'.
+
+    Only rank 0's flight recorder held the send and recv (3 entries); rank 1's held none: it never
+    joined (the rule of torch's own analyser of these dumps).
+    """
+    waiting = 'File "/torch/distributed/distributed_c10d.py", line 2, in send'
+    reports = [
+        rr(0, "stopped", stopped_by="stalled", stack=waiting, step="send/recv 4B", collectives={"issued": 3}),
+        rr(1, "stopped", stopped_by="stalled", stack=waiting, step="send/recv 4B", collectives={"issued": 0}),
+    ]
+    d = decide(reports)
+    assert (d.verdict, d.root, ranks_of(d.victims)) == ("hang", reports[1], [0])
+    assert d.summary == (
+        "rank 1 (cpu1) in probe (send/recv 4B): made no progress and was stopped (stalled); it issued 0 "
+        "operation(s) where rank 0 issued 3: they wait in one it never joined (flight recorder)"
+    )
+    # a rank without a dump leaves the counts out: stuck alike, as before
+    reports[1].collectives = None
+    assert decide(reports).root is None
+
+
 def test_root_in_control_phase_is_inconclusive() -> None:
     reports = [
         rr(0, "error", time=1.0, phase="control", step="store check-in", error_type="RuntimeError", message="store"),

@@ -74,8 +74,8 @@ def test_pass_without_scenario(pytester: pytest.Pytester, run_suite, reports_dir
     assert record["devices"] == ["cpu0", "cpu1"]
     assert record["backend"] == "gloo"
     assert rank_facts(record, "rank", "exit", "status", "phase", "step", "stopped_by") == [
-        (0, 0, "ok", "teardown", "destroy_process_group", None),
-        (1, 0, "ok", "teardown", "destroy_process_group", None),
+        (0, 0, "ok", "teardown", "every rank checked (store)", None),
+        (1, 0, "ok", "teardown", "every rank checked (store)", None),
     ]
 
 
@@ -160,7 +160,10 @@ def test_hang(pytester: pytest.Pytester, run_suite, reports_dir: Path, ignore_si
     result = run_suite(f"--scenario={scenario}", *TIMEOUTS, TWO_RANKS)
     result.assert_outcomes(failed=1)
     assert_simulated_header(result, scenario)
-    summary = "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled)"
+    summary = (  # rank 0's flight recorder holds the all-reduce it waits in; rank 1's does not
+        "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled); it issued 0 operation(s) "
+        "where rank 0 issued 1: they wait in one it never joined (flight recorder)"
+    )
     assert failure_line(result) == f"[simulated] hang: {summary}"
     result.stdout.fnmatch_lines(
         [

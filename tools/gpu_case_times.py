@@ -6,7 +6,8 @@ RUN_DIR is a run's folder (reports/<run id>, holding results.jsonl). Read from r
 (conformance/rank/main.py writes one as each part begins; on NCCL "CUDA device (set_device)" comes
 before "init_process_group(nccl)"). The case's start is its record's time less its seconds, so
 "fork" also holds the few milliseconds the record took to write. The teardown is three parts:
-"destroy" (destroy_process_group and the result's write, up to the rank's last stamp), "exit" (from
+"destroy" (destroy_process_group, or the store barrier that replaced it in every case but the
+environment test, and the result's write, up to the rank's last stamp), "exit" (from
 that stamp until the forkserver reaped the rank: the process's end, its CUDA context's with it) and
 "collect" (from the reaping to the parent's record).
 """

@@ -105,7 +105,8 @@ step ladder-conf 150 env NCCL_CONF_FILE="$work/bogus.conf" "$py" -m pytest suite
 
 # 3. two nodes on the one GPU: NCCL_HOSTID gives each its own host hash (NCCL's init.cc refuses two ranks
 #    on one GPU only when host hash and bus id both match), each node leases from its own folder
-"$py" -m conformance token --file "$work/run.token" >/dev/null
+token="$(mktemp -d)/run.token"  # not in $work: the evidence never holds a run's secret
+"$py" -m conformance token --file "$token" >/dev/null
 cat >"$work/node1-hangs.toml" <<'TOML'
 [scenario]
 name = "node 1's rank hangs in the node pair's exchange"
@@ -122,7 +123,7 @@ two_nodes() {  # two_nodes NAME PORT PYTEST-ARGS...: node 1 in the background, n
     for rank in 1 0; do
         NCCL_HOSTID="next-light-node$rank" "$py" -m pytest suites/test_multinode.py -p no:cacheprovider \
             --nnodes 2 --node-rank "$rank" --master-addr 127.0.0.1 --master-port "$port" \
-            --run-token-file "$work/run.token" --lease-dir "$work/leases-$name-$rank" \
+            --run-token-file "$token" --lease-dir "$work/leases-$name-$rank" \
             --reports-dir "$work/reports-$name-$rank" --junitxml "$work/junit-$name-$rank.xml" "$@" \
             >"$work/$name-node$rank.log" 2>&1 &
         pids+=($!)
@@ -132,7 +133,7 @@ two_nodes() {  # two_nodes NAME PORT PYTEST-ARGS...: node 1 in the background, n
     tail -n 30 "$work/$name-node0.log"
 }
 export -f two_nodes
-export py work
+export py work token
 step two-nodes 150 bash -c 'two_nodes two-nodes 29611'
 step two-nodes-hang 180 bash -c "two_nodes two-nodes-hang 29612 --scenario '$work/node1-hangs.toml' --matrix inherited \
     --step-timeout 12 --op-timeout 10 --init-timeout 10"

@@ -34,7 +34,7 @@ import datetime, json, os, sys, time
 stamps = {"start": time.monotonic()}
 import torch, torch.distributed as dist
 stamps["imported"] = time.monotonic()
-variant, store_path = sys.argv[1], sys.argv[2]
+variant, store_path, stamps_path = sys.argv[1], sys.argv[2], sys.argv[3]
 device = torch.device("cuda:0")
 torch.cuda.set_device(device)
 torch.zeros(1, device=device)
@@ -54,20 +54,21 @@ if variant == "destroy":
 elif variant == "abort":
     dist.distributed_c10d._abort_process_group()
 stamps["ended"] = time.monotonic()
-sys.stdout.write(json.dumps(stamps))
-sys.stdout.flush()
+with open(stamps_path, "w") as out:  # not stdout: NCCL's WARN lines go there
+    out.write(json.dumps(stamps))
 os._exit(0)
 """
 
 
 def trial(variant: str, folder: Path) -> dict[str, float]:
-    store = folder / f"store-{variant}-{time.monotonic_ns()}"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, variant, str(store)], stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate(timeout=120)
+    name = f"{variant}-{time.monotonic_ns()}"
+    store, stamps = folder / f"store-{name}", folder / f"stamps-{name}.json"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, variant, str(store), str(stamps)])
+    proc.wait(timeout=120)
     reaped = time.monotonic()
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not stamps.exists():
         return {"failed": float(proc.returncode)}
-    s = json.loads(out)
+    s = json.loads(stamps.read_text())
     return {
         "cuda init": s["cuda"] - s["imported"],
         "nccl init": s["nccl"] - s["cuda"],

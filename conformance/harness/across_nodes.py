@@ -96,7 +96,7 @@ class AcrossNodes:
         if problem is not None:
             return self._node_missing(spec, problem)
         result = self.runner().run(self._across(spec, prefix, nodes), group.peers(prefix, nodes))
-        mine = NodeVerdict(result.verdict, result.decision.summary)
+        mine = NodeVerdict.of(result.decision)
         problem = group.meet(prefix, "verdict", nodes, mine.to_text(), deadlines.verdict_wait)
         verdicts = {n: NodeVerdict.from_text(text) for n, text in group.read(prefix, "verdict", nodes).items()}
         missing = (problem.node, problem.reason) if problem else None

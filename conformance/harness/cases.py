@@ -66,7 +66,7 @@ class CasePipeline:
     def _record(self, request: CaseRequest, planned: PlannedCase, result: CaseResult) -> None:
         item = request.item
         no_nccl = item.get_closest_marker(NO_NCCL) is not None
-        one_rung = no_nccl or self.planner.step(item) is None  # a device set of the test's own: not parametrised
+        one_rung = no_nccl or not self.planner.climbs(item)  # a device set of the test's own: inherited only
         run = self.run_context
         record = results.case_record(result, run.run_id, request.expect, planned.step.key, one_rung, no_nccl)
         run.folder.append(self._with_link_figures(record))

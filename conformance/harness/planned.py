@@ -52,6 +52,11 @@ class Planner:
         planned = item.stash[PLANNED] = PlannedCase(self.run.plan.step(item, device_set), device_set)
         return planned
 
+    @staticmethod
+    def climbs(item: pytest.Item) -> bool:
+        """Whether the test is parametrised with the run's device sets, one per rung (else its set is its own)."""
+        return device_set_of(item, ANY_SET_FIXTURES) is not None
+
     def step(self, item: pytest.Item) -> Step | None:
         planned = self.of(item)
         return planned.step if planned else None

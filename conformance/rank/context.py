@@ -91,6 +91,7 @@ class RankContext:
         self.fired: set[int] = set()
         self.metrics: dict[str, Any] = {}
         self.group: dist.ProcessGroup | None = None
+        self.store: Any = None  # the case's store, once the rank reached it
         self.bound_device: int | None = None  # the ordinal given to init_process_group(device_id=...)
         self.device_stuck = False  # a simulated kernel that never finishes: the next device wait blocks
         self.turn: str | None = None  # the measurement turn, once the parent gave it: "alone" or "beside"

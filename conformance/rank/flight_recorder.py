@@ -186,7 +186,25 @@ def _summary(data: Any) -> dict[str, Any] | None:
     entries = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
     entries.sort(key=_record_id)
     groups = data.get("pg_status", {})
-    return {"last": [_entry(e) for e in entries[-LAST_ENTRIES:]], "groups": groups if isinstance(groups, dict) else {}}
+    return {
+        "last": [_entry(e) for e in entries[-LAST_ENTRIES:]],
+        "groups": groups if isinstance(groups, dict) else {},
+        "issued": _record_id(entries[-1]) + 1 if entries else 0,
+    }
+
+
+def issued(collectives: Mapping[str, Any] | None) -> int | None:
+    """How many operations the rank handed NCCL (torch's ``record_id`` counts them from 0); None: no dump to say.
+
+    Ranks of one case issue the same operations in the same order, so a rank that issued fewer than
+    its peers never joined the one they wait in: torch's own analyser of these dumps names such a
+    rank as missing from the collective (torch/distributed/flight_recorder/components/builder.py,
+    torch 2.13: "a rank didn't schedule the coalesced collective").
+    """
+    if not collectives or collectives.get("error"):
+        return None
+    found = collectives.get("issued")
+    return found if type(found) is int and found >= 0 else None
 
 
 def _record_id(entry: Mapping[str, Any]) -> int:

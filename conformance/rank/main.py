@@ -125,12 +125,10 @@ def case_store(ctx: RankContext, case_dir: Path) -> Any:
 
 
 def run_case(ctx: RankContext, case_dir: Path) -> None:
-    import torch.distributed as dist
-
     from conformance.rank.probes import PROBES
 
     ctx.phase("start")
-    store = case_store(ctx, case_dir)
+    store = ctx.store = case_store(ctx, case_dir)
     control(ctx, store, ctx.case.init_timeout)
     if ctx.case.single_process:
         if ctx.backend == "nccl":
@@ -140,8 +138,47 @@ def run_case(ctx: RankContext, case_dir: Path) -> None:
         return
     init_group(ctx, store)
     PROBES[ctx.probe](ctx)
-    ctx.phase("teardown", "destroy_process_group")
-    dist.destroy_process_group()
+    end_group(ctx)
+
+
+ENDS_WITH_DESTROY = ("environment",)  # the probe that tests torch.distributed itself, its teardown included
+ENDED = "ended"  # the store key prefix where each rank says how it ended
+
+
+def end_group(ctx: RankContext) -> None:
+    """The probe's end: the environment probe destroys the group; every other leaves it to the process's end.
+
+    destroy_process_group took 0.39 s of a 1.5 s case on an H200 (docs/gpu-runs/2026-11-28-h200) and
+    proves nothing a case needs; :func:`end_together` keeps a rank from leaving while a peer still
+    receives from it, which the time destroy took used to hide.
+    """
+    import torch.distributed as dist
+
+    if ctx.probe in ENDS_WITH_DESTROY:
+        ctx.phase("teardown", "destroy_process_group")
+        dist.destroy_process_group()
+    else:
+        ctx.phase("teardown", "every rank checked (store)")
+
+
+def end_together(ctx: RankContext, failed: bool) -> bool:
+    """Say at the case's store how this rank ended; one that passed waits there until every rank has said so.
+
+    A rank that failed leaves at once (its peers need not wait for it); one that died or hangs says
+    nothing, and the others leave at the store's timeout, or when the watchdog stops them.  True when
+    every rank said how it ended (nothing to wait for counts as that).
+    """
+    if ctx.store is None or ctx.case.single_process or ctx.world_size == 1:
+        return True
+    try:
+        ctx.store.set(f"conformance/{ENDED}/{ctx.rank}", "failed" if failed else "ok")
+        if not failed:
+            keys = [f"conformance/{ENDED}/{r}" for r in range(ctx.world_size)]
+            ctx.store.wait(keys, datetime.timedelta(seconds=ctx.case.init_timeout))
+        return True
+    except Exception:  # noqa: BLE001 - the result is written: a store gone or a peer silent changes nothing
+        traceback.print_exc()
+        return False
 
 
 def outcome(ctx: RankContext | None, exc: BaseException | None) -> tuple[int, RankResult]:
@@ -192,8 +229,10 @@ def rank_main(case_dir: Path, rank: int, pgid: int, parent: int) -> NoReturn:
     code, result = outcome(ctx, error)
     try:
         casefiles.write_result(rank_path, result)
-        if ctx is not None and error is None:
-            ctx.stamp(EXIT_STEP)  # what follows is the process's end: its CUDA context, its memory
+        # what follows the stamp is the process's end (its CUDA context, its memory); not after a wait for a
+        # silent peer, where it would tell the watchdog of progress no rank made
+        if ctx is not None and end_together(ctx, failed=code != casefiles.EXIT_OK) and error is None:
+            ctx.stamp(EXIT_STEP)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -25,7 +25,7 @@ from conformance.plan.transport import PCIE_PATHS
 from conformance.record.machine import MachineFacts
 from conformance.record.records import CaseRecord, RankRecord
 from conformance.verdict import job_causes
-from conformance.verdict.stderr_causes import cause_parts
+from conformance.verdict.stderr_causes import GPU_OUT_OF_MEMORY, cause_parts
 
 DETAIL_CHARS = 160  # a logged cause's line quotes the root cause's message up to this
 OOM = job_causes.OOM.title
@@ -78,7 +78,10 @@ def _wrong_barrier_gpu(record: CaseRecord) -> KnownCause | None:
 
 def _out_of_memory(record: CaseRecord) -> KnownCause | None:
     root = record.root_cause
-    if root is None or not ("OutOfMemoryError" in root.kind or "out of memory" in root.message.lower()):
+    if root is None:
+        return None
+    logged = any(r.cause == GPU_OUT_OF_MEMORY.text for r in record.ranks if r.rank == root.rank)
+    if not (logged or "OutOfMemoryError" in root.kind or "out of memory" in root.message.lower()):
         return None
     victims = ", ".join(str(v) for v in record.victims)
     detail = root.message + (f"; rank {victims} only waited for it (victims)" if victims else "")

@@ -128,6 +128,12 @@ class RankReport:
         return self.cause.explain(message) if self.cause else message
 
     @property
+    def reached(self) -> tuple[int, int] | None:
+        """How far it got: (phases reported, NCCL operations issued); None without a flight-recorder dump."""
+        issued = flight_recorder.issued(self.collectives)
+        return None if issued is None else (self.progress, issued)
+
+    @property
     def victim(self) -> bool:
         return self.status == RankStatus.STOPPED or (
             self.status in (RankStatus.ERROR, RankStatus.CRASH) and bool(VICTIM_PATTERN.search(self.message))
@@ -220,13 +226,16 @@ class Decision:
 
 
 def _hang_root(stuck: Sequence[RankReport]) -> RankReport | None:
-    """The stuck rank that got least far; None when they all wait alike in a collective."""
+    """The stuck rank that got least far (phases, then NCCL operations issued); None when they all wait alike."""
+    counted = all(r.reached is not None for r in stuck)  # operations issued compare only where every rank dumped
 
-    def key(r: RankReport) -> tuple[int, bool, float]:
-        return (r.progress, bool(WAITING_FRAME.search("\n".join(rank_frames(r.stack)))), r.phase_time or 0.0)
+    def key(r: RankReport) -> tuple[int, int, bool, float]:
+        reached = (r.reached if counted else None) or (r.progress, 0)
+        waiting = bool(WAITING_FRAME.search("\n".join(rank_frames(r.stack))))
+        return (*reached, waiting, r.phase_time or 0.0)
 
     ordered = sorted(stuck, key=key)
-    if len(ordered) > 1 and key(ordered[0])[:2] == key(ordered[1])[:2]:
+    if len(ordered) > 1 and key(ordered[0])[:3] == key(ordered[1])[:3]:
         return None
     return ordered[0]
 
@@ -242,9 +251,27 @@ def _describe(verdict: str, root: RankReport | None, stuck: Sequence[RankReport]
         return f"ranks {ranks} all stuck in {'; '.join(phases)}"
     text = f"rank {root.rank} ({root.device}) in {root.where}"
     if root.status == RankStatus.STOPPED:
-        return text + ": " + root.with_cause(f"made no progress and was stopped ({root.stopped_by})")
+        return (
+            text
+            + ": "
+            + root.with_cause(f"made no progress and was stopped ({root.stopped_by})")
+            + _behind(root, stuck)
+        )
     kind = f"{root.error_type}: " if root.error_type else ""
     return text + f": {kind}{root.explained}"
+
+
+def _behind(root: RankReport, others: Sequence[RankReport]) -> str:
+    """What the flight recorders say of a root that issued fewer NCCL operations than the ranks waiting for it."""
+    mine = flight_recorder.issued(root.collectives)
+    ahead = [(r.rank, n) for r in others if r is not root and (n := flight_recorder.issued(r.collectives)) is not None]
+    if mine is None or not ahead or max(n for _, n in ahead) <= mine:
+        return ""
+    ranks = ",".join(str(rank) for rank, n in ahead if n > mine)
+    return (
+        f"; it issued {mine} operation(s) where rank {ranks} issued {max(n for _, n in ahead)}: they wait in one it "
+        "never joined (flight recorder)"
+    )
 
 
 def _other_causes(root: RankReport | None, failed: Sequence[RankReport]) -> str:
@@ -283,7 +310,7 @@ def decide(reports: Sequence[RankReport]) -> Decision:
     if anchor.phase == "control":
         verdict = Verdict.INCONCLUSIVE
     victims = [r for r in failed if r is not root]
-    summary = _describe(verdict, root, stuck if root is None else [root]) + _other_causes(root, failed)
+    summary = _describe(verdict, root, stuck) + _other_causes(root, failed)
     return Decision(verdict, root, victims, summary)
 
 
@@ -306,9 +333,19 @@ class NodeVerdict:
 
     verdict: Verdict
     summary: str
+    reached: tuple[int, int] | None = None  # a hang: how far its rank furthest behind got (RankReport.reached)
+
+    @classmethod
+    def of(cls, decision: Decision) -> NodeVerdict:
+        """A node's verdict, with how far its stuck ranks got where every one of them says (flight recorder)."""
+        stuck = [r for r in [decision.root, *decision.victims] if r is not None and r.victim]
+        places = [r.reached for r in stuck]
+        known = [p for p in places if p is not None]
+        reached = min(known) if decision.verdict == Verdict.HANG and known and len(known) == len(places) else None
+        return cls(decision.verdict, decision.summary, reached)
 
     def to_text(self) -> str:
-        return json.dumps({"verdict": self.verdict.value, "summary": self.summary})
+        return json.dumps({"verdict": self.verdict.value, "summary": self.summary, "reached": self.reached})
 
     @classmethod
     def from_text(cls, text: str) -> NodeVerdict:
@@ -322,7 +359,11 @@ class NodeVerdict:
             return cls(Verdict.ERROR, f"its verdict cannot be read: {exc}")
         if not isinstance(data, dict) or not isinstance(data.get("verdict"), str):
             return cls(Verdict.ERROR, f"its verdict cannot be read: {text[:200]!r} is no verdict")
-        return cls(Verdict.of(data["verdict"]) or Verdict.ERROR, str(data.get("summary", "")))  # unknown: an error
+        verdict = Verdict.of(data["verdict"]) or Verdict.ERROR  # unknown: an error
+        reached = data.get("reached")
+        counts = isinstance(reached, list) and len(reached) == 2 and all(type(n) is int and n >= 0 for n in reached)
+        place = (int(reached[0]), int(reached[1])) if counts and isinstance(reached, list) else None
+        return cls(verdict, str(data.get("summary", "")), place)
 
 
 def decide_across_nodes(
@@ -340,6 +381,12 @@ def decide_across_nodes(
     verdict, summary = verdicts[node].verdict, verdicts[node].summary
     if verdict == Verdict.PASS:
         return Decision(Verdict.PASS, None, [], ""), None
+    behind = _node_behind(verdicts)
+    if behind is not None:
+        text = f"node {behind}: {verdicts[behind].summary}; {_node_behind_text(behind, verdicts)}"
+        if behind == me:
+            return Decision(Verdict.HANG, local.root, local.victims, text), behind
+        return Decision(Verdict.HANG, None, local_failed, text), behind
     if len(verdicts) == 2 and all(v.verdict == Verdict.HANG for v in verdicts.values()):
         # Both nodes stuck waiting for each other (packet loss, a flapping link): the link between them,
         # naming neither; an error or wrong data on one node still names it (precedence above), and a node
@@ -350,3 +397,28 @@ def decide_across_nodes(
     if node == me:
         return Decision(verdict, local.root, local.victims, f"node {node}: {summary}"), node
     return Decision(verdict, None, local_failed, f"node {node}: {summary}"), node
+
+
+def _node_behind(verdicts: Mapping[int, NodeVerdict]) -> int | None:
+    """The one node whose stuck ranks got less far than every other node's, where all hung and all say how far."""
+    reached = {n: v.reached for n, v in verdicts.items()}
+    if len(reached) < 2 or any(v.verdict != Verdict.HANG for v in verdicts.values()):
+        return None
+    if any(place is None for place in reached.values()):
+        return None
+    ordered = sorted(reached, key=lambda n: reached[n] or (0, 0))
+    return ordered[0] if reached[ordered[0]] != reached[ordered[1]] else None
+
+
+def _node_behind_text(behind: int, verdicts: Mapping[int, NodeVerdict]) -> str:
+    phases, issued = verdicts[behind].reached or (0, 0)
+    others = [
+        f"node {n}: {p} phase(s), {i} operation(s) issued"
+        for n, v in sorted(verdicts.items())
+        if n != behind and v.reached is not None
+        for p, i in [v.reached]
+    ]
+    return (
+        f"its ranks got least far ({phases} phase(s), {issued} operation(s) issued; {'; '.join(others)}; flight "
+        "recorder): the other nodes only waited for it"
+    )

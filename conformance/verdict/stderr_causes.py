@@ -89,6 +89,14 @@ CUMEM_HOST_FAILED = Cause(
     "peer access is not supported between these GPUs; `export NCCL_CUMEM_HOST_ENABLE=0` keeps SHM in plain host memory",
 )
 NCCL_ERROR = Cause("NCCL error", "its cause is in NCCL's WARN lines; run with NCCL_DEBUG=WARN to see them")
+# NCCL's CUDA allocations (include/alloc.h, v2.28.9-1: CUDACHECK) warn "Cuda failure 2 'out of memory'"
+# (cudaErrorMemoryAllocation), then "Failed to CUDA calloc async 608 bytes", and torch says only "unhandled
+# cuda error": the second real-GPU run, a leftover process holding all but 600 MiB (docs/gpu-runs/2026-11-28-h200).
+GPU_OUT_OF_MEMORY = Cause(
+    "the GPU ran out of memory",
+    "free that GPU (a process left on it? `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`) or "
+    "allocate less there",
+)
 
 
 def _any_of(*alternatives: str) -> re.Pattern[str]:
@@ -130,6 +138,7 @@ KNOWN_CAUSES: tuple[KnownCause, ...] = (
         _any_of(r"(?:ibv_reg_mr|fi_mr_reg)\w*[^\n]*cannot allocate memory", r"RLIMIT_MEMLOCK", r"\bmemlock\b"),
         LOCKED_MEMORY_TOO_LOW,
     ),
+    KnownCause(_any_of(r"cuda failure 2 'out of memory'"), GPU_OUT_OF_MEMORY),  # before the error it becomes
     KnownCause(
         _any_of(
             r"unhandled system error",
