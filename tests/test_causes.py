@@ -32,10 +32,14 @@ def test_out_of_memory_names_its_rank_its_victims_and_the_fix() -> None:
 
 def test_nccl_out_of_gpu_memory_is_out_of_memory_though_torch_says_unhandled_cuda_error() -> None:
     """The second real-GPU run: NCCL's WARN said 'Cuda failure 2 'out of memory'', torch only its error."""
-    message = "NCCL error in: NCCLUtils.cpp:93, unhandled cuda error; Last error: Failed to CUDA calloc async 608 bytes"
+    said = "NCCL error in: NCCLUtils.cpp:93, unhandled cuda error\nLast error:\nFailed to CUDA calloc async 608 bytes"
+    message = f"{said}: {GPU_OUT_OF_MEMORY.text}"  # the rank's message with its logged cause, as a record has it
     root = {"rank": 0, "kind": "DistBackendError", "message": message, "phase": "init", "step": "init_process_group"}
     record = failing(root_cause=root, ranks=[rank(0, cause=GPU_OUT_OF_MEMORY.text)])
-    assert cause_lines([record]) == [f"  {OOM}: rank 0 (gpu0) in init of all_reduce: {message} -> fix: {OOM_FIX}"]
+    assert cause_lines([record]) == [
+        f"  {OOM}: rank 0 (gpu0) in init of all_reduce: {' '.join(said.split())}: the GPU ran out of memory -> fix: "
+        f"{OOM_FIX}"
+    ]
 
 
 def test_a_first_barrier_on_another_ranks_gpu_names_the_ranks_and_the_code_change() -> None:

@@ -137,15 +137,19 @@ class RunContext:
         return self.results_path
 
     def _nccl_versions(self) -> NcclVersions:
-        """The NCCL the run tests: a simulated machine's own (its topology file's "nccl"), else what torch loads."""
-        if self.simulated:  # never this host's wheel: the machine's answer must not depend on where it is played
+        """The NCCL the run tests: a simulated machine's own (its topology file's "nccl"), else what torch loads.
+
+        Faults injected into this host's ranks (a scenario without a topology) leave the NCCL this host's:
+        the second real-GPU run had said "NCCL n/a" there (docs/gpu-runs/2026-11-28-h200).
+        """
+        if self.machine_played:  # never this host's wheel: the machine's answer must not depend on where it is played
             return NcclVersions(self.topology.nccl, None)
         # The library torch loads, asked only on NCCL runs (importing torch here costs a second or two).
         return NcclVersions(loaded_nccl_version() if self.backend == "nccl" else None, nccl_wheel_version())
 
     def _nccl_config(self) -> NcclConfig:
         """NCCL's configuration files: a simulated image's (its scenario's), else this host's on NCCL runs."""
-        if self.simulated:
+        if self.machine_played:
             return simulated_config(self.scenario.nccl_conf if self.scenario else None)
         return read_nccl_config(os.environ, release(self.nccl.used)) if self.backend == "nccl" else NcclConfig()
 
@@ -156,6 +160,13 @@ class RunContext:
         Read once: the run's own environment does not change while it runs (the planner asks thousands of times).
         """
         return self.nccl_config.environment(os.environ)
+
+    @property
+    def machine_played(self) -> bool:
+        """The machine is not this host: a topology file's, or a GPU machine played by gloo ranks on CPU."""
+        return self.topology.source not in ("nvml", "virtual") or (
+            self.topology.kind == "gpu" and self.backend == "gloo"
+        )
 
     @property
     def simulated(self) -> bool:

@@ -161,7 +161,7 @@ def _process_owner(pid: int) -> rules.ProcessOwner:
         process = psutil.Process(pid)
         with process.oneshot():
             ours = _run_root() in (pid, *(p.pid for p in process.parents()))
-            command = " ".join(process.cmdline())[:120] or process.name()
+            command = " ".join(" ".join(process.cmdline()).split())[:120] or process.name()  # one line
             return rules.ProcessOwner(str(process.username()), command, ours)
     except (psutil.Error, KeyError):  # gone, another container's, or a uid without a name
         return rules.ProcessOwner(None)

@@ -84,7 +84,8 @@ def _out_of_memory(record: CaseRecord) -> KnownCause | None:
     if not (logged or "OutOfMemoryError" in root.kind or "out of memory" in root.message.lower()):
         return None
     victims = ", ".join(str(v) for v in record.victims)
-    detail = root.message + (f"; rank {victims} only waited for it (victims)" if victims else "")
+    said = " ".join(root.message.replace(GPU_OUT_OF_MEMORY.text, GPU_OUT_OF_MEMORY.name).split())  # the fix: once
+    detail = said + (f"; rank {victims} only waited for it (victims)" if victims else "")
     return KnownCause(OOM, _who(record, root.rank), root.phase or "", detail, OOM_FIX)
 
 
