@@ -12,7 +12,7 @@
 # them apart, each node leases from its own folder): one run that passes, one where node 1's rank hangs
 # in the pair case; a leftover process of this user holding all but ~600 MiB of the GPU; the teardown
 # benchmark (tools/gpu_teardown.py). The smoke checks of the first light (tools/gpu_smoke.sh,
-# 280 s) run only with SMOKE=1.
+# 280 s) run only with SMOKE=1. STEPS="two-nodes-hang leftover" runs those steps alone (a rerun's).
 # After every step OUT/first-light.tar.gz is made anew, so a run cut short keeps what it did.
 # Wheels in .whl/ (setuptools new enough for pyproject's licence field, junitparser, zxcvbn) are
 # installed first to /tmp/site where the machine has none. Without a GPU it says so and exits 0.
@@ -28,9 +28,16 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 
 keep() { tar -C "$work" -czf "$out/first-light.tar.gz" . ; }
+want() {  # want NAME: true unless STEPS names the steps to run (a rerun's) and not this one
+    [ -z "${STEPS:-}" ] || [ "$1" = install ] || [[ " $STEPS " == *" $1 "* ]]
+}
 step() {  # step NAME SECONDS COMMAND...: run it, output to $work/NAME.log, a line in steps.txt
     local name=$1 limit=$2 began=$SECONDS rc
     shift 2
+    if ! want "$name"; then
+        echo "$name: not run (STEPS=$STEPS)" >>"$work/steps.txt"
+        return 0
+    fi
     echo "== $name (limit ${limit}s)"
     timeout -k 10 "$limit" "$@" >"$work/$name.log" 2>&1
     rc=$?
@@ -139,6 +146,7 @@ step two-nodes-hang 180 bash -c "two_nodes two-nodes-hang 29612 --scenario '$wor
     --step-timeout 12 --op-timeout 10 --init-timeout 10"
 
 # 4. a leftover process of this user (another session, as a job left behind) holding all but ~600 MiB
+if want leftover; then
 setsid "$py" -c '
 import sys, time, torch
 free, total = torch.cuda.mem_get_info()
@@ -151,6 +159,7 @@ for _ in $(seq 120); do [ -s "$work/held" ] && break; sleep 0.5; done
 echo "leftover pid $leftover holds $(cat "$work/held" 2>/dev/null || echo '?') MiB" | tee -a "$work/steps.txt"
 step leftover 150 "$py" -m pytest suites/ -p no:cacheprovider --matrix inherited --reports-dir="$work/reports-leftover"
 kill "$leftover" 2>/dev/null; wait "$leftover" 2>/dev/null
+fi
 
 # 5. the GPU case's fixed cost: where a rank's end goes
 TAIL=10 step teardown 150 "$py" tools/gpu_teardown.py 5 "$work/teardown.json"
