@@ -92,7 +92,7 @@ found = {
 }
 print(json.dumps(found, indent=2))
 EOF
-cp "$work/versions.log" "$work/versions.json"
+[ -f "$work/versions.log" ] && cp "$work/versions.log" "$work/versions.json"
 step nvidia-smi-q 60 nvidia-smi -q
 step topology 120 bash -c "$py -m conformance topology; echo; echo 'nvidia-smi topo -m:'; nvidia-smi topo -m"
 step nvml-raw 120 "$py" tools/gpu_nvml_raw.py "$work/nvml-raw.json"
