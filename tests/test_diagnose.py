@@ -142,6 +142,32 @@ def test_ranks_timed_out_on_different_collectives_took_another_code_path(
     assert answer["class"] == "desync" and answer["root_ranks"] == [2], answer
 
 
+def test_an_nccl_warning_behind_its_error_gets_the_fix_its_source_entry_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NCCL 2.28.9's own words (src/plugin/net.cc, as the second real-GPU run printed them): an action, cited.
+
+    Before the catalogue the fix read "NCCL's last error, behind its invalid usage", which names no action.
+    """
+    log = write(
+        tmp_path / "job.log",
+        "node1:2086:2086 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+        "node1:2086:2086 [0] plugin/net.cc:370 NCCL WARN Failed to initialize any NET plugin\n"
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+        "NCCLUtils.cpp:93, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\n"
+        "[rank0]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+        "[rank0]: Last error:\n[rank0]: Failed to initialize any NET plugin\n",
+    )
+    _, answer = diagnose(capsys, log)
+    assert (answer["class"], answer["title"], answer["root"]) == (
+        "nccl_error",
+        "Failed to initialize any NET plugin",
+        "rank 0",
+    )
+    assert str(answer["fix"]).startswith("check NCCL_NET and NCCL_NET_PLUGIN name a plugin installed on every node")
+    assert str(answer["fix_source"]).startswith("NCCL src/plugin/net.cc:")
+
+
 @pytest.mark.parametrize(
     ("lines", "expected"),
     [

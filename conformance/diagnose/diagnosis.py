@@ -77,6 +77,7 @@ class Diagnosis:
     failure: FailureClass | None = None
     title: str = ""
     fix: str = ""
+    source: str = ""  # where the fix's rule comes from, when a catalogue of NCCL's sources gave it
     root: str = ""  # "rank 3 (node gpu-7)", "" when no rank stands out
     root_ranks: list[int] = field(default_factory=list)
     victims: list[str] = field(default_factory=list)
@@ -144,6 +145,7 @@ class Diagnosis:
             "evidence": [_quoted(line) for line in self.evidence],
             "ended_normally": [{**_quoted(line), "what": what} for what, line in self.ended],
             "fix": self.fix,
+            "fix_source": self.source or None,
             "check": self.check,
             "notes": self.notes,
             "not_read": [{"path": s.path, "why": s.why} for s in self.skipped],
@@ -230,7 +232,7 @@ def _names_one_rank(found: Finding) -> bool:
 
 def _fill(answer: Diagnosis, found: Finding, victims: list[ProcessStory]) -> Diagnosis:
     answer.verdict = UNRECOGNISED if found.failure is job_causes.UNRECOGNISED else FAILURE
-    answer.failure, answer.title, answer.fix = found.failure, found.title, found.fix
+    answer.failure, answer.title, answer.fix, answer.source = found.failure, found.title, found.fix, found.source
     answer.evidence = [*found.lines[:EVIDENCE_LINES], *(line for s in victims for line in s.victim_lines[:1])]
     return answer
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from conformance.common.casefiles import RankStatus
+from conformance.diagnose import catalogue
 from conformance.diagnose.logs import LogLine
 from conformance.diagnose.stories import ProcessStory
 from conformance.verdict import cuda_errors, job_causes
@@ -54,6 +55,19 @@ class Finding:
     ranks: tuple[int | str, ...] = ()  # a job-wide finding's ranks at fault, where it names them
     specific: bool = True  # False: it names no cause of its own (an NCCL error without NCCL's warning)
     decisive: bool = False  # a job-wide finding that is the cause whatever the ranks said (versions, the launch)
+    source: str = ""  # where the fix's rule comes from, when a catalogue entry gave it (NCCL's file and releases)
+
+
+def _from_catalogue(text: str, lines: tuple[LogLine, ...], specific: bool) -> Finding | None:
+    """NCCL's warning as its sources class it (``catalogue.py``): the class, an action for a fix, the entry's source."""
+    entry = catalogue.nccl_warning(text)
+    if entry is None:
+        return None
+    failure = job_causes.BY_KEY.get(entry.failure_class, job_causes.NCCL_ERROR)
+    where = entry.provenance
+    source = f"NCCL {where.file}:{where.line} ({where.first_version} to {where.last_version}): {entry.format!r}"
+    title = " ".join(text.split())[:160]
+    return Finding(failure, title, entry.fix, lines, RankStatus.ERROR, specific=specific, source=source)
 
 
 def _said(story: ProcessStory) -> list[LogLine]:
@@ -127,6 +141,10 @@ def _named_cause(story: ProcessStory) -> Finding | None:
         if sign.root and sign.pattern.search(cause.name):
             return Finding(sign.failure, cause.name, sign.failure.fix, quoted, RankStatus.ERROR)
     failure = job_causes.NCCL_ERROR
+    if cause.fix.startswith("NCCL's "):  # named by NCCL's own warning (stderr_causes): what its sources say of it
+        catalogued = _from_catalogue(cause.name, quoted, specific=True)
+        if catalogued is not None:
+            return catalogued
     if cause is GENERIC_NCCL_ERROR:
         return Finding(failure, cause.name, cause.fix, quoted, RankStatus.ERROR, specific=False)
     if cause in job_causes.HOST_LIMIT_CAUSES:
@@ -142,6 +160,9 @@ def _failed_warning(story: ProcessStory) -> Finding | None:
     if not failed:
         return None
     text = warning_text(failed[0].text) or ""
+    catalogued = _from_catalogue(text, tuple(failed[:2]), specific=False)
+    if catalogued is not None:
+        return catalogued
     failure = job_causes.NCCL_ERROR
     return Finding(
         failure, f"NCCL warned: {text[:120]}", failure.fix, tuple(failed[:2]), RankStatus.ERROR, specific=False

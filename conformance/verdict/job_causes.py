@@ -188,6 +188,7 @@ CLASSES: tuple[FailureClass, ...] = (
     HANG,
     UNRECOGNISED,
 )
+BY_KEY = {failure.key: failure for failure in CLASSES}
 
 
 @dataclass(frozen=True)
