@@ -233,7 +233,8 @@ def _names_one_rank(found: Finding) -> bool:
 def _fill(answer: Diagnosis, found: Finding, victims: list[ProcessStory]) -> Diagnosis:
     answer.verdict = UNRECOGNISED if found.failure is job_causes.UNRECOGNISED else FAILURE
     answer.failure, answer.title, answer.fix, answer.source = found.failure, found.title, found.fix, found.source
-    answer.evidence = [*found.lines[:EVIDENCE_LINES], *(line for s in victims for line in s.victim_lines[:1])]
+    said = [*found.lines[:EVIDENCE_LINES], *(line for s in victims for line in s.victim_lines[:1])]
+    answer.evidence = list(dict.fromkeys(said))
     return answer
 
 
@@ -250,7 +251,8 @@ def _hosts_apart(findings: dict[int | str, Finding], stories: Stories) -> list[s
 def _named(answer: Diagnosis, evidence: JobEvidence, nccl: NcclLog, stories: Stories) -> None:
     """The class the ranks' findings and the job's lines name, if any (``answer.failure`` stays None if none)."""
     gpu = evidence.facts.gpu[1] if evidence.facts.gpu else None
-    findings = {key: found for key, story in stories.items() if (found := finding(story, gpu)) is not None}
+    facts = evidence.facts
+    findings = {key: found for key, story in stories.items() if (found := finding(story, gpu, facts)) is not None}
     numbers = {key: index for index, key in enumerate(stories)}
     apart = _hosts_apart(findings, stories)
     decision = decide([_report(numbers[key], stories[key], found, timed=not apart) for key, found in findings.items()])

@@ -17,9 +17,10 @@ What is kept, and its bounds, is :mod:`conformance.diagnose.stories`; the forms 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conformance.diagnose import job_lines
+from conformance.diagnose.death_lines import DeathLines
 from conformance.diagnose.inputs import LogFile, UnusableInput, open_regular
 from conformance.diagnose.line_forms import (
     ANCHORS,
@@ -41,7 +42,7 @@ from conformance.diagnose.line_forms import (
     WRITTEN_RANK,
     line_time,
 )
-from conformance.diagnose.logs import SNIFF_BYTES, LogLine, Who, is_text, scan, strip_prefixes, text_of, who_from_path
+from conformance.diagnose.logs import SNIFF_BYTES, LogLine, Who, is_text, parse_line, scan, text_of, who_from_path
 from conformance.diagnose.stories import (
     FACTS_KEPT,
     KEPT_PER_KIND,
@@ -62,6 +63,7 @@ from conformance.verdict.nccl_log import NcclLogBuilder, is_warning, process_of
 from conformance.verdict.stderr_causes import KNOWN_CAUSES
 
 TRACEBACK_LINES = 400  # a traceback longer than this is closed without its last line
+REPORTING_LEVELS = ("debug", "info", "warning")  # a logger's levels for lines that report, not fail
 
 
 def _keep(items: list[LogLine], line: LogLine) -> bool:
@@ -97,6 +99,7 @@ class JobEvidence:
         self._frame_indent: int | None = None  # the indentation of the last line if it was a ``File "..."`` frame
         self._after_last_error = False  # the last line was torch's "Last error:", NCCL's text follows
         self._rank_hosts: dict[int, str] = {}  # a rank's host, from NCCL's "host:pid:tid" prefix on its lines
+        self._deaths = DeathLines(self.facts, self._story)  # deaths, memory kills, stops, what crashes said
 
     # ---------------------------------------------------------------------------------------- reading
 
@@ -111,16 +114,22 @@ class JobEvidence:
             stream.seek(0)
 
             def read(number: int, raw: bytes) -> None:
-                if b"NCCL INFO" in raw and not self.waiting():
-                    if b" via " not in raw:  # a connection's transport: each block's are counted in _block
-                        self._nccl_info(LogLine(name, number, *strip_prefixes(text_of(raw), base)))
+                info = b"NCCL INFO" in raw and not self.waiting()
+                if info and b" via " in raw:  # a connection's transport: each block's are counted in _block
                     return
-                for segment in _segments(text_of(raw)):
-                    text, who = strip_prefixes(segment, base)
-                    self.add(LogLine(name, number, text, who), line_time(segment))  # before a timestamp is stripped
+                for parsed in parse_line(text_of(raw), base):  # each with its writer, time and level
+                    line = LogLine(name, number, parsed.text, parsed.who, parsed.level)
+                    if info:
+                        self._nccl_info(line)
+                    else:
+                        self.add(line, parsed.time)
 
             scanned = scan(stream, ANCHORS, read, self.waiting, self._block)
-        last = [LogLine(name, n, *strip_prefixes(text, base)) for n, text in scanned.last_lines()]
+        last = [
+            LogLine(name, n, parsed.text, parsed.who, parsed.level)
+            for n, text in scanned.last_lines()
+            for parsed in parse_line(text, base)[-1:]
+        ]
         self.end_file(name, scanned.lines, last)
 
     def waiting(self) -> bool:
@@ -148,7 +157,7 @@ class JobEvidence:
         if process is not None:
             if len(self.facts.hosts) < SET_LIMIT:
                 self.facts.hosts.add(process[0])
-            line = LogLine(line.path, line.number, text, line.who.merged(Who(host=process[0], pid=process[1])))
+            line = replace(line, who=line.who.merged(Who(host=process[0], pid=process[1])))
             if line.who.rank is not None and len(self._rank_hosts) < SET_LIMIT:
                 self._rank_hosts.setdefault(line.who.rank, process[0])
         self._started_by(line)
@@ -165,6 +174,7 @@ class JobEvidence:
         self._dumps.clear()
         self._frame_indent = None
         self._after_last_error = False
+        self._deaths.end_file()
 
     def add(self, line: LogLine, stamp: float | None = None) -> None:
         """One line of the current file (its writer's prefixes already taken off; ``stamp``: its time, if known)."""
@@ -183,7 +193,7 @@ class JobEvidence:
         stamp = (stamp if stamp is not None else line_time(text)) if self._summary is None else self._summary.time
         if stamp is not None:
             story.clock = stamp
-        line = LogLine(line.path, line.number, text, who)
+        line = replace(line, who=who)
         self._job_facts(line)
         self._read(story, line)
 
@@ -287,7 +297,11 @@ class JobEvidence:
         if source_line or self._in_traceback(story, line):  # a frame or its source line: code, not what happened
             return
         ended = self._traceback_end(story, line)
-        found = ended or self._exit(story, line) or self._sign(story, line) or self._exception(story, line)
+        if ended:  # the traceback's last line may be a launcher's report of a death (read there)
+            death = self._deaths.reported is line
+        else:
+            death = self._exit(story, line) or self._deaths.read(story, line)
+        found = ended or death or self._sign(story, line) or self._exception(story, line)
         if not found and _only_waited(text):
             found = _keep(story.victim_lines, line)
         last_error_text = self._after_last_error
@@ -297,7 +311,8 @@ class JobEvidence:
             story.warnings.append(line)
         self._collective(story, line)
         story.stopped = story.stopped or text.startswith(STOPPED_START)
-        failed = self._failure(story, line, hard=found and not is_warning(text))  # a WARN, however telling, is soft
+        hard = found and not is_warning(text)  # a WARN, however telling, is soft
+        failed = self._failure(story, line, hard=hard, own=not death)
         if (found or failed) and story.first_time is None:
             story.first_time = story.clock
 
@@ -335,6 +350,8 @@ class JobEvidence:
         m = TRACEBACK_END.match(text)
         if m is None or not (EXCEPTION_LINE.match(text) or m["message"] is not None or "." in m["type"]):
             return False  # not an exception line: read it as any other line
+        if self._deaths.read(story, line):  # a launcher's exception for a death ("died with <Signals.SIGKILL: 9>")
+            return True
         if not LAUNCHER_EXCEPTIONS.search(m["type"]):
             self._sign(story, line) or self._exception(story, line, any_name=True)
         return True
@@ -346,8 +363,12 @@ class JobEvidence:
             numel = int(groups["numel"]) if groups.get("numel") else None
             story.collective = Collective(int(groups["seq"]), groups.get("op") or "", numel, line)
 
-    def _failure(self, story: ProcessStory, line: LogLine, hard: bool) -> bool:
-        """Whether the line shows a failure (kept as the job's evidence that it failed)."""
+    def _failure(self, story: ProcessStory, line: LogLine, hard: bool, own: bool = True) -> bool:
+        """Whether the line shows a failure (kept as the job's evidence that it failed).
+
+        ``own``: the line is the process's own word, not a launcher's report of its death (srun's "Out Of Memory"
+        is no error of the launcher's own, nor a GPU's).
+        """
         text = line.text
         if not hard:
             hard = (
@@ -355,12 +376,12 @@ class JobEvidence:
                 or "Watchdog caught collective operation timeout" in text
                 or ANY_MACHINE_FAULT.search(text) is not None
             )
-        soft = hard or _says_failure(text)
+        soft = hard or _says_failure(text, line.level)
         if hard:
             self.facts.add_kept(self.facts.hard, line)
         if soft:
             self.facts.add_kept(self.facts.soft, line)
-            if not story.exceptions and line not in story.errors:
+            if own and not story.exceptions and line not in story.errors:
                 _keep(story.errors, line)
         return soft
 
@@ -369,8 +390,8 @@ class JobEvidence:
         if m is None:
             return False
         code = int(m["code"])
-        if code != 0 and len(story.exits) < KEPT_PER_KIND:
-            story.exits.append((code, line))
+        if code != 0:
+            self._deaths.exit_code(story, code, int(m["pid"]), line)
         return code != 0
 
     def _sign(self, story: ProcessStory, line: LogLine) -> bool:
@@ -404,7 +425,7 @@ class JobEvidence:
         self.lines += other.lines
         self.local_ranks |= other.local_ranks
         mine, theirs = self.facts, other.facts
-        for name in ("hard", "soft", "normal_ends"):
+        for name in ("hard", "soft", "normal_ends", "memory_kills", "crash_lines"):
             getattr(mine, name).extend(getattr(theirs, name)[: FACTS_KEPT - len(getattr(mine, name))])
         mine.started = mine.started or theirs.started
         for size, line in theirs.sizes.items():
@@ -415,7 +436,7 @@ class JobEvidence:
             mine.members[rank] = mine.members.get(rank, 0) + count
         for name in ("ranks_written", "hosts", "vias"):
             getattr(mine, name).update(list(getattr(theirs, name))[: SET_LIMIT - len(getattr(mine, name))])
-        for name in ("launched", "stuck_in", "no_destroy", "stopped_outside", "gpu"):
+        for name in ("launched", "stuck_in", "no_destroy", "stopped_outside", "gpu", "stop"):
             setattr(mine, name, getattr(mine, name) or getattr(theirs, name))
         for host, plugin in theirs.net_plugins.items():
             mine.net_plugins.setdefault(host, plugin)
@@ -426,19 +447,13 @@ def _only_waited(text: str) -> bool:
     return any(p.search(text) for p in (VICTIM_PATTERN, job_causes.PEER_GONE, job_causes.STOPPED_FROM_OUTSIDE))
 
 
-def _says_failure(text: str) -> bool:
-    """Whether a line (not INFO, not a warning) says something failed; a benign NCCL warning never does."""
+def _says_failure(text: str, level: str | None = None) -> bool:
+    """Whether a line (not INFO, not a warning) says something failed; a benign NCCL warning never does.
+
+    ``level``: the level its logger's prefix gave (writers.py): a line logged as debug, info or a warning reports.
+    """
     if is_warning(text):
         return job_lines.BENIGN_NCCL_WARNING.search(text) is None
+    if level in REPORTING_LEVELS:
+        return False
     return job_lines.FAILURE_WORDS.search(text) is not None and job_lines.NOT_A_FAILURE.search(text) is None
-
-
-def _segments(text: str) -> list[str]:
-    """A line's parts between carriage returns, each read as a line of its own (one number for them all).
-
-    A progress bar rewrites its line with ``\r`` and the next message may follow on the same line; a forged
-    "answer" may hide behind one.  Either way every part is read, none hides another.
-    """
-    if "\r" not in text:
-        return [text]
-    return [part for part in text.split("\r") if part.strip()] or [text.replace("\r", " ")]

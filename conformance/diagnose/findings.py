@@ -4,8 +4,7 @@ In the verdict stage's order: a machine fault, a CUDA error by its number, name 
 means for a distributed job: :mod:`conformance.verdict.cuda_errors`), software too old for the GPU,
 out of memory, a cause its NCCL warnings or errors name (``stderr_causes``), a line naming a failure
 class (``job_causes.LINE_SIGNS``), its own exception, an NCCL warning that something failed; or
-that it only waited (a victim), or died of a signal; or, last, a line that says it failed and names
-nothing known.
+that it only waited (a victim), or how it died (a signal, an exit status: ``death_reading``).
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from dataclasses import dataclass
 
 from conformance.common.casefiles import RankStatus
 from conformance.diagnose import catalogue
+from conformance.diagnose.death_reading import read_deaths
 from conformance.diagnose.logs import LogLine
-from conformance.diagnose.stories import ProcessStory
+from conformance.diagnose.stories import JobFacts, ProcessStory
 from conformance.verdict import cuda_errors, job_causes
 from conformance.verdict.job_causes import FailureClass
 from conformance.verdict.machine_faults import MACHINE_FAULTS
@@ -172,7 +172,7 @@ def _failed_warning(story: ProcessStory) -> Finding | None:
 def _sign(story: ProcessStory) -> Finding | None:
     for key, kept in story.signs.items():
         sign = job_causes.LINE_SIGNS[kept[0][0]]
-        if sign.root and sign.failure is not job_causes.KILLED:
+        if sign.root:
             failure = sign.failure
             return Finding(failure, failure.title, failure.fix, story.sign_lines(key), RankStatus.ERROR)
     return None
@@ -192,8 +192,22 @@ def _exception(story: ProcessStory) -> Finding | None:
     return Finding(failure, failure.title, failure.fix, tuple(story.exceptions), RankStatus.ERROR)
 
 
-def finding(story: ProcessStory, gpu: LogLine | None = None) -> Finding | None:
-    """The most telling thing one process said; None when it said nothing wrong (``gpu``: the job's GPU line)."""
+def _death(story: ProcessStory, facts: JobFacts) -> Finding | None:
+    """How it died (a signal, an exit status), reasoned (``death_reading``); stopped from outside: it only waited."""
+    reading = read_deaths(story, facts)
+    if reading is None:
+        return None
+    if reading.stopped:
+        return Finding(None, WAITED, "", reading.lines, RankStatus.ERROR)
+    status = RankStatus.CRASH if reading.failure is job_causes.KILLED else RankStatus.ERROR
+    return Finding(reading.failure, reading.title, reading.fix, reading.lines, status, specific=reading.specific)
+
+
+def finding(story: ProcessStory, gpu: LogLine | None = None, facts: JobFacts | None = None) -> Finding | None:
+    """The most telling thing one process said; None when it said nothing wrong.
+
+    ``gpu``: the job's line naming its GPU; ``facts``: what the job's lines say of deaths (memory kills, stops).
+    """
     said = _said(story)
     found = (
         too_old_for_gpu(said, gpu)  # before the machine faults, whose row for it cannot name the generation
@@ -209,12 +223,4 @@ def finding(story: ProcessStory, gpu: LogLine | None = None) -> Finding | None:
         return found
     if story.victim_lines:
         return Finding(None, WAITED, "", tuple(story.victim_lines), RankStatus.ERROR)
-    if job_causes.KILLED.key in story.signs or any(code < 0 for code, _ in story.exits):
-        killed = story.sign_lines(job_causes.KILLED.key) or tuple(line for _, line in story.exits)
-        failure = job_causes.KILLED
-        return Finding(failure, failure.title, failure.fix, killed, RankStatus.CRASH)
-    if story.exits:
-        failure = job_causes.UNRECOGNISED
-        lines = tuple(story.errors or (line for _, line in story.exits))
-        return Finding(failure, failure.title, failure.fix, lines, RankStatus.ERROR, specific=False)
-    return None
+    return _death(story, facts or JobFacts())

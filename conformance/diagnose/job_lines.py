@@ -80,14 +80,25 @@ class NormalEnd:
 
 
 NORMAL_ENDS: tuple[NormalEnd, ...] = (
-    # nccl-tests src/common.cu: PRINT("# Out of bounds values : %d %s\n", ...) then "# Avg bus bandwidth    : %g".
-    NormalEnd("nccl-tests finished", _any(r"^#\s*Avg bus bandwidth\s*:", flags=0)),
-    # torchrun's agent, torch/distributed/elastic/agent/server/api.py: "[%s] worker group successfully finished.
-    # Waiting %s seconds for other agents to finish." and "Local worker group finished (WorkerState.SUCCEEDED)".
+    # nccl-tests src/common.cu: PRINT("# Out of bounds values : %d %s\n", ...) then "# Avg bus bandwidth    : %g"
+    # (behind mpirun's "[1,0]<stdout>:" and the spaces a paste may add: the writer's prefixes are off already).
+    NormalEnd("nccl-tests finished", _any(r"^\s*#\s*Avg bus bandwidth\s*:", flags=0)),
+    # torchrun's agent, torch/distributed/elastic/agent/server/api.py _invoke_run, only when the group SUCCEEDED:
+    # "[%s] worker group successfully finished. Waiting %s seconds for other agents to finish." (torch 1.9 to 2.13),
+    # then _exit_barrier's "Local worker group finished (%s). Waiting %s seconds for other agents to finish" -- the
+    # state formatted "SUCCEEDED" before Python 3.11 (a str-mixin Enum's format), "WorkerState.SUCCEEDED" from 3.11 --
+    # and "Done waiting for other agents. Elapsed: %s seconds".
     NormalEnd(
         "torchrun's worker group finished",
-        _any(r"worker group successfully finished", r"worker group finished \(WorkerState\.SUCCEEDED\)", flags=0),
+        _any(
+            r"worker group successfully finished",
+            r"worker group finished \((?:WorkerState\.)?SUCCEEDED\)",
+            r"Done waiting for other agents\. Elapsed",
+            flags=0,
+        ),
     ),
+    # SLURM's srun -v (src/srun/launch.c _task_finish: verbose("%s: %s %s: Completed", hosts, task_str, tasks)).
+    NormalEnd("srun's tasks completed", _any(r"\S: tasks? [\d,-]{1,200}: Completed$", flags=0)),
     # transformers/trainer.py: "\n\nTraining completed. Do not forget to share your model on huggingface.co/models =)".
     NormalEnd("the Hugging Face Trainer finished", _any(r"Training completed\. Do not forget to share", flags=0)),
     # lightning/pytorch/loops/fit_loop.py: "`Trainer.fit` stopped: `max_epochs=N` reached." (and max_steps).

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from conformance.common.casefiles import RankStatus
 from conformance.common.versions import release
+from conformance.diagnose.death_reading import stopped
 from conformance.diagnose.evidence import JobEvidence
 from conformance.diagnose.findings import Finding
 from conformance.diagnose.logs import LogLine, Who
@@ -52,7 +53,10 @@ def ranks_text(keys: list[int | str]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _rank_of(story: ProcessStory, pid_ranks: dict[tuple[str, int], int], nproc: int, nodes: list[str]) -> int | None:
+def _rank_of(
+    story: ProcessStory, pid_ranks: dict[tuple[str, int], int], nproc: int, nodes: list[str], per_node: bool
+) -> int | None:
+    """A process's global rank; srun's task only where srun started the ranks (``per_node``: torchrun did, per node)."""
     who = story.who
     if who.rank is not None:
         return who.rank
@@ -61,7 +65,7 @@ def _rank_of(story: ProcessStory, pid_ranks: dict[tuple[str, int], int], nproc: 
     if who.local_rank is not None:
         node = node_of(who)
         return nodes.index(node) * nproc + who.local_rank if node in nodes else who.local_rank
-    return who.task
+    return None if per_node else who.task
 
 
 def _pid_ranks(nccl: NcclLog) -> dict[tuple[str, int], int]:
@@ -87,9 +91,10 @@ def ranked_stories(evidence: JobEvidence, nccl: NcclLog) -> Stories:
     nodes = sorted({node for node, _ in evidence.local_ranks}, key=_node_order)
     nodes = nodes if len(nodes) > 1 else []
     ranked: Stories = {}
+    per_node = bool(evidence.local_ranks)  # torchrun's local ranks seen: an srun task is a node's torchrun
     for story in evidence.stories.values():
-        rank = _rank_of(story, pid_ranks, nproc, nodes)
-        key: int | str = rank if rank is not None else story.key[1]
+        rank = _rank_of(story, pid_ranks, nproc, nodes, per_node)
+        key: int | str = rank if rank is not None else " ".join(story.key) if story.key[0] == "task" else story.key[1]
         if key in ranked:
             ranked[key].absorb(story)
         else:
@@ -101,6 +106,8 @@ def label(key: int | str, story: ProcessStory) -> str:
     host = f" (node {story.who.host})" if story.who.host and story.who.host not in str(key) else ""
     if isinstance(key, int):
         return f"rank {key}{host}"
+    if story.key[0] == "task":
+        return f"srun {key}{host}"
     return f"process {key}{host}" if story.key[0] == "pid" else f"the process writing {key}{host}"
 
 
@@ -290,7 +297,22 @@ def job_cause(evidence: JobEvidence, nccl: NcclLog, stories: Stories, victims: l
     )
     if found is not None or not victims:
         return found
-    return _hang(evidence, nccl)
+    return _stopped(evidence, stories, victims) or _hang(evidence, nccl)
+
+
+def _stopped(evidence: JobEvidence, stories: Stories, victims: list[int | str]) -> Finding | None:
+    """The job stopped from outside (a scheduler's time limit, preemption, a cancel, SIGTERM), no rank having waited.
+
+    A rank that timed out or lost its peer before is a hang's victim: the stop only ended it.  A Ctrl-C (SIGINT,
+    KeyboardInterrupt) is a user stopping what looked stuck: a hang's, too.
+    """
+    if any(not job_causes.STOPPED_FROM_OUTSIDE.search(line.text) for k in victims for line in stories[k].victim_lines):
+        return None
+    terms = [pair for key in victims for pair in stories[key].deaths if pair[0].signal in (15, 1)]
+    reading = stopped(evidence.facts.stop, terms)
+    if reading is None:
+        return None
+    return Finding(reading.failure, reading.title, reading.fix, reading.lines, RankStatus.ERROR)
 
 
 def _describe(collective: Collective) -> str:

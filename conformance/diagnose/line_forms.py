@@ -33,7 +33,11 @@ ANCHOR_WORDS = (
     "member", "nnodes", "min_nodes", "nproc", "workers_joined", "worker_count", "srun:",
     # normal ends (job_lines.NORMAL_ENDS)
     "avg bus bandwidth", "successfully", "succeeded", "training completed", "trainer.fit", "is a success",
-    "after training is done", "is ok (global rank",
+    "after training is done", "is ok (global rank", "done waiting for other agents", ": completed",
+    # deaths, memory kills and native crashes (deaths.py): strsignal's texts, a signal handler's "*** SIGSEGV", the
+    # second line of Open MPI's report, glibc's and libstdc++'s last words
+    "terminated", "illegal instruction", "*** sig", "sigterm", "process name:", "corrupt", "stack smashing",
+    "terminate called", "what():",
     # where the job was: launched, a stack dump, the exit, plugins, the GPU model, stopped from outside
     "omp_num_threads", "elastic_operator", "(active", "(idle", "most recent call first", "destroy_process_group",
     "plugin", "nvidia", "cancelled", "mem(gb)", "cudnn", "unable to find", "ancdata", "memlock", "nvrm",
@@ -81,10 +85,15 @@ STOPPED_LINE = "stopped by the suite's watchdog while waiting (no result): wait 
 STOPPED_START = STOPPED_LINE.split("{", 1)[0]
 
 
-def line_time(text: str) -> float | None:
+def clock_seconds(month: int, day: int, hour: int, minute: int, second: float) -> float:
     """Seconds since the start of the year (no year: glog prints none), for ordering lines of one job."""
+    days = (month - 1) * 31 + day
+    return ((days * 24 + hour) * 60 + minute) * 60 + second
+
+
+def line_time(text: str) -> float | None:
+    """The first timestamp in a text, as :func:`clock_seconds`."""
     m = GLOG_TIME.search(text) or ISO_TIME.search(text)
     if m is None:
         return None
-    days = (int(m["month"]) - 1) * 31 + int(m["day"])
-    return ((days * 24 + int(m["h"])) * 60 + int(m["m"])) * 60 + float(m["s"].replace(",", "."))
+    return clock_seconds(int(m["month"]), int(m["day"]), int(m["h"]), int(m["m"]), float(m["s"].replace(",", ".")))

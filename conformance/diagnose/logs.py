@@ -7,9 +7,9 @@ can use (training steps, NCCL's per-channel set-up): :func:`scan` hands on only 
 contain one of the reader's anchor words (one compiled search per line) or that the reader waits
 for (the lines after a traceback's start), counts the rest, and keeps the file's last lines.
 
-**Writers.**  Who wrote a line comes from its prefixes (:data:`WRITER_PREFIXES`, one table of the
-shapes launchers write, stacked in any order) and the file's path (:func:`who_from_path`); NCCL's
-``host:pid:tid [dev]`` prefix names a process whose rank its init line gives
+**Writers.**  Who wrote a line, when and at what level comes from its prefixes (:mod:`conformance.diagnose.writers`:
+one table of the shapes launchers and loggers write, stacked in any order, and JSON log records) and the file's
+path (:func:`who_from_path`); NCCL's ``host:pid:tid [dev]`` prefix names a process whose rank its init line gives
 (:mod:`conformance.diagnose.evidence`).
 """
 
@@ -18,10 +18,15 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from conformance.diagnose.writers import WRITER_PREFIXES as WRITER_PREFIXES  # the writers' parser, as before
+from conformance.diagnose.writers import ParsedLine as ParsedLine
+from conformance.diagnose.writers import Who as Who
+from conformance.diagnose.writers import parse_line as parse_line
+from conformance.diagnose.writers import strip_prefixes as strip_prefixes
 from conformance.verdict.nccl_log import MAX_LINE
 
 BLOCK_BYTES = 1 << 20
@@ -32,125 +37,16 @@ SNIFF_BYTES = 8192  # read to decide whether a file is text
 
 
 @dataclass(frozen=True)
-class Who:
-    """The process a line came from, as far as the logs say: any of these may be unknown."""
-
-    rank: int | None = None
-    local_rank: int | None = None
-    task: int | None = None  # srun's task id (a node's torchrun when one runs per node)
-    host: str | None = None
-    pid: int | None = None
-
-    def merged(self, other: Who) -> Who:
-        """Who this is, completed with what ``other`` knows and this one does not."""
-        return Who(
-            self.rank if self.rank is not None else other.rank,
-            self.local_rank if self.local_rank is not None else other.local_rank,
-            self.task if self.task is not None else other.task,
-            self.host if self.host is not None else other.host,
-            self.pid if self.pid is not None else other.pid,
-        )
-
-
-@dataclass(frozen=True)
 class LogLine:
     path: str
     number: int  # 1-based
     text: str  # without the prefixes that named its writer
     who: Who
+    level: str | None = None  # the level its logger's prefix gave (debug, info, warning, error, fatal), if any
 
     @property
     def where(self) -> str:
         return f"{self.path}:{self.number}"
-
-
-@dataclass(frozen=True)
-class WriterPrefix:
-    """One shape of line prefix a launcher writes, and what its groups say of the writer."""
-
-    launcher: str
-    pattern: re.Pattern[str]  # matched at the start of the line (after the prefixes already taken off)
-    fields: tuple[str, ...]  # Who's field for each group: rank, local_rank, task, host, pid
-
-
-# Every prefix shape, in one table.  Each is matched at the start of what is left of the line, so they stack
-# in any order (``0: [rank3]: ...``, ``(RayWorkerWrapper pid=7, ip=10.0.0.2) [rank1]: ...``).
-WRITER_PREFIXES: tuple[WriterPrefix, ...] = (
-    # torch's own distributed logging, torch >= 2.2: "[rank3]:" before every line a rank writes to stderr
-    # (torch/csrc/distributed/c10d/logging.h and torch/distributed/c10d_logger.py).
-    WriterPrefix("torch", re.compile(r"\[rank(\d{1,7})\]:\s?"), ("rank",)),
-    # torchrun --tee / --log-dir: "[default3]:" -- the role and the local rank
-    # (torch/distributed/elastic/multiprocessing/api.py, tail_logger's "[{role}{local_rank}]:").
-    WriterPrefix("torchrun", re.compile(r"\[[A-Za-z_]{1,40}?(\d{1,5})\]:\s?"), ("local_rank",)),
-    # Open MPI's mpirun --tag-output: "[1,3]<stderr>:" -- the job and the rank (orte/mca/iof/base).
-    WriterPrefix("mpirun", re.compile(r"\[\d{1,7},(\d{1,7})\]<std(?:out|err)>:\s?"), ("rank",)),
-    # SLURM's srun --label: "3: " -- the task id, right-aligned (src/srun/libsrun/... "%*d: ").
-    WriterPrefix("srun", re.compile(r"\s{0,4}(\d{1,5}): "), ("task",)),
-    # Ray's log monitor before every line of a worker: "(RayWorkerWrapper pid=2789, ip=10.0.0.2) ", "(pid=2789) "
-    # (ray/_private/worker.py print_worker_logs); vLLM's own workers: "(VllmWorkerProcess pid=8732) ",
-    # "(EngineCore_DP0 pid=511) " (vllm/executor/multiproc_worker_utils.py, v1/engine/core.py).
-    WriterPrefix(
-        "ray",
-        re.compile(r"\((?:[A-Za-z_][\w.:-]{0,80} )?pid=(\d{1,10})(?:, ip=([0-9A-Fa-f.:]{2,45}))?\)\s?"),
-        ("pid", "host"),
-    ),
-    # Lightning's rank_prefixed_message: "[rank: 1] " (lightning/fabric/utilities/rank_zero.py).
-    WriterPrefix("lightning", re.compile(r"\[rank: (\d{1,7})\]\s?"), ("rank",)),
-    # DeepSpeed's log_dist: "[Rank 0] " (deepspeed/utils/logging.py).
-    WriterPrefix("deepspeed", re.compile(r"\[Rank (\d{1,7})\]\s?"), ("rank",)),
-    # vLLM's log format before each line it logs, a traceback's lines included:
-    # "ERROR 08-27 05:12:18 worker_base.py:382] " (vllm/logger.py:
-    # "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S").
-    WriterPrefix(
-        "vllm",
-        re.compile(
-            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? [\w.-]{1,80}:\d{1,6}\] "
-        ),
-        (),
-    ),
-    # A logging library's timestamp before the line ("2024-04-29 06:01:12.977 ", "[2024-04-29 06:01:12,977] ",
-    # "2024-04-29T06:01:12.977Z "): formatting, like a workflow tool's "[177/train/578 (pid 28936)] " (Metaflow's
-    # "[<task> (pid <pid>)]") and a run's UUID ("[09c561ee-a44c-4795-967c-7183a83b3160] ").
-    WriterPrefix(
-        "timestamp",
-        re.compile(r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?\]? "),
-        (),
-    ),
-    WriterPrefix("task", re.compile(r"\[[\w/.-]{1,80} \(pid (\d{1,10})\)\] "), ("pid",)),
-    WriterPrefix("uuid", re.compile(r"\[[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\] "), ()),
-    # pdsh, DeepSpeed's multi-node runner, prefixes every line with the host: "worker-1: " (pdsh's "%s: ").  Only a
-    # lower-case name with a digit in it is taken for a host, so "RuntimeError: " or "INFO: " never is.
-    WriterPrefix("pdsh", re.compile(r"([a-z][a-z0-9_.-]{0,62}[0-9][a-z0-9_.-]{0,62}): (?=\S)"), ("host",)),
-)
-
-
-# Terminal colours a launcher puts around its prefixes (Ray: "\x1b[36m(RayWorkerWrapper pid=7)\x1b[0m"), with their
-# ESC or without it (lost when a log is pasted into an issue): formatting, not text.
-_COLOURS = re.compile(r"\x1b?\[[0-9;]{1,12}m")
-# Ray's de-duplication suffix (ray/_private/ray_logging.py): " [repeated 6x across cluster]".
-_REPEATED = re.compile(r" \[repeated \d+x across cluster\]$")
-
-
-def strip_prefixes(line: str, who: Who) -> tuple[str, Who]:
-    """The line without its leading writer prefixes (nor colours, nor Ray's repeat count), and ``who`` with them."""
-    if "m" in line and "[" in line:
-        line = _COLOURS.sub("", line)
-    if line.endswith("cluster]"):
-        line = _REPEATED.sub("", line)
-    found: dict[str, int | str] = {}
-    progress = True
-    while progress:
-        progress = False
-        for prefix in WRITER_PREFIXES:
-            m = prefix.pattern.match(line)
-            if m is None or any(name in found for name in prefix.fields):
-                continue
-            for name, value in zip(prefix.fields, m.groups(), strict=True):
-                if value is not None:
-                    found[name] = value if name == "host" else int(value)
-            line = line[m.end() :]
-            progress = True
-    return line, replace(who, **found) if found else who  # type: ignore[arg-type]
 
 
 _PATH_RANK = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,7})(?:$|[^0-9])", re.IGNORECASE)

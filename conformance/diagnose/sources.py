@@ -6,9 +6,11 @@ the shares' evidence merged in file order.  Two JSON files are read as what they
 torchelastic's error file (``TORCHELASTIC_ERROR_FILE``, written by ``@record``: ``{"message":
 {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...}}}``,
 torch/distributed/elastic/multiprocessing/errors/error_handler.py) and this suite's ``result.json``
-of a rank; other JSON files (the flight recorder's dumps, ``case.json``) are skipped.  A rank folder of
-the suite's own cases (``rank<k>/`` with ``phase.jsonl``) that holds no ``result.json`` is a rank
-the suite stopped: its last phase says where; its phase facts say where its first barrier ran.
+of a rank; a ``.json`` file of JSON log records, one a line (Docker's json-file driver, fluent-bit, Ray's
+JSON logs), is read as the log it is; other JSON files (the flight recorder's dumps, ``case.json``) are
+skipped.  A rank folder of the suite's own cases (``rank<k>/`` with ``phase.jsonl``) that holds no
+``result.json`` is a rank the suite stopped: its last phase says where; its phase facts say where its first
+barrier ran.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from conformance.diagnose.evidence import JobEvidence
 from conformance.diagnose.inputs import LogFile, Skipped, UnusableInput, log_files, open_regular
 from conformance.diagnose.line_forms import STOPPED_LINE
 from conformance.diagnose.logs import LogLine, who_from_path
+from conformance.diagnose.writers import json_record
 
 JSON_LIMIT = 16 * 1024 * 1024  # a JSON file larger than this is no error file: skipped
 BARRIER_LINE = "first barrier ran on GPU {barrier_device}, not the rank's own GPU {rank_device} ({chosen_by})"
@@ -92,9 +95,17 @@ def _phase_lines(log: LogFile) -> list[str]:
     return said
 
 
+def _is_log_records(log: LogFile) -> bool:
+    """Whether a ``.json`` file holds JSON log records, one a line (its first line is one), not one JSON value."""
+    with open_regular(log) as stream:
+        head = stream.read(64 * 1024)
+    first = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    return b"\n" in head.strip() and json_record(first) is not None
+
+
 def _read_one(evidence: JobEvidence, log: LogFile) -> None:
     path = log.path
-    if path.suffix == ".json":
+    if path.suffix == ".json" and not _is_log_records(log):
         texts = _json_lines(log)
     elif path.name == casefiles.PHASES:
         texts = _phase_lines(log)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from conformance.diagnose.deaths import Death, MemoryKill, Stop
 from conformance.diagnose.logs import LogLine, Who
 from conformance.verdict import cuda_errors
 
@@ -62,7 +63,8 @@ class ProcessStory:
     signs: dict[str, list[tuple[int, LogLine]]] = field(default_factory=dict)  # index into LINE_SIGNS
     exceptions: list[LogLine] = field(default_factory=list)
     victim_lines: list[LogLine] = field(default_factory=list)
-    exits: list[tuple[int, LogLine]] = field(default_factory=list)  # (exit code, the line saying so)
+    deaths: list[tuple[Death, LogLine]] = field(default_factory=list)  # its death (a signal or exit status), reported
+    crash_lines: list[LogLine] = field(default_factory=list)  # what it said as it crashed (glibc, assert, terminate)
     errors: list[LogLine] = field(default_factory=list)  # lines that show a failure and name nothing known
     warnings: deque[LogLine] = field(default_factory=lambda: deque(maxlen=WARNINGS_KEPT))
     collective: Collective | None = None  # the watchdog's last timed-out collective
@@ -80,7 +82,8 @@ class ProcessStory:
             self.signs.setdefault(key, []).extend(kept)
         self.exceptions.extend(other.exceptions)
         self.victim_lines.extend(other.victim_lines)
-        self.exits.extend(other.exits)
+        self.deaths.extend(other.deaths)
+        self.crash_lines.extend(other.crash_lines)
         self.errors.extend(other.errors)
         self.warnings.extend(other.warnings)
         self.collective = self.collective or other.collective
@@ -120,6 +123,9 @@ class JobFacts:
     stopped_outside: LogLine | None = None  # Ctrl-C, SIGTERM to the launcher, SLURM cancelling the job
     net_plugins: dict[str, tuple[str, LogLine]] = field(default_factory=dict)  # host -> NCCL net plugin
     gpu: tuple[cuda_errors.GpuGeneration, LogLine] | None = None  # the GPU generation the logs name
+    memory_kills: list[tuple[MemoryKill, LogLine]] = field(default_factory=list)  # who killed what for memory
+    stop: tuple[Stop, LogLine] | None = None  # a scheduler's word that it stopped the job, and why
+    crash_lines: list[LogLine] = field(default_factory=list)  # what native crashes said (any process's)
 
     def add_kept(self, items: list[LogLine], line: LogLine) -> None:
         if len(items) < FACTS_KEPT:

@@ -205,24 +205,8 @@ def _any(*alternatives: str) -> re.Pattern[str]:
 
 
 LINE_SIGNS: tuple[LineSign, ...] = (
-    # The host ran out of memory and something killed a rank for it (first: Ray calls its kill an OutOfMemoryError):
-    # Ray's memory monitor ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory",
-    # "2 worker(s) were killed due to the node running low on memory", "... which exceeds the memory usage threshold",
-    # then "Top 10 memory users:" and its table "PID MEM(GB) COMMAND"; docs.ray.io, Out-Of-Memory Prevention),
-    # Kubernetes ("OOMKilled"), the kernel ("Out of memory: Killed process 1234", mm/oom_kill.c), SLURM's slurmstepd
-    # ("Detected 1 oom_kill event in StepId=...").
-    LineSign(
-        KILLED,
-        _any(
-            r"ray\.exceptions\.OutOfMemoryError",
-            r"running low on memory",
-            r"exceeds the memory usage threshold",
-            r"^PID\s+MEM\(GB\)\s+COMMAND",
-            r"\bOOMKilled\b",
-            r"Out of memory: Killed process",
-            r"Detected \d+ oom[_-]kill events?",
-        ),
-    ),
+    # (A rank killed for memory, or by any signal, is no line sign: conformance/diagnose/deaths.py reads each
+    # launcher's report of a death into one event, and death_reading.py reasons from its signal.)
     # c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate ..." raised as
     # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError before 2.1); CUDA's own cudaErrorMemoryAllocation
     # string is "out of memory" ("CUDA error: out of memory").
@@ -324,29 +308,6 @@ LINE_SIGNS: tuple[LineSign, ...] = (
     # nccl-tests' own check of every element (src/common.cu: PRINT("# Out of bounds values : %d %s\n", errors,
     # errors ? "FAILED" : "OK")).
     LineSign(WRONG_DATA, _any(r"^wrong data received: ", r"Out of bounds values : [1-9]\d* FAILED")),
-    # A launcher's word that a rank died of a signal: torch/distributed/elastic/multiprocessing/errors/__init__.py
-    # ("Signal 9 (SIGKILL) received by PID 123"); SLURM's srun ("srun: error: node3: task 5: Killed") and
-    # slurmstepd ("Detected 1 oom_kill event in StepId=..."); the C library's "Segmentation fault (core dumped)";
-    # CPython's faulthandler ("Fatal Python error: Segmentation fault").
-    LineSign(
-        KILLED,
-        _any(
-            r"Signal \d+ \(SIG\w+\) received by PID",
-            r"srun: error: \S+: tasks? [\d,-]+: (?:Killed|Segmentation fault|Aborted|Bus error|Floating point)",
-            # A fatal signal as a shell ("Segmentation fault (core dumped)", "Floating point exception (core
-            # dumped)", bash's "line 1: 1234 Killed"), CPython's faulthandler ("Fatal Python error: Segmentation
-            # fault", "... Floating point exception", "... Illegal instruction") or Open MPI ("exited on signal 11")
-            # reports it: every fatal signal, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGKILL (signal(7)).
-            r"^(?:Segmentation fault|Bus error|Floating point exception|Illegal instruction|Aborted)\b",
-            r"\b(?:Segmentation fault|Bus error|Floating point exception|Illegal instruction|Aborted) \(core dumped\)",
-            r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instr)",
-            r"^(?:bash|sh|/bin/\w+): line \d+: +\d+ (?:Killed|Segmentation fault|Bus error|Aborted)",
-            r"exited on signal (?:4|6|7|8|9|11)\b",
-            # CPython's subprocess.CalledProcessError.__str__ (accelerate's and DeepSpeed's launchers raise it):
-            # "Command '[...]' died with <Signals.SIGKILL: 9>."
-            r"died with <Signals\.SIG\w+",
-        ),
-    ),
     # torch/distributed/distributed_c10d.py barrier(): "Rank {rank} using GPU {gpu} to perform barrier as devices
     # used by this process are currently unknown. This can potentially cause a hang ..." (torch 1.8 .. 2.3);
     # "barrier(): using the device under current context. You can specify `device_id` in `init_process_group`"
@@ -388,8 +349,12 @@ UNREACHABLE_INTERFACES = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|c
 
 # The job stopped from outside, not by a fault of its own: a user's Ctrl-C (Python's KeyboardInterrupt), torchrun's
 # agent receiving SIGTERM/SIGINT (torch/distributed/elastic/multiprocessing/api.py SignalException: "Process %d got
-# signal: %d"), SLURM cancelling the job ("slurmstepd: error: *** JOB 42 ON node1 CANCELLED AT ... DUE TO TIME LIMIT
-# ***", src/slurmd/slurmstepd/req.c).  Often after a hang: what the job was doing before it is the story.
+# signal: %d", "Signals.SIGTERM" before Python 3.11; agent/server/api.py "Received %s death signal"), SLURM cancelling
+# the job ("slurmstepd: error: *** JOB 42 ON node1 CANCELLED AT ... DUE TO TIME LIMIT ***", src/slurmd/slurmstepd/
+# req.c), Lightning's SIGTERM handler ("Received SIGTERM: 15").  Often after a hang: what the job was doing before it
+# is the story.
 STOPPED_FROM_OUTSIDE = re.compile(
-    r"\bKeyboardInterrupt\b|SignalException|got signal: (?:2|15)\b|\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT"
+    r"\bKeyboardInterrupt\b|SignalException|got signal: (?:2|15|Signals\.SIG(?:INT|TERM))\b"
+    r"|Received (?:Signals\.)?(?:2|15|SIGINT|SIGTERM) death signal|Received SIGTERM: 15\b"
+    r"|\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT"
 )
