@@ -419,6 +419,7 @@ def resolve(config: pytest.Config, environ: Mapping[str, str] | None = None) -> 
     settings = with_token_from_file(Settings(**values, sources=sources))
     check_deadline_layers(settings)
     check_reports_dir(settings.reports_dir, settings.source("reports_dir"))
+    check_lease_dir(settings.lease_dir, settings.source("lease_dir"))
     if settings.metrics_file is not None:
         check_metrics_file(settings.metrics_file, settings.source("metrics_file"))
         if prometheus_client_missing():  # refused now, not after the whole run
@@ -515,6 +516,14 @@ def check_reports_dir(path: Path, where: str) -> None:
         raise SettingError(
             f"{where}: reports dir {str(path)!r} has {free >> 10} KiB free; a run needs at least "
             f"{REPORTS_MIN_FREE >> 20} MiB for its records and its ranks' logs"
+        )
+
+
+def check_lease_dir(path: Path, where: str) -> None:
+    """The lease folder is a folder where it exists (``launch/leases.py`` makes it, shared, where it does not)."""
+    if path.exists() and not path.is_dir():
+        raise SettingError(
+            f"{where}: lease folder {str(path)!r} is not a folder (a file, a named pipe?); name a folder"
         )
 
 

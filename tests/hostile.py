@@ -53,7 +53,7 @@ EVIL_RUNG = "evil"  # the rung that fixes the single GPU; its values are hostile
 SETTABLE = "NCCL_ALGO"  # set to IN_ENVIRONMENT by the evil rung: a shell reads back exactly that
 UNSETTABLE_VALUE = "NCCL_PROTO"  # set to HOSTILE (a NUL): no shell variable can hold it
 UNSETTABLE_NAME = "NCCL_" + carried(HOSTILE, NUL + "=")  # no shell variable name
-CONFIG_NAME = "NCCL_SOCKET_IFNAME"  # set by NCCL's configuration file (to HOSTILE): the file empties it
+CONFIG_NAME = "NCCL_SOCKET_IFNAME"  # set by NCCL's configuration file (to HOSTILE): a clean rung removes it
 
 
 def _record(nodeid: str, rung: str, verdict: str, **fields: Any) -> dict[str, Any]:

@@ -485,7 +485,8 @@ def test_hang_ignores_sigterm(pytester: pytest.Pytester, run_suite: RunSuite, re
     result.stdout.fnmatch_lines(
         [
             "HANG  suites/test_collectives.py::test_all_reduce[[]all4-inherited[]]: "
-            "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled)",
+            "rank 1 (cpu1) in probe (all_reduce 4B): made no progress and was stopped (stalled); it issued 0 "
+            "operation(s) where rank 0,2,3 issued 1: they wait in one it never joined (flight recorder)",
             "deadlines paid: 1 (step deadline 3s)",
         ]
     )

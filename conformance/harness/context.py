@@ -149,7 +149,7 @@ class RunContext:
 
     def _nccl_config(self) -> NcclConfig:
         """NCCL's configuration files: a simulated image's (its scenario's), else this host's on NCCL runs."""
-        if self.machine_played:
+        if self.machine_played or (self.scenario is not None and self.scenario.nccl_conf):
             return simulated_config(self.scenario.nccl_conf if self.scenario else None)
         return read_nccl_config(os.environ, release(self.nccl.used)) if self.backend == "nccl" else NcclConfig()
 
