@@ -68,7 +68,7 @@ def clean_env() -> dict[str, str]:
 def test_the_wheel_holds_the_suites_the_scenarios_the_plugin_and_the_command(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "conformance/suites/test_pairs.py" in names and "conformance/suites/__init__.py" in names
-    catalogues = (REPO / "conformance" / "diagnose" / "catalogues").glob("*.json")  # the NCCL catalogues
+    catalogues = (REPO / "conformance").glob("*/catalogues/*.json")  # the NCCL and CUDA catalogues
     for shipped in [*(REPO / "conformance" / "scenarios").rglob("*"), *catalogues]:  # every scenario, topology, run
         if shipped.is_file() and "__pycache__" not in shipped.parts:
             assert shipped.relative_to(REPO).as_posix() in names, shipped

@@ -29,7 +29,6 @@ from typing import Any
 from conformance.common.bounded_parse import json_value
 from conformance.common.inputs import read_bounded
 from conformance.verdict import cuda_errors
-from conformance.verdict.job_causes import OOM
 
 CATALOGUES = Path(__file__).resolve().parent / "catalogues"
 WARNINGS_FILE = CATALOGUES / "nccl_warnings.json"
@@ -149,18 +148,14 @@ def _best(text: str, matcher: _Matcher) -> CatalogueEntry | None:
     return best
 
 
-# What a CUDA error means for a job, by its kind (conformance.verdict.cuda_errors), as an action.
-_CUDA_KINDS = {
-    cuda_errors.OOM: ("oom", OOM.fix),
-    cuda_errors.MACHINE: ("machine_fault", "check the GPU and its driver: `nvidia-smi`, `dmesg | grep -i xid`; "
-                          "no NCCL variable changes it"),
-    cuda_errors.VERSION: ("version_mismatch", "upgrade the driver, or use a torch and NCCL built for this GPU and "
-                          "driver (`nvidia-smi`; `python -c 'import torch; print(torch.version.cuda)'`)"),
-    cuda_errors.TRANSPORT: ("transport", "test every GPU pair (`pytest suites/ -k pair_exchange`); "
-                            "NCCL_P2P_DISABLE=1 runs without peer-to-peer"),
-    cuda_errors.RANK: ("rank_error", "rerun with CUDA_LAUNCH_BLOCKING=1 to name the kernel that faulted, and check "
-                       "`dmesg | grep -i xid` for a GPU fault"),
-}  # fmt: skip
+# What a CUDA error means for a job, by its kind (conformance.verdict.cuda_errors): its class here.
+_CUDA_KIND_CLASS = {
+    cuda_errors.OOM: "oom",
+    cuda_errors.MACHINE: "machine_fault",
+    cuda_errors.VERSION: "version_mismatch",
+    cuda_errors.TRANSPORT: "transport",
+    cuda_errors.RANK: "rank_error",
+}
 
 
 def _refined(entry: CatalogueEntry, text: str) -> CatalogueEntry:
@@ -168,8 +163,8 @@ def _refined(entry: CatalogueEntry, text: str) -> CatalogueEntry:
     error = cuda_errors.cuda_error_in(text) if entry.failure_class == "cuda_error" else None
     if error is None:
         return entry
-    cls, action = _CUDA_KINDS[error.kind]
-    fix = f"{error.meaning} (CUDA error {error.code}, {error.name}): {action}"
+    cls = _CUDA_KIND_CLASS[error.kind]
+    fix = f"{error.fix} ({error.meaning}: CUDA error {error.code}, {error.name})"
     return dataclasses.replace(entry, failure_class=cls, title=class_titles().get(cls, cls), fix=fix)
 
 

@@ -115,14 +115,15 @@ def too_old_for_gpu(lines: list[LogLine], gpu: LogLine | None = None) -> Finding
 
 
 def _cuda_error(story: ProcessStory) -> Finding | None:
-    """A CUDA error a process's lines name by number, name or text, as what it means for the job."""
+    """A CUDA error a process's lines name by number, name or text: what it means for the job, and its fix."""
     for line in _said(story):
         error = cuda_errors.cuda_error_in(line.text)
         if error is None:
             continue
         failure = _CUDA_KIND_CLASS[error.kind]
         title = f"CUDA ERROR {error.code} ({error.name}: {error.text})"
-        return Finding(failure, title, f"{error.meaning}; {failure.fix}", (line,), RankStatus.ERROR)
+        source = f"CUDA {error.api} {error.name} = {error.code}, {error.source}"
+        return Finding(failure, title, f"{error.meaning}; {error.fix}", (line,), RankStatus.ERROR, source=source)
     return None
 
 

@@ -1,164 +1,163 @@
 """CUDA's errors by number, name and text, and which GPUs each NCCL release first supports.
 
-The numbers and names are the CUDA runtime's ``enum cudaError`` (``driver_types.h``; CUDA Runtime
-API, "Data types: cudaError", https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html);
-the texts are ``cudaGetErrorString``'s, as torch prints them (``CUDA error: <text>``,
-c10/cuda/CUDAException.h), as NCCL prints them (``Cuda failure <n> '<text>'``, or ``Cuda failure
-'<text>'`` before 2.19, src/include/checks.h), and as nccl-tests prints them (``Test CUDA failure
-common.cu:<line> '<text>'``, nccl-tests src/common.h ``CUDACHECK``).  A log may show any one of
-number, name or text, so a row is found by each (:func:`cuda_error_in`).
+The errors are a catalogue generated from NVIDIA's own sources (``catalogues/cuda_errors.json``, written by
+``tools/cuda_catalogue_extract.py`` and ``tools/cuda_catalogue_build.py``): every ``cudaError_t`` of the runtime
+(``enum cudaError``, ``driver_types.h``) and every ``CUresult`` of the driver (``enum cudaError_enum``, ``cuda.h``)
+of CUDA 11.8 to 13.5, each with the first sentence of its header's doc comment and, for the runtime's, the text
+``cudaGetErrorString`` of that release's ``libcudart.so`` returns.  That text is what torch prints (``CUDA error:
+<text>``, c10/cuda/CUDAException.h), what NCCL prints (``Cuda failure <n> '<text>'``, or ``Cuda failure '<text>'``
+before 2.19, src/include/checks.h) and what nccl-tests prints (``Test CUDA failure common.cu:<line> '<text>'``,
+nccl-tests src/common.h ``CUDACHECK``).  A log may show any one of number, name or text, so an entry is found by
+each (:func:`cuda_error_in`).
 
-What each error means for a distributed job, and so its class, is the row's ``kind``: one that only
-a machine fix cures (``machine``), one that says the software is too old for the GPU or the driver
-(``version``), a GPU out of memory (``oom``), a transport NCCL cannot use (``transport``) or a fault
-in the rank's own kernels (``rank``).
+What each error means for a distributed job, and so its class, is the entry's ``kind``, given by the build's one
+table of rules: one that only a machine fix cures (``machine``), one that says the software is too old for the GPU
+or the driver (``version``), a GPU out of memory (``oom``), a transport NCCL cannot use (``transport``) or a fault
+in the rank's own kernels or calls (``rank``); with its ``fix``, an action.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
 
+from conformance.common.bounded_parse import json_value
+from conformance.common.inputs import read_bounded
 from conformance.common.versions import release
 
 MACHINE, VERSION, OOM, TRANSPORT, RANK = "machine", "version", "oom", "transport", "rank"
+RUNTIME, DRIVER = "runtime", "driver"
+CATALOGUE = Path(__file__).resolve().parent / "catalogues" / "cuda_errors.json"
+MAX_CATALOGUE = 2 << 20  # bytes: the shipped file is well under it
 
 
 @dataclass(frozen=True)
 class CudaError:
+    """One code of the runtime's ``cudaError_t`` or the driver's ``CUresult``, and what it means for a job."""
+
     code: int
-    name: str  # cudaErrorSystemNotReady
-    text: str  # cudaGetErrorString's
+    name: str  # cudaErrorSystemNotReady, CUDA_ERROR_SYSTEM_NOT_READY
+    text: str  # cudaGetErrorString's (runtime); the header's first sentence for a driver code
     kind: str
-    meaning: str  # for a distributed job, in words, with the fix
+    meaning: str  # for a distributed job, in words
+    fix: str = ""  # an action: what to run, set or check
+    api: str = RUNTIME
+    description: str = ""  # the header doc comment's first sentence
+    source: str = ""  # the header, line and CUDA releases it is in
+    texts: tuple[tuple[str, bool], ...] = ()  # every text it printed, and whether found anywhere in a line
 
 
-CUDA_ERRORS: tuple[CudaError, ...] = (
-    CudaError(2, "cudaErrorMemoryAllocation", "out of memory", OOM, "the GPU ran out of memory"),
-    CudaError(
-        3,
-        "cudaErrorInitializationError",
-        "initialization error",
-        MACHINE,
-        "CUDA could not be initialised: a driver that does not match its kernel module (`nvidia-smi` fails too), "
-        "or CUDA used in a process forked after CUDA started",
-    ),
-    CudaError(
-        35,
-        "cudaErrorInsufficientDriver",
-        "CUDA driver version is insufficient for CUDA runtime version",
-        VERSION,
-        "the driver is older than the CUDA torch was built for: upgrade the driver, or use a torch built for the "
-        "CUDA this driver supports",
-    ),
-    CudaError(
-        46,
-        "cudaErrorDevicesUnavailable",
-        "CUDA-capable device(s) is/are busy or unavailable",
-        MACHINE,
-        "the GPU is in an exclusive or prohibited compute mode, or another process holds it",
-    ),
-    CudaError(
-        98,
-        "cudaErrorInvalidDeviceFunction",
-        "invalid device function",
-        VERSION,
-        "the library has no kernel for this GPU's architecture (built for older GPUs): upgrade NCCL/torch",
-    ),
-    CudaError(100, "cudaErrorNoDevice", "no CUDA-capable device is detected", MACHINE, "the process sees no GPU"),
-    CudaError(101, "cudaErrorInvalidDevice", "invalid device ordinal", MACHINE, "a GPU index past those visible"),
-    CudaError(
-        209,
-        "cudaErrorNoKernelImageForDevice",
-        "no kernel image is available for execution on the device",
-        VERSION,
-        "the library was built without this GPU's architecture: upgrade NCCL/torch to a build that has it",
-    ),
-    CudaError(214, "cudaErrorECCUncorrectable", "uncorrectable ECC error encountered", MACHINE, "GPU memory fault"),
-    CudaError(
-        217,
-        "cudaErrorPeerAccessUnsupported",
-        "peer access is not supported between these two devices",
-        TRANSPORT,
-        "GPU peer-to-peer access is not possible between these GPUs (PCIe topology, IOMMU, virtualisation)",
-    ),
-    CudaError(220, "cudaErrorNvlinkUncorrectable", "uncorrectable NVLink error detected", MACHINE, "an NVLink fault"),
-    CudaError(
-        222,
-        "cudaErrorUnsupportedPtxVersion",
-        "the provided PTX was compiled with an unsupported toolchain",
-        VERSION,
-        "the driver is older than the CUDA the library's PTX was built with: upgrade the driver",
-    ),
-    CudaError(
-        401,
-        "cudaErrorIllegalState",
-        "the operation cannot be performed in the present state",
-        RANK,
-        "a CUDA call made in a state that forbids it (a stream being captured, a context torn down)",
-    ),
-    CudaError(
-        700,
-        "cudaErrorIllegalAddress",
-        "an illegal memory access was encountered",
-        RANK,
-        "a kernel read or wrote outside its memory: a bug in the rank's code or a library (`CUDA_LAUNCH_BLOCKING=1` "
-        "names the kernel); on a healthy program, look for Xid 13/31 in `dmesg`",
-    ),
-    CudaError(
-        719,
-        "cudaErrorLaunchFailure",
-        "unspecified launch failure",
-        RANK,
-        "a kernel faulted: a bug in the rank's code or a library, or a GPU fault (Xid 13/43/79 in `dmesg`)",
-    ),
-    CudaError(
-        801,
-        "cudaErrorNotSupported",
-        "operation not supported",
-        MACHINE,
-        "this GPU or its virtualisation (vGPU, MIG) does not support what was asked of CUDA",
-    ),
-    CudaError(
-        802,
-        "cudaErrorSystemNotReady",
-        "system not yet initialized",
-        MACHINE,
-        "on NVSwitch systems Fabric Manager is not running (pytorch/pytorch#35710)",
-    ),
-    CudaError(
-        803,
-        "cudaErrorSystemDriverMismatch",
-        "system has unsupported display driver / cuda driver combination",
-        VERSION,
-        "the user-space CUDA driver does not match the kernel driver: one driver version for both",
-    ),
-    CudaError(
-        804,
-        "cudaErrorCompatNotSupportedOnDevice",
-        "forward compatibility was attempted on non supported HW",
-        VERSION,
-        "the CUDA forward-compatibility package is in use on a GPU that does not support it: upgrade the driver",
-    ),
-    CudaError(999, "cudaErrorUnknown", "unknown error", MACHINE, "what CUDA answers once a GPU is gone (Xid 79)"),
-)
+def _error(raw: dict[str, Any]) -> CudaError:
+    p = raw["provenance"]
+    source = f"{p['file']}:{p['line']}, CUDA {p['first_version']} to {p['last_version']}"
+    texts = tuple((str(t["text"]), bool(t["alone"])) for t in raw["texts"])
+    text = str(raw["string"] or raw["description"])
+    return CudaError(
+        raw["code"], raw["name"], text, raw["kind"], raw["meaning"], raw["fix"], raw["api"], raw["description"],
+        source, texts,
+    )  # fmt: skip
 
-_BY_CODE = {error.code: error for error in CUDA_ERRORS}
+
+@cache
+def catalogue_errors() -> tuple[CudaError, ...]:
+    """Every code of the catalogue: the runtime's, then the driver's, each by number."""
+    value = json_value(read_bounded(CATALOGUE, MAX_CATALOGUE))
+    if not isinstance(value, dict) or not isinstance(value.get("entries"), list):
+        raise ValueError(f"{CATALOGUE.name}: not a catalogue (no entries)")
+    return tuple(_error(raw) for raw in value["entries"])
+
+
+@cache
+def _by_code() -> dict[tuple[str, int], CudaError]:
+    return {(e.api, e.code): e for e in catalogue_errors()}
+
+
+@cache
+def _by_name() -> dict[str, CudaError]:
+    return {e.name: e for e in catalogue_errors()}
+
+
+def cuda_error(code: int, api: str = RUNTIME) -> CudaError | None:
+    """The code of that number in ``api`` (``runtime`` or ``driver``), else in the other; None when neither has it."""
+    other = DRIVER if api == RUNTIME else RUNTIME
+    return _by_code().get((api, code)) or _by_code().get((other, code))
+
+
 # "CUDA error 802", "Cuda failure 802 'system ...'", NCCL's "CUDA driver error 802" (cudawrap.cc); a bare number
-# after any other word is too often an exit code to be read as CUDA's.  cudaError's names; the texts.
-_CODE = re.compile(r"\bcuda (?:error|failure|driver error)\s?:?\s?(?P<code>\d{1,4})\b", re.IGNORECASE)
-_NAME_OR_TEXT = re.compile(
-    "|".join(f"(?P<e{e.code}>{re.escape(e.name)}\\b|{re.escape(e.text)})" for e in CUDA_ERRORS), re.IGNORECASE
-)
+# after any other word is too often an exit code to be read as CUDA's.
+_CODE = re.compile(r"\bcuda (?:error|failure|(?P<driver>driver error))\s?:?\s?(?P<code>\d{1,5})\b", re.IGNORECASE)
+_NAME = re.compile(r"\b(?:cudaError[A-Z]\w*|CUDA_ERROR_[A-Z0-9_]+)\b")
+# Where CUDA's printers put a text: torch "CUDA error: %s", NCCL "Cuda failure [%d ]'%s'" (checks.h, cudawrap.h) and
+# "CUDA error %d '%s'" (transport/nvls.cc), nccl-tests "Test CUDA failure %s:%d '%s'".  A short text, or one glibc's
+# strerror prints too ("invalid argument", "operation not permitted"), is read only there.
+_PRINTED = re.compile(r"cuda error:\s*|cuda error \d+ '|cuda failure(?: \d+)? '|cuda failure \S+ '")
+
+
+@dataclass(frozen=True)
+class _Texts:
+    """The runtime's texts, lowercased and longest first.
+
+    The longest of two texts at one place wins; of two codes with one text (200 and 300's "device kernel image is
+    invalid"), the lower number.
+    """
+
+    every: tuple[tuple[str, CudaError], ...]
+    alone: tuple[tuple[str, CudaError], ...]  # those found anywhere in a line
+
+
+@cache
+def _texts() -> _Texts:
+    every = [(text.lower(), e) for e in catalogue_errors() if e.api == RUNTIME for text, _ in e.texts]
+    every.sort(key=lambda item: -len(item[0]))
+    alone = [(lowered, e) for lowered, e in every if any(t.lower() == lowered and a for t, a in e.texts)]
+    return _Texts(tuple(every), tuple(alone))
+
+
+def _named(text: str) -> tuple[int, CudaError] | None:
+    if "cudaError" not in text and "CUDA_ERROR_" not in text:
+        return None
+    known = _by_name()
+    return next(((m.start(), known[m.group()]) for m in _NAME.finditer(text) if m.group() in known), None)
+
+
+def _in_text(lowered: str) -> tuple[int, CudaError] | None:
+    """The leftmost text found anywhere (``str.find``, far faster here than one regex of 140 alternatives)."""
+    best: tuple[int, CudaError] | None = None
+    for text, error in _texts().alone:
+        at = lowered.find(text)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, error)
+    return best
+
+
+def _where_printed(lowered: str) -> tuple[int, CudaError] | None:
+    """A text, short ones included, where torch, NCCL or nccl-tests prints it."""
+    if "cuda" not in lowered:
+        return None
+    for m in _PRINTED.finditer(lowered):
+        found = next((e for text, e in _texts().every if lowered.startswith(text, m.end())), None)
+        if found is not None:
+            return m.end(), found
+    return None
+
+
+def _first_named(text: str) -> CudaError | None:
+    """The error a line names first (leftmost) by its name or its text; None when it names none."""
+    lowered = text.lower()
+    found = [hit for hit in (_named(text), _in_text(lowered), _where_printed(lowered)) if hit is not None]
+    return min(found, key=lambda item: item[0])[1] if found else None
 
 
 def cuda_error_in(text: str) -> CudaError | None:
     """The CUDA error a line names by its name, its text or its number; None when it names none."""
-    m = _NAME_OR_TEXT.search(text)
-    if m is not None and m.lastgroup is not None:
-        return _BY_CODE[int(m.lastgroup[1:])]
+    named = _first_named(text)
+    if named is not None:
+        return named
     m = _CODE.search(text)
-    return _BY_CODE.get(int(m["code"])) if m is not None else None
+    return cuda_error(int(m["code"]), DRIVER if m["driver"] else RUNTIME) if m is not None else None
 
 
 @dataclass(frozen=True)
