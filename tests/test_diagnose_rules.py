@@ -587,3 +587,27 @@ def test_a_generic_nccl_error_gives_way_to_the_warning_that_names_it(
     )
 
     assert status == 1 and answer["class"] == "network_interface", answer
+
+
+@pytest.mark.parametrize(
+    ("line", "failed"),
+    [
+        ("wandb: Enter your choice: (30 second timeout) 3", False),  # a length stated: a prompt
+        ("Using a 600 s timeout for the rendezvous", False),
+        (
+            "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation",
+            True,
+        ),
+        (
+            "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, Timeout(ms)=1800000) ran for "
+            "1800429 milliseconds before timing out.",
+            True,
+        ),  # fmt: skip
+        ("torch.distributed.DistStoreError: Socket Timeout", True),
+    ],
+)
+def test_a_timeout_s_length_is_no_timeout_that_happened(line: str, failed: bool) -> None:
+    """torch's, gloo's and NCCL's timeouts say they happened; a length before the word is a setting or a prompt."""
+    from conformance.diagnose.evidence import _only_waited, _says_failure
+
+    assert (_says_failure(line), _only_waited(line)) == (failed, failed)

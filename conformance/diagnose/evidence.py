@@ -444,6 +444,7 @@ class JobEvidence:
 
 def _only_waited(text: str) -> bool:
     """A line of a rank that lost its peer, timed out waiting, or was stopped from outside: not a cause of its own."""
+    text = job_lines.without_timeout_lengths(text)
     return any(p.search(text) for p in (VICTIM_PATTERN, job_causes.PEER_GONE, job_causes.STOPPED_FROM_OUTSIDE))
 
 
@@ -456,4 +457,5 @@ def _says_failure(text: str, level: str | None = None) -> bool:
         return job_lines.BENIGN_NCCL_WARNING.search(text) is None
     if level in REPORTING_LEVELS:
         return False
+    text = job_lines.without_timeout_lengths(text)
     return job_lines.FAILURE_WORDS.search(text) is not None and job_lines.NOT_A_FAILURE.search(text) is None

@@ -24,6 +24,19 @@ FAILURE_WORDS = _any(
     r"\b(?:errors?|failures?|failed|fatal|exception|timed out|timeout|aborted|abort|killed|segmentation fault"
     r"|core dumped|panic|died)\b"
 )
+# A timeout's length stated before the word ("(30 second timeout)", "a 600 s timeout"): a setting or a prompt, never
+# one that happened. What failed says so after it: gloo's "Timed out waiting 1800000ms", torch's "Socket Timeout",
+# ProcessGroupNCCL's "Watchdog caught collective operation timeout: ... ran for N milliseconds before timing out",
+# c10d's "wait timeout after 30000ms" (torch 2.13 sources). Taken out of a line before any failure word is sought.
+TIMEOUT_LENGTH = _any(
+    r"\b\d+(?:\.\d+)?\s?-?\s?(?:ms|milliseconds?|s|secs?|seconds?|mins?|minutes?|h|hours?)\s+time-?out\b"
+)
+
+
+def without_timeout_lengths(text: str) -> str:
+    return TIMEOUT_LENGTH.sub("", text) if "ime" in text else text
+
+
 # Lines that report, not fail: NCCL's INFO lines (debug.cc "NCCL INFO"), glog's I and W levels of torch's C++ logs
 # ("[I1218 ...", "[W1218 ..."), Python warnings ("UserWarning: ...", "FutureWarning: ... will raise an error"),
 # logging's WARNING level, and NCCL's own "<VAR> set by environment to <value>" (param.cc) echoing a setting.
