@@ -26,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalogue_files import write_or_check  # tools/ is the script's folder, and the tests put it on the path
+
 REPO = Path(__file__).resolve().parent.parent
 RAW = REPO / "tools" / "catalogue_inputs" / "cuda_errors_raw.json"
 OUT = REPO / "conformance" / "verdict" / "catalogues" / "cuda_errors.json"
@@ -439,14 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = built()
     print(counts(texts))
-    if args.check:
-        stale = [str(p.relative_to(REPO)) for p, text in texts.items() if not p.is_file() or p.read_text() != text]
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text)
-    return 0
+    return write_or_check(texts, args.check)
 
 
 if __name__ == "__main__":

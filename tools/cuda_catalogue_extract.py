@@ -39,6 +39,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalogue_files import write_or_check  # tools/ is the script's folder, and the tests put it on the path
+
 REPO = Path(__file__).resolve().parent.parent
 RAW = REPO / "tools" / "catalogue_inputs" / "cuda_errors_raw.json"
 DEFAULT_WHEELS = Path(os.environ.get("CUDA_WHEELS", Path.home() / ".cache" / "conformance" / "cuda-wheels"))
@@ -319,12 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the pinned CUDA runtime wheels are not all in {args.wheels} (--download fetches them)", file=sys.stderr)
         return 2
     texts = extracted(args.wheels)
+    status = write_or_check(texts, args.check)
     if args.check:
-        stale = [str(p.relative_to(REPO)) for p, text in texts.items() if not p.is_file() or p.read_text() != text]
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    for path, text in texts.items():
-        path.write_text(text)
+        return status
     got = json.loads(texts[RAW])
     print(f"{len(got['runtime'])} cudaError_t records, {len(got['driver'])} CUresult records over {len(RELEASES)} "
           f"releases ({VERSIONS[0]} to {VERSIONS[-1]})")  # fmt: skip

@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalogue_files import write_or_check  # tools/ is the script's folder, and the tests put it on the path
+
 REPO = Path(__file__).resolve().parent.parent
 INPUTS = REPO / "tools" / "catalogue_inputs"
 WARNINGS_RAW = INPUTS / "nccl_warnings_raw.json"
@@ -428,13 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no bare mirror of {UPSTREAM} at {args.mirror} (git clone --mirror {UPSTREAM})", file=sys.stderr)
         return 2
     texts = extracted(args.mirror)
+    status = write_or_check(texts, args.check)
     if args.check:
-        stale = [str(p.relative_to(REPO)) for p, text in texts.items() if not p.is_file() or p.read_text() != text]
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    INPUTS.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text)
+        return status
     raw = json.loads(texts[WARNINGS_RAW])
     last = raw["counts_per_version"][TAGS[-1]]
     print(f"{len(raw['records'])} distinct WARN formats over {len(TAGS)} tags; {TAGS[-1]}: {last}")

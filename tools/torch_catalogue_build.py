@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from catalogue_files import write_or_check  # noqa: E402 (tools/ is the script's folder)
 from torch_catalogue_rules import CLASSES, rule_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -256,14 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = built()
     print(counts(texts))
-    if args.check:
-        stale = [str(p.relative_to(REPO)) for p, text in texts.items() if not p.is_file() or p.read_text() != text]
-        print("stale: " + ", ".join(stale) if stale else "up to date")
-        return 1 if stale else 0
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text)
-    return 0
+    return write_or_check(texts, args.check)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from catalogue_files import write_or_check  # noqa: E402 (tools/ is the script's folder)
 from torch_catalogue_sources import Message, cpp_messages, python_messages  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -234,11 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no folder of torch wheels at {args.wheels} (--wheels, $TORCH_WHEELS)", file=sys.stderr)
         return 2
     text = extracted(args.wheels)
+    status = write_or_check({RAW: text}, args.check)
     if args.check:
-        stale = not RAW.is_file() or RAW.read_text() != text
-        print(f"stale: {RAW.relative_to(REPO)}" if stale else "up to date")
-        return int(stale)
-    RAW.write_text(text)
+        return status
     raw = json.loads(text)
     undated = [r["pieces"] for r in raw["cpp_records"] if not r["first_version"]]
     print(f"{len(raw['records'])} Python and header formats, {len(raw['cpp_records'])} .cpp formats "
